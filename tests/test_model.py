@@ -1,0 +1,141 @@
+import math
+
+import pytest
+import torch
+
+from common import load_checkpoint, save_checkpoint, unwrap
+from model import GPT, GPTConfig, peak_flops_for_name, sample_next
+
+SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+
+def small_model(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**SMALL, **overrides}))
+
+
+def batch(B: int = 4, T: int = 16, V: int = 64, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(V, (B, T), generator=g), torch.randint(V, (B, T), generator=g)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_sdpa_matches_manual_attention_in_outputs_and_gradients(bias):
+    sdpa, manual = small_model(bias=bias), small_model(bias=bias)
+    for block in manual.transformer.h:
+        block.attn.attention = "manual"
+    x, y = batch()
+    logits_s, loss_s = sdpa(x, y)
+    logits_m, loss_m = manual(x, y)
+    torch.testing.assert_close(logits_s, logits_m, rtol=1e-5, atol=1e-5)
+    loss_s.backward()
+    loss_m.backward()
+    for (name, p_s), p_m in zip(sdpa.named_parameters(), manual.parameters(), strict=True):
+        torch.testing.assert_close(p_s.grad, p_m.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_manual_attention_is_causal():
+    model = small_model(attention="manual").eval()
+    x, _ = batch(B=1)
+    x2 = x.clone()
+    x2[0, 10:] = (x2[0, 10:] + 1) % 64  # change only the future of position 9
+    logits, _ = model(x, x)
+    logits2, _ = model(x2, x2)
+    torch.testing.assert_close(logits[0, :10], logits2[0, :10])
+    assert not torch.allclose(logits[0, 10:], logits2[0, 10:])
+
+
+def test_k_micro_batches_equal_one_batch_k_times_as_big():
+    k = 4
+    big, micro = small_model(), small_model()
+    x, y = batch(B=8)
+    _, loss = big(x, y)
+    loss.backward()
+    for xs, ys in zip(x.chunk(k), y.chunk(k), strict=True):
+        _, loss = micro(xs, ys)
+        (loss / k).backward()
+    for (name, p_big), p_micro in zip(big.named_parameters(), micro.parameters(), strict=True):
+        torch.testing.assert_close(p_big.grad, p_micro.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_tied_embeddings_and_scaled_residual_init():
+    model = small_model(n_layer=8, n_embd=64)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    proj = torch.cat([b.mlp.c_proj.weight.flatten() for b in model.transformer.h])
+    fc = torch.cat([b.mlp.c_fc.weight.flatten() for b in model.transformer.h])
+    assert abs(proj.std().item() - 0.02 / math.sqrt(2 * 8)) < 5e-4
+    assert abs(fc.std().item() - 0.02) < 5e-4
+
+
+def test_estimate_mfu_against_a_hand_computed_value():
+    model = small_model()
+    N = sum(p.numel() for p in model.parameters()) - 16 * 32  # without the position embedding
+    L, H, Q, T = 2, 4, 8, 16
+    flops_per_iter = (6 * N + 12 * L * H * Q * T) * T * 10  # 10 sequences per iteration
+    assert model.estimate_mfu(10, 0.5, peak_flops=1e9) == pytest.approx(flops_per_iter / 0.5 / 1e9)
+    # at a shorter sequence both the token count and the attention term shrink
+    T = 8
+    flops_per_iter = (6 * N + 12 * L * H * Q * T) * T * 10
+    assert model.estimate_mfu(10, 0.5, peak_flops=1e9, seq_len=8) == pytest.approx(flops_per_iter / 0.5 / 1e9)
+
+
+def test_mfu_is_unavailable_rather_than_invented():
+    assert small_model().estimate_mfu(10, 0.5) is None  # CPU: no peak in the table
+    assert peak_flops_for_name("Some Future GPU", "bf16") is None
+    assert peak_flops_for_name("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4e12)
+    assert peak_flops_for_name("NVIDIA H100 PCIe", "bf16") == pytest.approx(756e12)
+    assert peak_flops_for_name("NVIDIA A100-SXM4-40GB", "tf32") == pytest.approx(156e12)
+    assert peak_flops_for_name("NVIDIA A10", "bf16") == pytest.approx(125e12)
+    assert peak_flops_for_name("NVIDIA L40S", "bf16") == pytest.approx(362.05e12)
+    assert peak_flops_for_name("Tesla V100-SXM2-16GB", "bf16") is None  # V100 has no bf16
+
+
+def test_top_k_keeps_exactly_k_candidates_even_with_ties():
+    logits = torch.tensor([[5.0, 1.0, 3.0, 3.0, 3.0, -2.0]])
+    g = torch.Generator().manual_seed(0)
+    seen = {sample_next(logits, temperature=1.0, top_k=2, generator=g).item() for _ in range(400)}
+    assert len(seen) == 2 and 0 in seen and seen <= {0, 2, 3, 4}
+    seen = {sample_next(logits, temperature=1.0, top_k=1, generator=g).item() for _ in range(50)}
+    assert seen == {0}
+    assert sample_next(logits, temperature=0.0).item() == 0
+
+
+def test_configure_optimizers_decays_only_matrices():
+    model = small_model(bias=True)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() < 2 for p in no_decay["params"])
+    n = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n == sum(p.numel() for p in model.parameters())
+    assert opt.defaults.get("fused")  # fused AdamW runs on CPU too
+
+
+def test_crop_block_size():
+    model = small_model()
+    model.crop_block_size(8)
+    assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
+    with pytest.raises(ValueError):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="larger"):
+        model.crop_block_size(9)
+
+
+def test_n_embd_must_divide_by_n_head():
+    with pytest.raises(ValueError, match="not divisible"):
+        GPTConfig(n_embd=30, n_head=4)
+
+
+def test_checkpoint_round_trip_gives_identical_logits(tmp_path):
+    model = small_model().eval()
+    compiled = torch.compile(model)  # wrapping only: its state dict carries _orig_mod. prefixes
+    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    state = unwrap(compiled).state_dict()
+    assert not any("_orig_mod" in k for k in state)
+    save_checkpoint({"model": state, "model_args": SMALL}, tmp_path / "ckpt.pt")
+    assert not (tmp_path / "ckpt.pt.tmp").exists()
+    checkpoint = load_checkpoint(tmp_path / "ckpt.pt")
+    reloaded = GPT(GPTConfig(**checkpoint["model_args"])).eval()
+    reloaded.load_state_dict(checkpoint["model"])
+    x, _ = batch()
+    assert torch.equal(model(x, x)[0], reloaded(x, x)[0])

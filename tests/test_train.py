@@ -1,0 +1,241 @@
+"""End to end: train.py and sample.py run as a user runs them, and fail with one clear line on bad input."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import ROOT, TINY_MODEL, run_script
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    result = run_script(
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={out}",
+        "--max_iters=200",
+        "--eval_interval=100",
+        "--eval_iters=5",
+        "--log_interval=50",
+        "--learning_rate=1e-2",
+        "--warmup_iters=10",
+        "--lr_decay_iters=200",
+    )
+    assert result.returncode == 0, result.stderr
+    return out, result.stdout, tiny_data
+
+
+def test_training_lowers_the_loss_and_logs_every_eval(trained):
+    out, stdout, _ = trained
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 100, 200]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 2.0
+    steps = [r for r in records if "loss" in r]
+    assert [r["iter"] for r in steps] == [1, 50, 100, 150, 200]
+    for r in steps:
+        assert r["ms_per_iter"] > 0 and r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_mem_bytes"] > 0
+        assert r["grad_norm"] > 0
+    assert "device cpu" in stdout and "settings:" in stdout
+
+
+def test_checkpoint_holds_plain_state_and_exactly_max_iters(trained):
+    out, _, _ = trained
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    assert checkpoint["iter_num"] == 200
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in checkpoint["model"])
+    assert checkpoint["config"]["max_iters"] == 200 and checkpoint["config"]["dataset"] == "tiny"
+    assert set(checkpoint) >= {"optimizer", "scaler", "model_args", "best_val_loss"}
+    evals = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert checkpoint["best_val_loss"] == min(r["val_loss"] for r in evals if "val_loss" in r)
+
+
+def test_sample_uses_the_checkpoint(trained):
+    out, _, _ = trained
+    result = run_script(
+        "sample.py",
+        f"--out_dir={out}",
+        "--start=the ",
+        "--num_samples=2",
+        "--max_new_tokens=40",
+        "--device=cpu",
+        "--temperature=0",
+    )
+    assert result.returncode == 0, result.stderr
+    samples = result.stdout.split("---------------")
+    text = samples[0].strip().splitlines()[-1]
+    assert text.startswith("the ") and len(samples[0].split("character vocabulary")[-1]) > 40
+    # a model trained on two repeated lines continues with words it has seen
+    assert any(word in samples[0] for word in ("quick", "brown", "question", "lazy"))
+
+
+def test_resume_continues_from_the_checkpoint(trained, tmp_path):
+    out, _, data_dir = trained
+    shutil.copytree(out, tmp_path / "out")
+    result = run_script(
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={data_dir}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path / 'out'}",
+        "--init_from=resume",
+        "--max_iters=210",
+        "--eval_interval=10",
+        "--eval_iters=2",
+        "--lr_decay_iters=210",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "step 200:" in result.stdout and "step 210:" in result.stdout and "step 0:" not in result.stdout
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter_num"] == 210
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_unknown_key_is_one_line(tmp_path):
+    assert_one_line_error(run_script("train.py", "--batchsize=4"), "batchsize", "did you mean 'batch_size'")
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text("n_layers = 3\n")
+    assert_one_line_error(run_script("train.py", str(cfg)), "n_layers", "cfg.py", "'n_layer'")
+
+
+def test_wrong_type_is_one_line():
+    assert_one_line_error(run_script("train.py", "--max_iters=ten"), "max_iters must be int")
+    assert_one_line_error(run_script("sample.py", "--top_k=2.5"), "top_k must be int")
+
+
+def test_missing_config_file_is_one_line():
+    assert_one_line_error(run_script("train.py", "config/nope.py"), "config/nope.py not found")
+
+
+def test_missing_dataset_is_one_line(tmp_path):
+    assert_one_line_error(
+        run_script("train.py", f"--data_dir={tmp_path}", "--dataset=owt", "--device=cpu"), "dataset 'owt' not found"
+    )
+
+
+def test_resume_without_checkpoint_is_one_line(tiny_data, tmp_path):
+    result = run_script(
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path}",
+        "--init_from=resume",
+    )
+    assert_one_line_error(result, "no checkpoint at")
+    assert_one_line_error(run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "no checkpoint at")
+
+
+def test_block_size_larger_than_checkpoint_is_one_line(trained, tmp_path):
+    out, _, data_dir = trained
+    shutil.copytree(out, tmp_path / "out")
+    result = run_script(
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={data_dir}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path / 'out'}",
+        "--init_from=resume",
+        "--block_size=64",
+    )
+    assert_one_line_error(result, "block_size=64 is larger than the checkpoint's 32")
+
+
+def test_corrupt_checkpoint_is_one_line_and_left_alone(tmp_path):
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    assert_one_line_error(run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "corrupt")
+    assert (tmp_path / "ckpt.pt").read_bytes() == b"not a checkpoint"
+
+
+def test_n_embd_not_divisible_by_n_head_is_one_line(tiny_data, tmp_path):
+    result = run_script(
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path}",
+        "--n_embd=30",
+        "--n_head=4",
+    )
+    assert_one_line_error(result, "n_embd=30 is not divisible by n_head=4")
+
+
+def test_help_lists_every_setting():
+    result = run_script("train.py", "--help")
+    assert result.returncode == 0
+    for key in ("out_dir", "gradient_accumulation_steps", "compile", "peak_flops"):
+        assert f"--{key}" in result.stdout
+    assert "default 64" in result.stdout.replace("  ", " ")
+
+
+def test_nanogpt_flags_run_unchanged(tiny_data, tmp_path):
+    """nanoGPT's documented CPU command, on a tiny dataset and cut to a few steps."""
+    result = run_script(
+        "train.py",
+        str(ROOT / "config/train_shakespeare_char.py"),
+        "--device=cpu",
+        "--compile=False",
+        "--eval_iters=2",
+        "--log_interval=1",
+        "--block_size=64",
+        "--batch_size=12",
+        "--n_layer=4",
+        "--n_head=4",
+        "--n_embd=128",
+        "--max_iters=3",
+        "--lr_decay_iters=2000",
+        "--dropout=0.0",
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "iter 3: loss" in result.stdout
+
+
+def test_ddp_under_torchrun_on_cpu(tiny_data, tmp_path):
+    """Two gloo ranks share the global gradient_accumulation_steps and rank 0 alone writes the outputs."""
+    result = run_script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path}",
+        "--max_iters=4",
+        "--eval_interval=4",
+        "--eval_iters=2",
+        "--log_interval=2",
+        "--gradient_accumulation_steps=4",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "(2 micro-batches x 2 ranks x 8 x 32)" in result.stdout
+    assert result.stdout.count("step 4:") == 1  # printed once, by rank 0
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter_num"] == 4
+    uneven = run_script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path}",
+        "--gradient_accumulation_steps=3",
+    )
+    assert uneven.returncode != 0 and "not divisible by 2 ranks" in uneven.stderr
