@@ -1,12 +1,14 @@
 """What train.py, bench.py and sample.py share: device and precision choice, checkpoints, the GPT-2 tokenizer,
 memory figures and user-facing errors."""
 
+import codecs
 import importlib.util
 import os
 import pickle
 import resource
 import subprocess
 import sys
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,6 +252,62 @@ def gpt2_encoding():  # -> tiktoken.Encoding
         special_tokens={"<|endoftext|>": 50256},
         explicit_n_vocab=50257,
     )
+
+
+class Tokenizer:
+    """Text <-> token ids: a dataset's character vocabulary (its meta.pkl), else GPT-2's BPE."""
+
+    def __init__(self, meta_path: Path | None = None):
+        meta = pickle.loads(meta_path.read_bytes()) if meta_path is not None and meta_path.is_file() else {}
+        self.stoi: dict[str, int] | None = meta.get("stoi")
+        if self.stoi is not None:
+            self.itos: dict[int, str] = meta["itos"]
+            self.n_vocab, self.eot = len(self.itos), None
+            self.name = f"characters ({meta_path})"
+        else:
+            self.bpe = gpt2_encoding()
+            self.n_vocab, self.eot = self.bpe.n_vocab, self.bpe.eot_token
+            self.name = "GPT-2 BPE"
+
+    def encode(self, text: str) -> list[int]:
+        if self.stoi is None:
+            return self.bpe.encode(text, allowed_special={"<|endoftext|>"})
+        unknown = sorted(set(text) - set(self.stoi))
+        if unknown:
+            raise ValueError(f"characters not in the model's vocabulary: {''.join(unknown)!r}")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.itos[i] for i in ids) if self.stoi is not None else self.bpe.decode(ids)
+
+    def token_bytes(self, id: int) -> bytes:
+        return self.itos[id].encode() if self.stoi is not None else self.bpe.decode_single_token_bytes(id)
+
+
+class TextStream:
+    """Decodes tokens as they arrive; a multi-byte character split across tokens is held back until complete."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, ids: list[int]) -> str:
+        return self.utf8.decode(b"".join(self.tokenizer.token_bytes(i) for i in ids))
+
+    def flush(self) -> str:
+        return self.utf8.decode(b"", final=True)
+
+
+def compile_decode_step(model: torch.nn.Module, batch_size: int, runtime: Runtime) -> tuple[Any, float]:
+    """torch.compile the model's one-token decode step and build it now, on a throwaway cache of the shape that
+    generation will use, so that compilation is timed apart; returns the compiled step and the seconds it took."""
+    decode_step = torch.compile(model.decode_step, dynamic=False)
+    start = time.perf_counter()
+    with torch.no_grad(), runtime.autocast_ctx():
+        token = torch.zeros(batch_size, 1, dtype=torch.long, device=runtime.device)
+        decode_step(token, torch.tensor(0, device=runtime.device), *model.new_cache(batch_size))
+    runtime.synchronize()
+    return decode_step, time.perf_counter() - start
 
 
 def print0(*args: Any) -> None:

@@ -5,8 +5,11 @@ References: OpenAI's GPT-2 release and the transformers implementation (for the 
 """
 
 import inspect
+import json
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -54,28 +57,47 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.attention = config.attention
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None = None, pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Causal self-attention over x (B, T, C). With a cache kv = (k, v), each (B, nh, block_size, hs): without
+        pos, a prefill that writes the keys and values of positions 0..T-1; with pos (a 0-d tensor), one decode
+        step for the token at that position, attending to the cache up to it."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-            )
-        else:
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-            y = self.attn_dropout(att) @ v
+        mask = None  # None: causal over the T positions of x
+        if kv is not None and pos is None:
+            kv[0][:, :, :T] = k
+            kv[1][:, :, :T] = v
+        elif kv is not None:
+            # static shapes, so that a compiled decode step never recompiles: attend to the whole cache, masked
+            kv[0].index_copy_(2, pos.view(1), k)
+            kv[1].index_copy_(2, pos.view(1), v)
+            k, v = kv
+            mask = (torch.arange(k.size(2), device=x.device) <= pos).view(1, 1, 1, -1)
+        y = self.attend(q, k, v, mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        dropout_p = self.dropout if self.training else 0.0
+        if self.attention == "sdpa":
+            if mask is None:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if mask is None:
+            mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        return self.attn_dropout(att) @ v
 
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()  # exact erf GELU; GPT-2 used the tanh approximation, the difference is within 1e-3
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU, so that its weights give its logits
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -91,8 +113,10 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(
+        self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None = None, pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -193,36 +217,163 @@ class GPT(nn.Module):
         flops_per_token = 6 * self.get_num_params() + 12 * L * H * Q * T
         return flops_per_token * T * fwdbwd_per_iter / dt / peak
 
+    # ------------------------------------------------------------------------------------------------------------
+    # GPT-2 weights in transformers' layout
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, dropout: float = 0.0, attention: str = "sdpa") -> "GPT":
+        """GPT-2 from the Hugging Face hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or from a local folder in
+        transformers' format (config.json with model.safetensors or pytorch_model.bin)."""
+        folder = Path(name_or_path)
+        if not folder.is_dir():
+            folder = download_hf_model(name_or_path)
+        hf = json.loads((folder / "config.json").read_text())
+        if hf.get("model_type") != "gpt2" or hf.get("activation_function") not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"{folder} is not a GPT-2 model with GPT-2's tanh GELU")
+        config = GPTConfig(
+            block_size=hf["n_positions"],
+            vocab_size=hf["vocab_size"],
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            n_embd=hf["n_embd"],
+            dropout=dropout,
+            bias=True,
+            attention=attention,
+        )
+        model = cls(config)
+        model.load_state_dict(from_hf_state_dict(read_hf_weights(folder)))
+        return model
+
+    def to_hf_state_dict(self, vocab_size: int) -> dict[str, torch.Tensor]:
+        """This model's weights in transformers' GPT2LMHeadModel layout, without the vocab padding."""
+        out = {
+            n: (p.t() if n.endswith(HF_TRANSPOSED) else p).detach().cpu().contiguous()
+            for n, p in self.state_dict().items()
+        }
+        if not self.config.bias:  # transformers' GPT-2 always has biases: zeros compute the same function
+            for name, module in self.named_modules():
+                if isinstance(module, (nn.Linear, LayerNorm)) and name != "lm_head":
+                    out[f"{name}.bias"] = torch.zeros(module.weight.shape[0])
+        out["transformer.wte.weight"] = out["transformer.wte.weight"][:vocab_size].clone()
+        out["lm_head.weight"] = out["transformer.wte.weight"]
+        return out
+
+    # ------------------------------------------------------------------------------------------------------------
+    # generation with a KV cache
+
+    def new_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Preallocated keys and values for every layer: two tensors (n_layer, B, n_head, block_size, head_size),
+        in the autocast dtype when autocast is on, else in the weights' dtype."""
+        cfg = self.config
+        shape = (cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head)
+        device = self.lm_head.weight.device
+        if dtype is None:
+            autocast = torch.is_autocast_enabled(device.type)
+            dtype = torch.get_autocast_dtype(device.type) if autocast else self.lm_head.weight.dtype
+        return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+    def prefill(self, idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Run the context idx (B, T) from position 0, filling the cache; logits (B, V) for the next token."""
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, (k_cache[i], v_cache[i]))
+        return self.lm_head(self.transformer.ln_f(x[:, -1, :]))
+
+    def decode_step(
+        self, token: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """One token (B, 1) at position pos (a 0-d tensor), attending to the cache; logits (B, V) for the next.
+        Every shape is fixed, so torch.compile builds this once for all positions."""
+        x = self.transformer.wte(token) + self.transformer.wpe(pos.view(1))
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, (k_cache[i], v_cache[i]), pos)
+        return self.lm_head(self.transformer.ln_f(x[:, -1, :]))
+
     @torch.no_grad()
-    def generate(
+    def generate_tokens(
         self,
         idx: torch.Tensor,
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens, recomputing the (cropped) context for every token."""
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size :]
-            logits, _ = self(context)
-            next_token = sample_next(logits[:, -1, :], temperature, top_k, generator)
-            idx = torch.cat((idx, next_token), dim=1)
-        return idx
+        num_samples: int = 1,
+        use_cache: bool = True,
+        vocab_size: int | None = None,
+        decode_step: Callable | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Yield the next token of each sequence, (B, 1), max_new_tokens times. idx is (B, T); with B == 1 and
+        num_samples > 1, the prompt is prefilled once and its cache shared by num_samples sequences.
+        vocab_size leaves out the padded logits beyond the real vocabulary; decode_step may be a compiled
+        self.decode_step. use_cache=False recomputes the whole context for every token: the reference."""
+        bs = self.config.block_size
+        if not use_cache:
+            idx = idx.expand(num_samples, -1) if num_samples > 1 else idx
+            for _ in range(max_new_tokens):
+                logits, _ = self(idx[:, -bs:])
+                token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
+                idx = torch.cat((idx, token), dim=1)
+                yield token
+            return
+        decode_step = decode_step or self.decode_step
+        k_cache, v_cache = self.new_cache(idx.size(0))
+        logits = self.prefill(idx[:, -bs:], k_cache, v_cache)
+        length = min(idx.size(1), bs)  # positions filled in the cache
+        if num_samples > 1:
+            k_cache, v_cache = k_cache.repeat(1, num_samples, 1, 1, 1), v_cache.repeat(1, num_samples, 1, 1, 1)
+            logits, idx = logits.expand(num_samples, -1), idx.expand(num_samples, -1)
+        for step in range(max_new_tokens):
+            token = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator)
+            yield token
+            if step == max_new_tokens - 1:
+                break
+            idx = torch.cat((idx, token), dim=1)
+            if length < bs:
+                logits = decode_step(token, torch.tensor(length, device=idx.device), k_cache, v_cache)
+                length += 1
+            else:
+                # The window slides past block_size. A learned absolute position embedding cannot be shifted, so
+                # the keys and values of every kept token change: re-prefill the last block_size tokens. This
+                # gives exactly the tokens of the uncached model, at the cost of a full pass per token from here.
+                logits = self.prefill(idx[:, -bs:], k_cache, v_cache)
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+        """idx (B, T) extended by max_new_tokens; keyword arguments as for generate_tokens."""
+        new = list(self.generate_tokens(idx, max_new_tokens, **kwargs))
+        if kwargs.get("num_samples", 1) > 1:
+            idx = idx.expand(kwargs["num_samples"], -1)
+        return torch.cat([idx, *new], dim=1)
 
 
 def sample_next(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """One token per row of logits (B, V): greedy at temperature 0, else sampled from the top_k candidates."""
+    """One token per row of logits (B, V): greedy at temperature 0, else sampled after filter_logits."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """-inf for every token but the top_k most likely, then but the smallest set of those whose probability
+    reaches top_p (nucleus); the most likely token always survives."""
     if top_k is not None and top_k < logits.size(-1):
         values, indices = torch.topk(logits, top_k)  # exactly k survive, even when the k-th value is tied
         logits = torch.full_like(logits, float("-inf")).scatter_(-1, indices, values)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each one
+        sorted_logits[before >= top_p] = float("-inf")
+        logits = torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
+    return logits
 
 
 # Dense (no sparsity) peak TFLOP/s by precision, from the vendors' data sheets. Matched against the device name
@@ -264,3 +415,47 @@ def peak_flops_for_name(name: str, precision: str) -> float | None:
             tflops = peaks.get(precision)
             return tflops * 1e12 if tflops else None
     return None
+
+
+# transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's
+HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+HF_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
+def download_hf_model(name: str) -> Path:
+    if name not in HF_HUB_NAMES:
+        raise ValueError(f"{name!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise ValueError(f"loading {name} from the hub needs transformers: pip install transformers") from e
+    try:
+        return Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"]))
+    except Exception as e:  # no network, hub down, ...: say so in one line
+        raise ValueError(
+            f"cannot download {name} from the Hugging Face hub ({type(e).__name__}); "
+            "pass a local folder in transformers' format instead"
+        ) from e
+
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").is_file():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
+
+
+def from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' GPT-2 weights under this model's names (the same names, Conv1D weights transposed)."""
+    state = {}
+    for name, p in hf_state.items():
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # transformers' causal-mask buffers, not weights
+        if not name.startswith(("transformer.", "lm_head.")):
+            name = "transformer." + name  # saved from GPT2Model rather than GPT2LMHeadModel
+        state[name] = p.t() if name.endswith(HF_TRANSPOSED) else p
+    state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
+    return state

@@ -1,81 +1,170 @@
 """
-Sample from a trained model.
+Generate text from a trained model or from GPT-2, streamed as it is produced, with a KV cache.
 
     python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
-    python sample.py --out_dir=out-shakespeare --start=FILE:prompt.txt --top_k=50
+    python sample.py --init_from=gpt2 --start=FILE:prompt.txt --top_p=0.9 --stop="\n\n"
+    python sample.py --out_dir=out-shakespeare --num_samples=16 --batched=True --compile=True
 """
 
-import pickle
-from collections.abc import Callable
+import time
 from pathlib import Path
 
 import torch
 
-from common import die, gpt2_encoding, load_checkpoint, resolve_runtime
+from common import (
+    TextStream,
+    Tokenizer,
+    compile_decode_step,
+    die,
+    load_checkpoint,
+    peak_memory_bytes,
+    resolve_runtime,
+)
 from configurator import configure
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
-init_from = "resume"  # 'resume' (out_dir/ckpt.pt)
+init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
 out_dir = "out"
 start = "\n"  # the prompt: text, or FILE:path to read it from a file
 num_samples = 10
+batched = False  # all samples at once from one shared prefill (printed when done), else one by one (streamed)
 max_new_tokens = 500
 temperature = 0.8  # 1.0 samples the model's distribution as is, lower is more conservative, 0 is greedy
-top_k = 200  # keep only the k most likely tokens at each step; 0 = all
+top_k = 200  # keep only the k most likely tokens; 0 = all
+top_p = 1.0  # then keep the smallest set of them whose probability reaches top_p (nucleus); 1.0 = all
+stop = ""  # end a sample at this text ('' = none); GPT-2's <|endoftext|> always ends one
+kv_cache = True  # False recomputes the whole context for every token (the slow reference)
 seed = 1337
 device = "auto"
 dtype = "auto"
+compile = False  # torch.compile the one-token decode step (static shapes: compiled once, timed apart)
 settings = configure(globals())
 # -----------------------------------------------------------------------------
 
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
-torch.manual_seed(seed)
 generator = torch.Generator(runtime.device).manual_seed(seed)
 
-if init_from != "resume":
-    die(f"init_from must be 'resume', not {init_from!r}")
-checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
-model = GPT(GPTConfig(**checkpoint["model_args"]))
-model.load_state_dict(checkpoint["model"])
+if init_from == "resume":
+    checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
+    model = GPT(GPTConfig(**checkpoint["model_args"]))
+    model.load_state_dict(checkpoint["model"])
+    config = checkpoint.get("config", {})
+    tokenizer = Tokenizer(Path(config.get("data_dir", "data")) / config.get("dataset", "") / "meta.pkl")
+else:
+    try:
+        model = GPT.from_pretrained(init_from)
+    except ValueError as e:
+        die(str(e))
+    tokenizer = Tokenizer()
 model.eval().to(runtime.device)
+if model.config.vocab_size < tokenizer.n_vocab:
+    die(f"the model has {model.config.vocab_size} tokens but the tokenizer ({tokenizer.name}) {tokenizer.n_vocab}")
+print(f"tokenizer: {tokenizer.name}")
 
-
-def load_codec(config: dict) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
-    """The dataset's character vocabulary (its meta.pkl), else GPT-2 BPE."""
-    meta_path = Path(config.get("data_dir", "data")) / config.get("dataset", "") / "meta.pkl"
-    meta = pickle.loads(meta_path.read_bytes()) if meta_path.is_file() else {}
-    if "stoi" in meta:
-        print(f"character vocabulary from {meta_path}")
-        stoi, itos = meta["stoi"], meta["itos"]
-
-        def encode(s: str) -> list[int]:
-            unknown = sorted(set(s) - set(stoi))
-            if unknown:
-                die(f"the prompt has characters the model's vocabulary lacks: {''.join(unknown)!r}")
-            return [stoi[c] for c in s]
-
-        return encode, lambda ids: "".join(itos[i] for i in ids)
-    if checkpoint["model_args"]["vocab_size"] < 50257:
-        die(f"no character vocabulary at {meta_path} for this {checkpoint['model_args']['vocab_size']}-token model")
-    enc = gpt2_encoding()
-    return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
-
-
-encode, decode = load_codec(checkpoint.get("config", {}))
 if start.startswith("FILE:"):
     prompt_path = Path(start[5:])
     if not prompt_path.is_file():
         die(f"prompt file {prompt_path} not found")
     start = prompt_path.read_text(encoding="utf-8")
-start_ids = encode(start)
-if not start_ids:
+try:
+    prompt = tokenizer.encode(start)
+except ValueError as e:
+    die(f"the prompt has {e}")
+if not prompt:
     die("the prompt is empty; give at least one character or token with --start")
-x = torch.tensor(start_ids, dtype=torch.long, device=runtime.device)[None, ...]
+idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
-with torch.no_grad(), runtime.autocast_ctx():
-    for _ in range(num_samples):
-        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=generator)
-        print(decode(y[0].tolist()))
+decode_step = None
+if compile:
+    decode_step, seconds = compile_decode_step(model, num_samples if batched else 1, runtime)
+    print(f"compiled the decode step in {seconds:.1f} s")
+
+first_token_at: float | None = None  # when the first sample's first token was ready
+
+
+def tokens(n: int):
+    """The generator of next tokens, (n, 1) per step, under the run's precision."""
+    global first_token_at
+    with runtime.autocast_ctx():
+        for token in model.generate_tokens(
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k or None,
+            top_p=top_p,
+            generator=generator,
+            num_samples=n,
+            use_cache=kv_cache,
+            vocab_size=tokenizer.n_vocab,
+            decode_step=decode_step,
+        ):
+            if first_token_at is None:
+                runtime.synchronize()
+                first_token_at = time.perf_counter()
+            yield token
+
+
+def ended(ids: list[int]) -> bool:
+    return ids[-1] == tokenizer.eot or (stop != "" and stop in tokenizer.decode(ids))
+
+
+def trim(text: str) -> str:
+    return text.split(stop)[0] if stop else text
+
+
+def stream_one() -> int:
+    """Print one sample as it is generated; returns how many tokens it took."""
+    stream, ids, text, shown = TextStream(tokenizer), [], "", 0
+    print(start, end="", flush=True)
+    for token in tokens(1):
+        ids.append(token.item())
+        if ids[-1] == tokenizer.eot:
+            break
+        text += stream.push(ids[-1:])
+        if stop and stop in text:
+            break
+        safe = len(text) - max(len(stop) - 1, 0)  # hold back what may be the beginning of the stop text
+        if safe > shown:
+            print(text[shown:safe], end="", flush=True)
+            shown = safe
+    print(trim(text + stream.flush())[shown:])
+    return len(ids)
+
+
+def generate_batch() -> int:
+    """All num_samples together, printed when every one has ended; returns the tokens generated."""
+    rows = [[] for _ in range(num_samples)]
+    done = [False] * num_samples
+    for token in tokens(num_samples):
+        for row, t in zip(rows, token.view(-1).tolist(), strict=True):
+            row.append(t)
+        done = [d or ended(row) for d, row in zip(done, rows, strict=True)]
+        if all(done):
+            break
+    for row in rows:
+        cut = row.index(tokenizer.eot) if tokenizer.eot in row else len(row)
+        print(start + trim(tokenizer.decode(row[:cut])))
         print("---------------")
+    return len(rows[0]) * num_samples
+
+
+with torch.no_grad():
+    runtime.synchronize()
+    t0 = time.perf_counter()
+    if batched:
+        n_tokens = generate_batch()
+    else:
+        n_tokens = 0
+        for _ in range(num_samples):
+            n_tokens += stream_one()
+            print("---------------")
+    runtime.synchronize()
+    elapsed = time.perf_counter() - t0
+
+mem = peak_memory_bytes(runtime.device)
+print(
+    f"time to first token {(first_token_at - t0) * 1000:.1f} ms; {n_tokens} tokens in {elapsed:.2f} s: "
+    f"{n_tokens / elapsed:,.1f} tokens/s; peak memory {(mem or 0) / 2**20:.0f} MiB"
+)

@@ -42,7 +42,7 @@ log_interval = 1
 eval_iters = 200
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval, not only when val loss improves
-init_from = "scratch"  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a transformers folder
 # wandb logging
 wandb_log = False
 wandb_project = "owt"
@@ -143,17 +143,20 @@ elif init_from == "resume":
     checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
     for k in ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size"):
         model_args[k] = checkpoint["model_args"][k]  # the architecture is the checkpoint's
-    if block_size > model_args["block_size"]:
-        die(f"block_size={block_size} is larger than the checkpoint's {model_args['block_size']}")
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-else:
-    die(f"init_from must be 'scratch' or 'resume', not {init_from!r}")
 try:
-    model = GPT(GPTConfig(**model_args))
+    if init_from in ("scratch", "resume"):
+        model = GPT(GPTConfig(**model_args))
+    else:  # GPT-2 weights: a hub name or a folder in transformers' format
+        model = GPT.from_pretrained(init_from, dropout=dropout, attention=attention)
+        model_args = {k: getattr(model.config, k) for k in model_args} | {"vocab_size": model.config.vocab_size}
 except ValueError as e:
     die(str(e))
 if checkpoint is not None:
     model.load_state_dict(checkpoint["model"])
+if block_size > model.config.block_size:
+    source = "checkpoint" if init_from == "resume" else init_from
+    die(f"block_size={block_size} is larger than the {source}'s {model.config.block_size}")
 if block_size < model.config.block_size:
     model.crop_block_size(block_size)
     model_args["block_size"] = block_size

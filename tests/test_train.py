@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+
 from conftest import ROOT, TINY_MODEL, run_script
 
 

@@ -1,0 +1,53 @@
+"""
+Write a checkpoint of ours as a transformers GPT-2 folder (config.json and model.safetensors), without the vocab
+padding, that `GPT2LMHeadModel.from_pretrained(export_dir)` loads and that gives the same logits.
+
+    python export.py --out_dir=out-shakespeare --export_dir=hf-shakespeare
+"""
+
+from pathlib import Path
+
+from common import Tokenizer, die, load_checkpoint
+from configurator import configure
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+out_dir = "out"  # where ckpt.pt is
+export_dir = "out-hf"  # the transformers folder to write
+settings = configure(globals())
+# -----------------------------------------------------------------------------
+
+try:
+    from transformers import GPT2Config, GPT2LMHeadModel
+except ImportError:
+    die("export needs transformers: pip install transformers")
+
+checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt")
+model = GPT(GPTConfig(**checkpoint["model_args"]))
+model.load_state_dict(checkpoint["model"])
+config = checkpoint.get("config", {})
+tokenizer = Tokenizer(Path(config.get("data_dir", "data")) / config.get("dataset", "") / "meta.pkl")
+vocab_size = min(tokenizer.n_vocab, model.config.vocab_size)  # the real vocabulary, without the padding
+
+cfg = model.config
+hf_config = GPT2Config(
+    vocab_size=vocab_size,
+    n_positions=cfg.block_size,
+    n_embd=cfg.n_embd,
+    n_layer=cfg.n_layer,
+    n_head=cfg.n_head,
+    activation_function="gelu_new",
+    resid_pdrop=cfg.dropout,
+    embd_pdrop=cfg.dropout,
+    attn_pdrop=cfg.dropout,
+    layer_norm_epsilon=1e-5,
+    bos_token_id=tokenizer.eot,
+    eos_token_id=tokenizer.eot,
+)
+hf_model = GPT2LMHeadModel(hf_config)
+missing, unexpected = hf_model.load_state_dict(model.to_hf_state_dict(vocab_size), strict=False)
+missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
+if missing or unexpected:
+    die(f"weights do not match transformers' GPT-2: missing {missing}, unexpected {unexpected}")
+hf_model.save_pretrained(export_dir, safe_serialization=True)
+print(f"wrote {export_dir} ({model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab_size}, {tokenizer.name})")

@@ -1,0 +1,210 @@
+"""Generation: the KV cache against full recomputation, sampling filters, streaming, GPT-2 interop."""
+
+import pytest
+import torch
+
+from common import TextStream, Tokenizer, save_checkpoint
+from conftest import run_script
+from model import GPT, GPTConfig, filter_logits
+
+CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+
+def sharp_model(seed: int = 0, dtype=torch.float64, **overrides) -> GPT:
+    """A random model with weights scaled up, so its logits are far from uniform and argmax ties are not an issue;
+    float64 so that rounding never decides a token."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**CONFIG, **overrides})).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)
+    return model
+
+
+def prompts(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(64, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_cached_greedy_equals_uncached_past_block_size(attention):
+    model = sharp_model(attention=attention)
+    idx = prompts(3, 5)
+    cached = model.generate(idx, 40, temperature=0)  # 45 tokens: well past block_size 16
+    uncached = model.generate(idx, 40, temperature=0, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert len(set(cached[0, 5:].tolist())) > 3  # not a degenerate repetition
+
+
+def test_cached_sampling_equals_uncached_with_the_same_seed():
+    model = sharp_model(seed=3)
+    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)
+    a = model.generate(prompts(2, 7), 30, generator=torch.Generator().manual_seed(5), **kwargs)
+    b = model.generate(prompts(2, 7), 30, generator=torch.Generator().manual_seed(5), use_cache=False, **kwargs)
+    assert torch.equal(a, b)
+
+
+def test_cache_logits_match_a_full_forward_in_float32():
+    model = sharp_model(dtype=torch.float32)
+    idx = prompts(2, 12)
+    k, v = model.new_cache(2, torch.float32)
+    logits = model.prefill(idx[:, :4], k, v)
+    for t in range(4, 12):
+        full, _ = model(idx[:, :t])
+        torch.testing.assert_close(logits, full[:, -1], rtol=1e-4, atol=1e-4)
+        logits = model.decode_step(idx[:, t : t + 1], torch.tensor(t), k, v)
+
+
+def test_batched_equals_one_by_one():
+    model = sharp_model(seed=2)
+    idx = prompts(4, 6)
+    batched = model.generate(idx, 25, temperature=0)
+    for i in range(4):
+        assert torch.equal(batched[i : i + 1], model.generate(idx[i : i + 1], 25, temperature=0))
+
+
+def test_shared_prefill_equals_separate_prefills():
+    model = sharp_model(seed=4)
+    idx = prompts(1, 6)
+    shared = model.generate(idx, 25, num_samples=5, generator=torch.Generator().manual_seed(0))
+    separate = model.generate(idx.repeat(5, 1), 25, generator=torch.Generator().manual_seed(0))
+    assert shared.shape == (5, 31) and torch.equal(shared, separate)
+    assert len({tuple(row) for row in shared[:, 6:].tolist()}) > 1  # the samples differ from each other
+
+
+def test_padded_vocabulary_is_never_sampled():
+    model = sharp_model()
+    out = model.generate(prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=torch.Generator().manual_seed(0))
+    assert out[:, 3:].max() < 10
+
+
+def test_top_k_and_top_p_keep_exactly_the_right_candidates():
+    probs = torch.tensor([[0.05, 0.4, 0.1, 0.3, 0.15]])
+    logits = probs.log()
+    kept = lambda **kw: set(torch.isfinite(filter_logits(logits, **kw))[0].nonzero().view(-1).tolist())  # noqa: E731
+    assert kept(top_k=2) == {1, 3}
+    assert kept(top_p=0.4) == {1}  # 0.4 reaches 0.4
+    assert kept(top_p=0.5) == {1, 3}
+    assert kept(top_p=0.85) == {1, 3, 4}  # 0.4 + 0.3 = 0.7 < 0.85 <= 0.85
+    assert kept(top_p=0.86) == {1, 3, 4, 2}
+    assert kept(top_k=3, top_p=0.99) == {1, 3, 4}
+    assert kept(top_p=1.0) == {0, 1, 2, 3, 4}
+    # ties at the k-th value: still exactly k
+    assert (
+        len(kept_tied := set(torch.isfinite(filter_logits(torch.zeros(1, 6), top_k=4))[0].nonzero().view(-1).tolist()))
+        == 4
+    )
+    assert kept_tied <= set(range(6))
+    renormalised = filter_logits(logits, top_p=0.85).softmax(-1)[0]
+    assert renormalised[1].item() == pytest.approx(0.4 / 0.85)
+
+
+def test_streamed_text_equals_decoding_the_whole_sequence():
+    tokenizer = Tokenizer()
+    text = "Caf\u00e9 \u65e5\u672c\u8a9e, na\u00efve \U0001f642 r\u00e9sum\u00e9!"
+    ids = tokenizer.encode(text)
+    assert any(len(tokenizer.token_bytes(i).decode("utf-8", errors="ignore")) == 0 for i in ids)  # split characters
+    stream = TextStream(tokenizer)
+    pieces = [stream.push([i]) for i in ids] + [stream.flush()]
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+    assert all("\ufffd" not in p for p in pieces)  # no broken characters printed on the way
+
+
+def tiny_hf_folder(tmp_path, seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    return hf, tmp_path / "hf"
+
+
+def test_import_from_a_transformers_folder_gives_its_logits(tmp_path):
+    hf, folder = tiny_hf_folder(tmp_path)
+    model = GPT.from_pretrained(str(folder)).eval()
+    idx = torch.randint(100, (2, 32))
+    ours, _ = model(idx, idx)
+    theirs = hf(idx).logits
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_export_round_trip_through_transformers(tmp_path, tiny_data):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    meta_vocab = Tokenizer(tiny_data / "tiny" / "meta.pkl").n_vocab
+    model_args = dict(CONFIG, vocab_size=64, bias=False)  # padded vocab, no biases: both undone on export
+    model = GPT(GPTConfig(**model_args)).eval()
+    checkpoint = {
+        "model": model.state_dict(),
+        "model_args": model_args,
+        "config": {"data_dir": str(tiny_data), "dataset": "tiny"},
+    }
+    save_checkpoint(checkpoint, tmp_path / "out" / "ckpt.pt")
+    result = run_script("export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}")
+    assert result.returncode == 0, result.stderr
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.vocab_size == meta_vocab
+    idx = torch.randint(meta_vocab, (2, 16))
+    ours, _ = model(idx, idx)
+    assert (ours[..., :meta_vocab] - hf(idx).logits).abs().max().item() <= 1e-4
+    again = GPT.from_pretrained(str(tmp_path / "hf")).eval()  # and back in
+    assert (again(idx, idx)[0] - ours[..., :meta_vocab]).abs().max().item() <= 1e-4
+
+
+def test_train_and_sample_from_a_transformers_folder(tmp_path, tiny_data):
+    _, folder = tiny_hf_folder(tmp_path)
+    # the tiny dataset's character ids are < 100, so the tiny GPT-2 can be fine-tuned on them
+    result = run_script(
+        "train.py",
+        f"--init_from={folder}",
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path / 'ft'}",
+        "--device=cpu",
+        "--compile=false",
+        "--block_size=16",
+        "--batch_size=4",
+        "--max_iters=2",
+        "--eval_interval=2",
+        "--eval_iters=1",
+    )
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)
+    assert checkpoint["model_args"]["block_size"] == 16 and checkpoint["model_args"]["vocab_size"] == 100
+    too_long = run_script(
+        "train.py",
+        f"--init_from={folder}",
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        "--device=cpu",
+        "--block_size=64",
+    )
+    assert too_long.returncode != 0 and "larger than the" in too_long.stderr
+
+
+def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
+    torch.manual_seed(0)
+    model_args = dict(CONFIG, vocab_size=64)
+    model = GPT(GPTConfig(**model_args))
+    checkpoint = {
+        "model": model.state_dict(),
+        "model_args": model_args,
+        "config": {"data_dir": str(tiny_data), "dataset": "tiny"},
+    }
+    save_checkpoint(checkpoint, tmp_path / "ckpt.pt")
+    common = [f"--out_dir={tmp_path}", "--device=cpu", "--start=the ", "--max_new_tokens=60", "--temperature=1.0"]
+    full = run_script("sample.py", *common, "--num_samples=1")
+    assert full.returncode == 0, full.stderr
+    text = full.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
+    assert "time to first token" in full.stdout and "tokens/s" in full.stdout
+    stop = text[10:12]  # a piece of what the model writes with this seed
+    stopped = run_script("sample.py", *common, "--num_samples=1", f"--stop={stop}")
+    cut = stopped.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
+    assert cut.rstrip("\n") == text[: text.index(stop)]
+    # greedy: the batched, uncached path writes what the streamed, cached one does, for every sample
+    greedy = run_script("sample.py", *common, "--num_samples=1", "--temperature=0")
+    batched = run_script(
+        "sample.py", *common, "--num_samples=3", "--batched=True", "--kv_cache=false", "--temperature=0"
+    )
+    assert batched.returncode == 0 and batched.stdout.count("---------------") == 3
+    first = greedy.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
+    assert batched.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0] == first
