@@ -208,3 +208,19 @@ def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
     assert batched.returncode == 0 and batched.stdout.count("---------------") == 3
     first = greedy.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
     assert batched.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0] == first
+
+
+def test_compiled_decode_step_gives_the_same_tokens_without_recompiling():
+    import torch._dynamo
+
+    from common import compile_decode_step, resolve_runtime
+
+    torch._dynamo.reset()
+    model = sharp_model(dtype=torch.float32)
+    step, seconds = compile_decode_step(model, 2, resolve_runtime("cpu", "float32"))
+    assert seconds > 0
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    idx = prompts(2, 5)
+    compiled = model.generate(idx, 30, temperature=0, decode_step=step)  # 30 positions, past block_size too
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # one graph for every position
+    assert torch.equal(compiled, model.generate(idx, 30, temperature=0, use_cache=False))
