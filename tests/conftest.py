@@ -26,6 +26,13 @@ def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def run_train(data_dir: Path, out_dir: Path, *flags: str) -> subprocess.CompletedProcess:
+    """train.py with the tiny model on the dataset 'tiny' under data_dir."""
+    return run_script(
+        "train.py", *TINY_MODEL, f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *flags
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A data_dir holding a small character-level dataset 'tiny', made by the real prepare script."""
