@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -23,10 +24,14 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linears and LayerNorms, as in GPT-2; False is a little better and faster
     attention: str = "sdpa"  # "sdpa" (flash / memory-efficient kernels) or "manual" (the masked-softmax reference)
+    loss_chunk: int = 0  # rows of the (B*T, n_embd) hidden states per chunk of lm_head + cross-entropy; 0 = unchunked
+    activation_checkpointing: bool = False  # recompute each block's activations in backward instead of keeping them
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.loss_chunk < 0:
+            raise ValueError(f"loss_chunk must be >= 0 (0 = unchunked), not {self.loss_chunk}")
         if self.attention not in ("sdpa", "manual"):
             raise ValueError(f"attention must be 'sdpa' or 'manual', not {self.attention!r}")
 
@@ -134,17 +139,23 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits for every position and the mean cross-entropy when targets are given, else logits
-        for the last position only (all that generation needs)."""
+        for the last position only (all that generation needs). With loss_chunk set and targets given, the
+        logits are None: the chunked loss never makes them all at once."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
-            x = block(x)
+            if self.config.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
+        if self.config.loss_chunk:
+            return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
         logits = self.lm_head(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
         return logits, loss
@@ -157,15 +168,21 @@ class GPT(nn.Module):
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def configure_optimizers(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+        self,
+        weight_decay: float,
+        learning_rate: float,
+        betas: tuple[float, float],
+        device_type: str,
+        fused: bool = True,
     ) -> torch.optim.AdamW:
-        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused where the device supports it."""
+        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused (when asked) where the device
+        supports it."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        if "fused" in inspect.signature(torch.optim.AdamW).parameters:
+        if fused and "fused" in inspect.signature(torch.optim.AdamW).parameters:
             try:
                 return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
             except RuntimeError:  # this device has no fused kernel
@@ -209,6 +226,23 @@ class GPT(nn.Module):
             next_token = sample_next(logits[:, -1, :], temperature, top_k, generator)
             idx = torch.cat((idx, next_token), dim=1)
         return idx
+
+
+def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1), chunk rows of x at a time.
+
+    Each chunk's logits are made, reduced to a summed loss and dropped, then made again in backward (activation
+    checkpointing), so at most one (chunk, vocab) block of fp32 logits exists instead of all (B*T, vocab)."""
+    x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+    total = sum(
+        checkpoint(_summed_cross_entropy, xc, weight, tc, use_reentrant=False)
+        for xc, tc in zip(x.split(chunk), targets.split(chunk), strict=True)
+    )
+    return total / (targets != -1).sum()
+
+
+def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(F.linear(x, weight).float(), targets, ignore_index=-1, reduction="sum")
 
 
 def sample_next(
