@@ -26,6 +26,15 @@ def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A data_dir holding a small character-level dataset 'tiny', made by the real prepare script."""

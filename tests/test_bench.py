@@ -1,10 +1,14 @@
-"""The memory savers against the plain paths, and the fused switch of configure_optimizers."""
+"""The memory savers against the plain paths, the fused switch of configure_optimizers, and what train.py gained
+with them: the savers as settings, a profile and the run manifest."""
 
+import json
 from dataclasses import replace
 
 import pytest
 import torch
+from conftest import ROOT, TINY_MODEL, run_script
 
+from common import git_state
 from model import GPT, GPTConfig
 
 SMALL = GPTConfig(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -75,3 +79,36 @@ def test_configure_optimizers_fused_switch():
     model = GPT(SMALL)
     assert model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").defaults["fused"]
     assert not model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", fused=False).defaults["fused"]
+
+
+def test_git_state_outside_a_checkout(tmp_path):
+    assert git_state(tmp_path) == ("unknown", None)
+    commit, dirty = git_state(ROOT)
+    assert len(commit) == 40 and isinstance(dirty, bool)
+
+
+def test_train_with_memory_savers_profile_and_manifest(tiny_data, tmp_path):
+    result = run_script(
+        "train.py",
+        *TINY_MODEL,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path}",
+        "--loss_chunk=100",
+        "--activation_checkpointing=True",
+        "--profile=True",
+        "--max_iters=6",
+        "--eval_interval=6",
+        "--eval_iters=2",
+        "--log_interval=1",
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert all(0 < r["loss"] < 10 for r in records if "loss" in r) and records[-1]["val_loss"] > 0
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["settings"]["loss_chunk"] == 100 and manifest["model_args"]["activation_checkpointing"] is True
+    assert manifest["device"] == "cpu" and manifest["world_size"] == 1 and len(manifest["git_commit"]) == 40
+    assert (tmp_path / "trace.json").is_file() and "Self CPU" in result.stdout
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert checkpoint["model_args"]["loss_chunk"] == 100
