@@ -114,6 +114,7 @@ if sweep == "compile_mode" and not compile:
 
 runtime = resolve_runtime(device, dtype, tf32)
 print(runtime.describe())
+manifest = run_manifest(settings, runtime)  # the code as it was when the measuring began
 try:
     case = case_from_settings(settings, "as set")
     if ladder:
@@ -182,6 +183,6 @@ print()
 print(report(results, runtime.device_type))
 if out_json:
     kind = "ladder" if ladder else f"sweep of {sweep}" if sweep else "find_max_batch" if find_max_batch else "single"
-    doc = {"kind": kind, "manifest": run_manifest(settings, runtime), "results": results}
+    doc = {"kind": kind, "manifest": manifest, "results": results}
     for line in write_outputs(Path(out_json), doc):
         print(line)

@@ -644,6 +644,7 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
         ax.text(median[i] + p90[i], i, label, va="center", fontsize=8)
     ax.set_yticks(range(len(results)), [r["name"] for r in results], fontsize=8)
     ax.invert_yaxis()
+    ax.margins(x=0.3)  # room for the labels right of the longest bar
     ax.set_xlabel("ms per iteration (median, whisker to p90; lower is better)")
     dirty = "+dirty" if m["git_dirty"] else ""
     ax.set_title(f"{doc['kind']}: {m['device_name']}, torch {m['torch']}, {m['git_commit'][:10]}{dirty}", fontsize=9)

@@ -217,7 +217,9 @@ class TokenBatches:
 # profiles and run manifests
 
 
-def step_profiler(device: torch.device, trace_path: Path, wait: int = 1, warmup: int = 1, active: int = 3):
+def step_profiler(
+    device: torch.device, trace_path: Path, wait: int = 1, warmup: int = 1, active: int = 3
+) -> torch.profiler.profile:
     """A torch.profiler that skips `wait` steps, warms up for `warmup`, records `active` (one call to its step()
     per training step), then writes a Chrome trace to trace_path and prints the 20 most expensive ops."""
     from torch.profiler import ProfilerActivity, profile, schedule

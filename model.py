@@ -137,7 +137,7 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits for every position and the mean cross-entropy when targets are given, else logits
         for the last position only (all that generation needs). With loss_chunk set and targets given, the
         logits are None: the chunked loss never makes them all at once."""
