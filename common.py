@@ -1,16 +1,18 @@
 """What train.py, bench.py and sample.py share: device and precision choice, checkpoints, the GPT-2 tokenizer,
-memory figures and user-facing errors."""
+memory figures, profiles, run manifests and user-facing errors."""
 
 import codecs
 import importlib.util
 import os
 import pickle
+import platform
 import resource
 import subprocess
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -65,13 +67,24 @@ class Runtime:
             torch.mps.synchronize()
 
     def describe(self) -> str:
-        name = torch.cuda.get_device_name(self.device) if self.device_type == "cuda" else self.device_type
+        name = device_name(self.device)
         scaler = "on" if self.dtype == "float16" else "off"
         tf32 = "on" if self.tf32 else "off"
         return (
             f"device {self.device} ({name}), dtype {self.dtype}, autocast {'on' if self.autocast else 'off'}, "
             f"TF32 {tf32}, GradScaler {scaler}: {self.reason}"
         )
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name where the OS tells it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu" and Path("/proc/cpuinfo").is_file():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or device.type
 
 
 def mps_available() -> bool:
@@ -122,6 +135,11 @@ def resolve_runtime(device: str = "auto", dtype: str = "auto", tf32: bool = True
     return Runtime(dev, dtype, use_tf32, "; ".join(reasons))
 
 
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple, e.g. a vocab of 50257 padded to 50304 (a multiple of 64) for faster matmuls."""
+    return -(-n // multiple) * multiple
+
+
 def peak_memory_bytes(device: torch.device) -> int | None:
     """Peak memory of this run: allocated on the GPU, or the process's peak resident set on CPU."""
     if device.type == "cuda":
@@ -129,6 +147,25 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     if device.type == "mps":
         return torch.mps.driver_allocated_memory()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """Peak memory held by CUDA's caching allocator (allocated plus cached); None where there is no such pool."""
+    return torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start a new peak for peak_memory_bytes; False where the peak cannot be reset (it stays the process's)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    if device.type == "cpu":
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # Linux: resets the peak resident set to the current one
+            return True
+        except OSError:
+            return False
+    return False
 
 
 # -----------------------------------------------------------------------------
@@ -176,6 +213,83 @@ class TokenBatches:
 
     def get(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self.to_device(*self.host_batch(split))
+
+
+# -----------------------------------------------------------------------------
+# profiles and run manifests
+
+
+def step_profiler(
+    device: torch.device, trace_path: Path, wait: int = 1, warmup: int = 1, active: int = 3
+) -> torch.profiler.profile:
+    """A torch.profiler that skips `wait` steps, warms up for `warmup`, records `active` (one call to its step()
+    per training step), then writes a Chrome trace to trace_path and prints the 20 most expensive ops."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    cuda = device.type == "cuda"
+
+    def on_trace_ready(prof: profile) -> None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace_path))
+        sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=sort_by, row_limit=20))
+        print(f"profile: Chrome trace written to {trace_path} (open it in https://ui.perfetto.dev)", flush=True)
+
+    return profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []),
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=on_trace_ready,
+    )
+
+
+def git_state(path: Path) -> tuple[str, bool | None]:
+    """The commit checked out at path and whether the checkout has changes: ('unknown', None) outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
+        status = subprocess.run(["git", "-C", str(path), "status", "--porcelain"], capture_output=True, text=True)
+    except OSError:  # no git on this machine
+        return "unknown", None
+    if head.returncode != 0 or status.returncode != 0:
+        return "unknown", None
+    return head.stdout.strip(), bool(status.stdout.strip())
+
+
+def gpu_driver_version() -> str | None:
+    """The NVIDIA driver's version from nvidia-smi; None where there is none."""
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = smi.stdout.split()
+    return lines[0] if smi.returncode == 0 and lines else None
+
+
+def run_manifest(settings: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
+    """What produced a result: the code's version, the software, the hardware and the resolved settings."""
+    commit, dirty = git_state(repo_root())
+    cuda = runtime.device_type == "cuda"
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "driver": gpu_driver_version(),
+        "device": str(runtime.device),
+        "device_name": device_name(runtime.device),
+        "device_count": torch.cuda.device_count() if cuda else 1,
+        "cpu_threads": torch.get_num_threads(),
+        "dtype": runtime.dtype,
+        "tf32": runtime.tf32,
+        "settings": settings,
+    }
 
 
 # -----------------------------------------------------------------------------

@@ -10,10 +10,12 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -26,10 +28,14 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linears and LayerNorms, as in GPT-2; False is a little better and faster
     attention: str = "sdpa"  # "sdpa" (flash / memory-efficient kernels) or "manual" (the masked-softmax reference)
+    loss_chunk: int = 0  # rows of the (B*T, n_embd) hidden states per chunk of lm_head + cross-entropy; 0 = unchunked
+    activation_checkpointing: bool = False  # recompute each block's activations in backward instead of keeping them
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.loss_chunk < 0:
+            raise ValueError(f"loss_chunk must be >= 0 (0 = unchunked), not {self.loss_chunk}")
         if self.attention not in ("sdpa", "manual"):
             raise ValueError(f"attention must be 'sdpa' or 'manual', not {self.attention!r}")
 
@@ -156,19 +162,25 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits for every position and the mean cross-entropy when targets are given, else logits
-        for the last position only (all that generation needs)."""
+        for the last position only (all that generation needs). With loss_chunk set and targets given, the
+        logits are None: the chunked loss never makes them all at once."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
-            x = block(x)
+            if self.config.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
+        if self.config.loss_chunk:
+            return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
         logits = self.lm_head(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
         return logits, loss
@@ -181,15 +193,21 @@ class GPT(nn.Module):
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def configure_optimizers(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+        self,
+        weight_decay: float,
+        learning_rate: float,
+        betas: tuple[float, float],
+        device_type: str,
+        fused: bool = True,
     ) -> torch.optim.AdamW:
-        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused where the device supports it."""
+        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused (when asked) where the device
+        supports it."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        if "fused" in inspect.signature(torch.optim.AdamW).parameters:
+        if fused and "fused" in inspect.signature(torch.optim.AdamW).parameters:
             try:
                 return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
             except RuntimeError:  # this device has no fused kernel
@@ -221,25 +239,20 @@ class GPT(nn.Module):
     # GPT-2 weights in transformers' layout
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dropout: float = 0.0, attention: str = "sdpa") -> "GPT":
+    def from_pretrained(cls, name_or_path: str, **overrides: Any) -> "GPT":
         """GPT-2 from the Hugging Face hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or from a local folder in
-        transformers' format (config.json with model.safetensors or pytorch_model.bin)."""
+        transformers' format (config.json with model.safetensors or pytorch_model.bin). overrides: GPTConfig
+        fields that leave the weights as they are (dropout, attention, loss_chunk, activation_checkpointing)."""
         folder = Path(name_or_path)
         if not folder.is_dir():
             folder = download_hf_model(name_or_path)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} has no config.json: not a model folder in transformers' format")
         hf = json.loads((folder / "config.json").read_text())
         if hf.get("model_type") != "gpt2" or hf.get("activation_function") not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"{folder} is not a GPT-2 model with GPT-2's tanh GELU")
-        config = GPTConfig(
-            block_size=hf["n_positions"],
-            vocab_size=hf["vocab_size"],
-            n_layer=hf["n_layer"],
-            n_head=hf["n_head"],
-            n_embd=hf["n_embd"],
-            dropout=dropout,
-            bias=True,
-            attention=attention,
-        )
+        shape = dict(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True)
+        config = GPTConfig(block_size=hf["n_positions"], vocab_size=hf["vocab_size"], **shape, **overrides)
         model = cls(config)
         model.load_state_dict(from_hf_state_dict(read_hf_weights(folder)))
         return model
@@ -345,6 +358,23 @@ class GPT(nn.Module):
         if kwargs.get("num_samples", 1) > 1:
             idx = idx.expand(kwargs["num_samples"], -1)
         return torch.cat([idx, *new], dim=1)
+
+
+def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1), chunk rows of x at a time.
+
+    Each chunk's logits are made, reduced to a summed loss and dropped, then made again in backward (activation
+    checkpointing), so at most one (chunk, vocab) block of fp32 logits exists instead of all (B*T, vocab)."""
+    x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+    total = sum(
+        checkpoint(_summed_cross_entropy, xc, weight, tc, use_reentrant=False)
+        for xc, tc in zip(x.split(chunk), targets.split(chunk), strict=True)
+    )
+    return total / (targets != -1).sum()
+
+
+def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(F.linear(x, weight).float(), targets, ignore_index=-1, reduction="sum")
 
 
 def sample_next(

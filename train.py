@@ -27,7 +27,10 @@ from common import (
     prepare_if_missing,
     print0,
     resolve_runtime,
+    round_up,
+    run_manifest,
     save_checkpoint,
+    step_profiler,
     unwrap,
 )
 from configurator import configure
@@ -61,6 +64,9 @@ dropout = 0.0  # 0 for pretraining, try 0.1+ for fine-tuning
 bias = False  # biases in Linears and LayerNorms
 attention = "sdpa"  # 'sdpa' (flash attention where available) or 'manual' (the reference)
 pad_vocab = 64  # vocab_size rounded up to a multiple of this (50257 -> 50304) for faster matmuls; 1 = off
+# memory savers: both trade compute for memory
+loss_chunk = 0  # rows per chunk of a chunked lm_head + cross-entropy that never holds the full logits; 0 = off
+activation_checkpointing = False  # recompute each block's activations in backward instead of keeping them
 # AdamW
 learning_rate = 6e-4
 max_iters = 600000  # optimizer steps
@@ -81,6 +87,7 @@ tf32 = True  # TF32 matmuls for the float32 work (CUDA only)
 compile = True  # torch.compile the model
 seed = 1337
 peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 = look it up in model.PEAK_TFLOPS
+profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops printed
 settings = configure(globals())
 # -----------------------------------------------------------------------------
 
@@ -134,11 +141,15 @@ model_args = dict(
     bias=bias,
     dropout=dropout,
     attention=attention,
+    loss_chunk=loss_chunk,
+    activation_checkpointing=activation_checkpointing,
 )
 iter_num, best_val_loss, checkpoint = 0, float("inf"), None
 if init_from == "scratch":
     vocab_size = meta_vocab_size or 50257
-    model_args["vocab_size"] = math.ceil(vocab_size / pad_vocab) * pad_vocab
+    if pad_vocab < 1:
+        die(f"pad_vocab must be >= 1 (1 = no padding), not {pad_vocab}")
+    model_args["vocab_size"] = round_up(vocab_size, pad_vocab)
 elif init_from == "resume":
     checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
     for k in ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size"):
@@ -148,7 +159,8 @@ try:
     if init_from in ("scratch", "resume"):
         model = GPT(GPTConfig(**model_args))
     else:  # GPT-2 weights: a hub name or a folder in transformers' format
-        model = GPT.from_pretrained(init_from, dropout=dropout, attention=attention)
+        keep = ("dropout", "attention", "loss_chunk", "activation_checkpointing")  # the rest is the weights'
+        model = GPT.from_pretrained(init_from, **{k: model_args[k] for k in keep})
         model_args = {k: getattr(model.config, k) for k in model_args} | {"vocab_size": model.config.vocab_size}
 except ValueError as e:
     die(str(e))
@@ -211,10 +223,12 @@ def get_lr(it: int) -> float:
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-# logging: stdout, out_dir/log.jsonl and optionally wandb, all from rank 0
+# logging: stdout, out_dir/log.jsonl and optionally wandb, all from rank 0, which also writes what made this run
 log_file = None
 if master:
     os.makedirs(out_dir, exist_ok=True)
+    manifest = run_manifest(settings, runtime) | {"world_size": world_size, "model_args": model_args}
+    (Path(out_dir) / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log_file = open(Path(out_dir) / "log.jsonl", "a")
 if wandb_log and master:
     try:
@@ -234,6 +248,9 @@ def log(record: dict) -> None:
 # the loop: exactly max_iters optimizer steps, with evals at every eval_interval and at the end
 X, Y = batches.get("train")  # the first batch; each later one is fetched while the device computes
 model.train()
+profiler = step_profiler(runtime.device, Path(out_dir) / "trace.json") if profile and master else None
+if profiler:
+    profiler.start()
 timed_steps, t0, first_step = 0, time.perf_counter(), True
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
@@ -280,6 +297,8 @@ while True:
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
     timed_steps += 1
+    if profiler:
+        profiler.step()
 
     if iter_num % log_interval == 0 or first_step:  # the first step is timed alone: it includes compilation
         runtime.synchronize()  # the device runs ahead of Python: wait for it before reading the clock
@@ -311,6 +330,8 @@ while True:
             log(record)
         timed_steps, t0, first_step = 0, time.perf_counter(), False
 
+if profiler:
+    profiler.stop()  # writes the trace when the run ended inside the profiled window
 if master:
     log_file.close()
 if ddp:

@@ -17,6 +17,7 @@ TINY_MODEL = [
     "--compile=false",
     "--device=cpu",
     "--dropout=0.0",
+    "--gradient_accumulation_steps=1",
 ]
 
 
@@ -31,6 +32,15 @@ def run_train(data_dir: Path, out_dir: Path, *flags: str) -> subprocess.Complete
     return run_script(
         "train.py", *TINY_MODEL, f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *flags
     )
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, run_script, run_train
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, run_train
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +86,6 @@ def test_resume_continues_from_the_checkpoint(trained, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "step 200:" in result.stdout and "step 210:" in result.stdout and "step 0:" not in result.stdout
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter_num"] == 210
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def test_unknown_key_is_one_line(tmp_path):

@@ -1,6 +1,6 @@
 """Shakespeare in GPT-2 BPE tokens (tiktoken): train.bin and val.bin (uint16) and meta.pkl (tokenizer, source).
 
-    python data/shakespeare/prepare.py [FOLDER]    # FOLDER defaults to this script's own
+python data/shakespeare/prepare.py [FOLDER]    # FOLDER defaults to this script's own
 """
 
 import sys

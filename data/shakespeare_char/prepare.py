@@ -1,6 +1,6 @@
 """Character-level Shakespeare: train.bin and val.bin (uint16 character ids) and meta.pkl (vocab, source).
 
-    python data/shakespeare_char/prepare.py [FOLDER]    # FOLDER defaults to this script's own
+python data/shakespeare_char/prepare.py [FOLDER]    # FOLDER defaults to this script's own
 """
 
 import sys
