@@ -330,6 +330,7 @@ class GPT(nn.Module):
                 idx = torch.cat((idx, token), dim=1)
                 yield token
             return
+        eager = decode_step is None
         decode_step = decode_step or self.decode_step
         k_cache, v_cache = self.new_cache(idx.size(0))
         logits = self.prefill(idx[:, -bs:], k_cache, v_cache)
@@ -344,7 +345,14 @@ class GPT(nn.Module):
                 break
             idx = torch.cat((idx, token), dim=1)
             if length < bs:
-                logits = decode_step(token, torch.tensor(length, device=idx.device), k_cache, v_cache)
+                # a compiled step sees the whole cache, so its shapes never change; eagerly, only the filled part
+                # is read (views: the step still writes into the cache)
+                k, v = (
+                    (k_cache, v_cache)
+                    if not eager
+                    else (k_cache[:, :, :, : length + 1], v_cache[:, :, :, : length + 1])
+                )
+                logits = decode_step(token, torch.tensor(length, device=idx.device), k, v)
                 length += 1
             else:
                 # The window slides past block_size. A learned absolute position embedding cannot be shifted, so
