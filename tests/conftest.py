@@ -27,11 +27,11 @@ def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def run_train(data_dir: Path, out_dir: Path, *flags: str) -> subprocess.CompletedProcess:
-    """train.py with the tiny model on the dataset 'tiny' under data_dir."""
-    return run_script(
-        "train.py", *TINY_MODEL, f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *flags
-    )
+def run_train(data_dir: Path, out_dir: Path, *flags: str, ranks: int = 1) -> subprocess.CompletedProcess:
+    """train.py with the tiny model on the dataset 'tiny' under data_dir; under torchrun when ranks > 1."""
+    torchrun = ("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}") if ranks > 1 else ()
+    dataset = (f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}")
+    return run_script(*torchrun, "train.py", *TINY_MODEL, *dataset, *flags)
 
 
 def assert_one_line_error(result, *fragments: str) -> None:

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, run_train
+from conftest import ROOT, assert_one_line_error, run_script, run_train
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +111,7 @@ def test_missing_dataset_is_one_line(tmp_path):
 
 
 def test_resume_without_checkpoint_is_one_line(tiny_data, tmp_path):
-    result = run_train(
-        tiny_data,
-        tmp_path,
-        "--init_from=resume",
-    )
+    result = run_train(tiny_data, tmp_path, "--init_from=resume")
     assert_one_line_error(result, "no checkpoint at")
     assert_one_line_error(run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "no checkpoint at")
 
@@ -123,12 +119,7 @@ def test_resume_without_checkpoint_is_one_line(tiny_data, tmp_path):
 def test_block_size_larger_than_checkpoint_is_one_line(trained, tmp_path):
     out, _, data_dir = trained
     shutil.copytree(out, tmp_path / "out")
-    result = run_train(
-        data_dir,
-        tmp_path / "out",
-        "--init_from=resume",
-        "--block_size=64",
-    )
+    result = run_train(data_dir, tmp_path / "out", "--init_from=resume", "--block_size=64")
     assert_one_line_error(result, "block_size=64 is larger than the checkpoint's 32")
 
 
@@ -183,36 +174,11 @@ def test_nanogpt_flags_run_unchanged(tiny_data, tmp_path):
 
 def test_ddp_under_torchrun_on_cpu(tiny_data, tmp_path):
     """Two gloo ranks share the global gradient_accumulation_steps and rank 0 alone writes the outputs."""
-    result = run_script(
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "train.py",
-        *TINY_MODEL,
-        f"--data_dir={tiny_data}",
-        "--dataset=tiny",
-        f"--out_dir={tmp_path}",
-        "--max_iters=4",
-        "--eval_interval=4",
-        "--eval_iters=2",
-        "--log_interval=2",
-        "--gradient_accumulation_steps=4",
-    )
+    flags = ("--max_iters=4", "--eval_interval=4", "--eval_iters=2", "--log_interval=2")
+    result = run_train(tiny_data, tmp_path, *flags, "--gradient_accumulation_steps=4", ranks=2)
     assert result.returncode == 0, result.stderr
     assert "(2 micro-batches x 2 ranks x 8 x 32)" in result.stdout
     assert result.stdout.count("step 4:") == 1  # printed once, by rank 0
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter_num"] == 4
-    uneven = run_script(
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "train.py",
-        *TINY_MODEL,
-        f"--data_dir={tiny_data}",
-        "--dataset=tiny",
-        f"--out_dir={tmp_path}",
-        "--gradient_accumulation_steps=3",
-    )
+    uneven = run_train(tiny_data, tmp_path, "--gradient_accumulation_steps=3", ranks=2)
     assert uneven.returncode != 0 and "not divisible by 2 ranks" in uneven.stderr
