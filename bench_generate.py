@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from common import compile_decode_step, die, peak_memory_bytes, resolve_runtime
+from common import compile_decode_step, die, onednn_for_cpu_inference, peak_memory_bytes, resolve_runtime
 from configurator import configure
 from model import GPT, GPTConfig
 
@@ -27,6 +27,7 @@ max_new_tokens = 500
 batch_size = 1  # sequences generated together from one shared prefill
 uncached = True  # also time the uncached reference (slow: the whole context is recomputed for every token)
 compile = False  # torch.compile the cached decode step (compile time reported apart)
+onednn = True  # CPU, float32, not compiled: Linear layers through oneDNN (common.onednn_for_cpu_inference)
 device = "auto"
 dtype = "auto"
 seed = 1337
@@ -53,6 +54,8 @@ decode_step = None
 if compile:
     decode_step, seconds = compile_decode_step(model, batch_size, runtime)
     print(f"compile time of the decode step: {seconds:.1f} s")
+elif onednn:
+    model = onednn_for_cpu_inference(model, runtime)
 
 
 def time_generation(use_cache: bool) -> tuple[float, float]:

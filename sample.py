@@ -17,6 +17,7 @@ from common import (
     compile_decode_step,
     die,
     load_checkpoint,
+    onednn_for_cpu_inference,
     peak_memory_bytes,
     resolve_runtime,
 )
@@ -80,6 +81,8 @@ decode_step = None
 if compile:
     decode_step, seconds = compile_decode_step(model, num_samples if batched else 1, runtime)
     print(f"compiled the decode step in {seconds:.1f} s")
+else:
+    model = onednn_for_cpu_inference(model, runtime)
 
 first_token_at: float | None = None  # when the first sample's first token was ready
 

@@ -224,3 +224,17 @@ def test_compiled_decode_step_gives_the_same_tokens_without_recompiling():
     compiled = model.generate(idx, 30, temperature=0, decode_step=step)  # 30 positions, past block_size too
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # one graph for every position
     assert torch.equal(compiled, model.generate(idx, 30, temperature=0, use_cache=False))
+
+
+def test_onednn_model_generates_the_same_tokens():
+    from common import onednn_for_cpu_inference, resolve_runtime
+
+    model = sharp_model(dtype=torch.float32)
+    idx = prompts(2, 5)
+    reference = model.generate(idx, 30, temperature=0, use_cache=False)
+    assert onednn_for_cpu_inference(model, resolve_runtime("cpu", "bfloat16")) is model  # float32 work only
+    assert type(model.lm_head) is torch.nn.Linear
+    fast = onednn_for_cpu_inference(model, resolve_runtime("cpu", "float32"))
+    assert type(fast.lm_head) is not torch.nn.Linear and fast.lm_head.weight.is_mkldnn
+    assert torch.equal(fast.generate(idx, 30, temperature=0), reference)
+    assert torch.equal(fast.generate(idx, 30, temperature=0, use_cache=False), reference)
