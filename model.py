@@ -239,6 +239,13 @@ class GPT(nn.Module):
     # GPT-2 weights in transformers' layout
 
     @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any]) -> "GPT":
+        """The model saved in one of our checkpoints (as common.load_checkpoint reads it)."""
+        model = cls(GPTConfig(**checkpoint["model_args"]))
+        model.load_state_dict(checkpoint["model"])
+        return model
+
+    @classmethod
     def from_pretrained(cls, name_or_path: str, **overrides: Any) -> "GPT":
         """GPT-2 from the Hugging Face hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or from a local folder in
         transformers' format (config.json with model.safetensors or pytorch_model.bin). overrides: GPTConfig
@@ -287,18 +294,21 @@ class GPT(nn.Module):
 
     def prefill(self, idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Run the context idx (B, T) from position 0, filling the cache; logits (B, V) for the next token."""
-        pos = torch.arange(idx.size(1), device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for i, block in enumerate(self.transformer.h):
-            x = block(x, (k_cache[i], v_cache[i]))
-        return self.lm_head(self.transformer.ln_f(x[:, -1, :]))
+        return self.cached_forward(idx, k_cache, v_cache)
 
     def decode_step(
         self, token: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         """One token (B, 1) at position pos (a 0-d tensor), attending to the cache; logits (B, V) for the next.
         Every shape is fixed, so torch.compile builds this once for all positions."""
-        x = self.transformer.wte(token) + self.transformer.wpe(pos.view(1))
+        return self.cached_forward(token, k_cache, v_cache, pos)
+
+    def cached_forward(
+        self, idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits (B, V) after the last token of idx: a prefill from position 0 without pos, else one token at pos."""
+        positions = torch.arange(idx.size(1), device=idx.device) if pos is None else pos.view(1)
+        x = self.transformer.wte(idx) + self.transformer.wpe(positions)
         for i, block in enumerate(self.transformer.h):
             x = block(x, (k_cache[i], v_cache[i]), pos)
         return self.lm_head(self.transformer.ln_f(x[:, -1, :]))
