@@ -383,6 +383,12 @@ class Tokenizer:
             self.n_vocab, self.eot = self.bpe.n_vocab, self.bpe.eot_token
             self.name = "GPT-2 BPE"
 
+    @classmethod
+    def for_checkpoint(cls, checkpoint: dict[str, Any]) -> "Tokenizer":
+        """The tokenizer of the dataset a checkpoint was trained on (from the settings stored in it)."""
+        config = checkpoint.get("config", {})
+        return cls(Path(config.get("data_dir", "data")) / config.get("dataset", "") / "meta.pkl")
+
     def encode(self, text: str) -> list[int]:
         if self.stoi is None:
             return self.bpe.encode(text, allowed_special={"<|endoftext|>"})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common import Tokenizer, die, load_checkpoint
 from configurator import configure
-from model import GPT, GPTConfig
+from model import GPT
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # where ckpt.pt is
@@ -23,10 +23,8 @@ except ImportError:
     die("export needs transformers: pip install transformers")
 
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt")
-model = GPT(GPTConfig(**checkpoint["model_args"]))
-model.load_state_dict(checkpoint["model"])
-config = checkpoint.get("config", {})
-tokenizer = Tokenizer(Path(config.get("data_dir", "data")) / config.get("dataset", "") / "meta.pkl")
+model = GPT.from_checkpoint(checkpoint)
+tokenizer = Tokenizer.for_checkpoint(checkpoint)
 vocab_size = min(tokenizer.n_vocab, model.config.vocab_size)  # the real vocabulary, without the padding
 
 cfg = model.config

@@ -22,7 +22,7 @@ from common import (
     resolve_runtime,
 )
 from configurator import configure
-from model import GPT, GPTConfig
+from model import GPT
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
@@ -49,10 +49,8 @@ generator = torch.Generator(runtime.device).manual_seed(seed)
 
 if init_from == "resume":
     checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
-    model = GPT(GPTConfig(**checkpoint["model_args"]))
-    model.load_state_dict(checkpoint["model"])
-    config = checkpoint.get("config", {})
-    tokenizer = Tokenizer(Path(config.get("data_dir", "data")) / config.get("dataset", "") / "meta.pkl")
+    model = GPT.from_checkpoint(checkpoint)
+    tokenizer = Tokenizer.for_checkpoint(checkpoint)
 else:
     try:
         model = GPT.from_pretrained(init_from)
