@@ -11,7 +11,8 @@ where the time goes.
     python bench.py --compare=new.json --baseline=old.json --tolerance_pct=5   # exit 1 on a regression
 
 Each timed iteration is bracketed by device synchronisations; burn_in iterations (the first includes compilation,
-allocator and kernel warm-up) are timed apart and left out of the median. The measuring lives in benchmark.py.
+allocator and kernel warm-up) are timed apart and left out of the median. What is timed is the training step that
+train.py runs (nanogpt_perf/step.py), built from the same settings; the measuring lives in nanogpt_perf/measure.py.
 """
 
 import os
@@ -19,52 +20,56 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmark import (
-    SyntheticBatches,
-    add_speedups,
-    beside,
-    case_from_settings,
-    compare_results,
-    comparison_table,
-    ladder_cases,
-    largest_fitting,
-    load_results,
-    report,
-    run_case,
-    sweep_values,
-    write_outputs,
-)
-from common import TokenBatches, die, prepare_if_missing, resolve_runtime, run_manifest
 from configurator import configure
+from nanogpt_perf.batches import SyntheticBatches, TokenBatches
+from nanogpt_perf.cases import case_from_settings, ladder_cases, largest_fitting, sweep_values
+from nanogpt_perf.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.errors import die
+from nanogpt_perf.manifest import run_manifest
+from nanogpt_perf.measure import add_speedups, run_case
+from nanogpt_perf.regression import compare_results, comparison_table, load_results, machine_difference, verdict
+from nanogpt_perf.report import beside, report, write_outputs
+from nanogpt_perf.runtime import resolve_runtime
+
+# the model's shape, AdamW and every performance switch: shared with train.py (one name, default and meaning each;
+# `python bench.py --help` lists them), overridden by config files and flags like the settings below
+from nanogpt_perf.settings import (  # noqa: F401
+    GPT2_VOCAB_SIZE,
+    activation_checkpointing,
+    attention,
+    beta1,
+    beta2,
+    bias,
+    block_size,
+    compile,
+    compile_mode,
+    device,
+    dropout,
+    dtype,
+    fused_adamw,
+    grad_clip,
+    learning_rate,
+    loss_chunk,
+    n_embd,
+    n_head,
+    n_layer,
+    pad_vocab,
+    peak_flops,
+    seed,
+    tf32,
+    weight_decay,
+)
 
 # -----------------------------------------------------------------------------
-# model
-n_layer = 12
-n_head = 12
-n_embd = 768
-block_size = 1024
-vocab_size = 50257  # GPT-2's; the model's is rounded up to a multiple of pad_vocab
-pad_vocab = 64  # 50257 -> 50304 for faster matmuls; 1 = off
-bias = False
-dropout = 0.0
-attention = "sdpa"  # 'manual', 'sdpa' (PyTorch picks the kernel), or SDPA held to 'flash', 'efficient', 'cudnn', 'math'
-loss_chunk = 0  # rows per chunk of a chunked lm_head + cross-entropy that never holds the full logits; 0 = off
-activation_checkpointing = False  # recompute each block's activations in backward
+# settings of bench.py alone
 # work
-batch_size = 12
+batch_size = 12  # micro-batch size
 gradient_accumulation_steps = 1  # micro-batches per timed optimizer step
-dataset = ""  # '' for synthetic tokens, or a dataset under data_dir (prepared on first use)
+dataset = ""  # '' for synthetic tokens, or a dataset under data_dir (prepared on first use), read as train.py does
 data_dir = "data"
+vocab_size = GPT2_VOCAB_SIZE  # of the synthetic tokens; a dataset brings its own (rounded up to pad_vocab)
 burn_in = 5  # iterations timed apart and left out of the median (>= 1: the first includes compilation)
 steps = 20  # timed iterations
-# system
-device = "auto"
-dtype = "auto"
-tf32 = True
-compile = True
-compile_mode = "default"  # 'default', 'reduce-overhead', 'max-autotune' or 'max-autotune-no-cudagraphs'
-seed = 1337
-peak_flops = 0.0  # FLOP/s; 0 = look up the device in model.PEAK_TFLOPS
 # what to run (one at most; none times the configuration above)
 ladder = False  # fp32 eager, +TF32, +bf16, +compile, +flash attention, +vocab padding, +fused AdamW
 skip_rungs = ""  # comma-separated rungs to leave out: tf32, bf16, compile, flash, pad_vocab, fused
@@ -85,16 +90,16 @@ settings = configure(globals())
 if compare or baseline:
     if not (compare and baseline):
         die("a regression check needs both --compare=NEW.json and --baseline=OLD.json")
-    try:
-        rows = compare_results(load_results(Path(compare)), load_results(Path(baseline)), tolerance_pct)
-    except ValueError as e:
-        die(str(e))
+    new, old = load_results(Path(compare)), load_results(Path(baseline))
+    apart = machine_difference(new, old)
+    if apart:
+        print(f"not comparable: measured on another machine or software ({apart})", file=sys.stderr)
+        sys.exit(2)
+    rows = compare_results(new, old, tolerance_pct)
     print(comparison_table(rows))
-    worse = [r for r in rows if r["verdict"] in ("worse", "missing")]
-    if worse:
-        sys.exit(f"regression: {len(worse)} of {len(rows)} figures worse than the baseline by over {tolerance_pct}%")
-    print(f"no regression: every figure within {tolerance_pct}% of the baseline or better")
-    sys.exit(0)
+    status, line = verdict(rows, tolerance_pct)
+    print(line, file=sys.stderr if status else sys.stdout)
+    sys.exit(status)
 
 if "RANK" in os.environ:
     die("bench.py times one process on one device: run it without torchrun (all-reduce time is not measured)")
@@ -115,25 +120,31 @@ if sweep == "compile_mode" and not compile:
 runtime = resolve_runtime(device, dtype, tf32)
 print(runtime.describe())
 manifest = run_manifest(settings, runtime)  # the code as it was when the measuring began
+
+# the batch source: the dataset's windows as train.py reads them (and its vocabulary), or synthetic tokens
+if dataset:
+    data_path = Path(data_dir) / dataset
+    prepare_if_missing(data_path)
+    vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
+    batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed)
+else:
+    batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
 try:
-    case = case_from_settings(settings, "as set")
+    case = case_from_settings(settings, "as set", vocab_size)
     if ladder:
         skip = [k.strip() for k in skip_rungs.split(",") if k.strip()]
-        unpadded = case_from_settings(settings | {"pad_vocab": 1}, "")
+        unpadded = case_from_settings(settings | {"pad_vocab": 1}, "", vocab_size)
         cases = ladder_cases(unpadded, runtime.device, pad_vocab, skip)
     elif sweep:
-        cases = [(case_from_settings(settings | {sweep: v}, f"{sweep}={v}"), None) for v in sweep_values(sweep, values)]
+        sweep_cases = [
+            case_from_settings(settings | {sweep: v}, f"{sweep}={v}", vocab_size) for v in sweep_values(sweep, values)
+        ]
+        cases = [(c, None) for c in sweep_cases]
     else:
         cases = [(case, None)]
 except ValueError as e:
     die(str(e))
 
-if dataset:
-    data_path = Path(data_dir) / dataset
-    prepare_if_missing(data_path)
-    batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed)
-else:
-    batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
 if memory_snapshot and runtime.device_type != "cuda":
     print(f"memory_snapshot: CUDA only, none written on {runtime.device_type}")
 measure_args = dict(
@@ -147,8 +158,8 @@ measure_args = dict(
     snapshot_path=beside(out_json, ".snapshot.pickle", "bench-snapshot.pickle") if memory_snapshot else None,
 )
 print(
-    f"model: {case.model.n_layer} layers, {case.model.n_head} heads, n_embd {case.model.n_embd}; "
-    f"{gradient_accumulation_steps} x {batch_size} x {block_size} tokens per iteration"
+    f"model: {case.model.n_layer} layers, {case.model.n_head} heads, n_embd {case.model.n_embd}, vocab "
+    f"{case.model.vocab_size}; {gradient_accumulation_steps} x {batch_size} x {block_size} tokens per iteration"
 )
 
 if find_max_batch:

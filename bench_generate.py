@@ -12,9 +12,12 @@ import time
 
 import torch
 
-from common import compile_decode_step, die, onednn_for_cpu_inference, peak_memory_bytes, resolve_runtime
 from configurator import configure
 from model import GPT, GPTConfig
+from nanogpt_perf.errors import die
+from nanogpt_perf.inference import compile_decode_step, onednn_for_cpu_inference
+from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.runtime import resolve_runtime
 
 # -----------------------------------------------------------------------------
 n_layer = 12
@@ -27,7 +30,7 @@ max_new_tokens = 500
 batch_size = 1  # sequences generated together from one shared prefill
 uncached = True  # also time the uncached reference (slow: the whole context is recomputed for every token)
 compile = False  # torch.compile the cached decode step (compile time reported apart)
-onednn = True  # CPU, float32, not compiled: Linear layers through oneDNN (common.onednn_for_cpu_inference)
+onednn = True  # CPU, float32, not compiled: Linear layers through oneDNN (nanogpt_perf/inference.py)
 device = "auto"
 dtype = "auto"
 seed = 1337

@@ -11,8 +11,11 @@ that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> Fal
 
 import ast
 import difflib
+import importlib.util
+import io
 import os
 import sys
+import tokenize
 import types
 from pathlib import Path
 from typing import Any
@@ -25,8 +28,11 @@ class ConfigError(Exception):
 
 
 def settings_of(namespace: dict[str, Any]) -> dict[str, Any]:
-    """The settings in a module namespace: public names bound to a bool, int, float or str."""
-    return {k: v for k, v in namespace.items() if not k.startswith("_") and type(v) in SETTING_TYPES}
+    """The settings in a module namespace: public names bound to a bool, int, float or str (UPPER_CASE names are
+    constants, not settings)."""
+    return {
+        k: v for k, v in namespace.items() if not k.startswith("_") and not k.isupper() and type(v) in SETTING_TYPES
+    }
 
 
 def convert(key: str, value: Any, default: Any) -> Any:
@@ -101,10 +107,51 @@ def apply_overrides(defaults: dict[str, Any], argv: list[str]) -> dict[str, Any]
     return settings
 
 
-def help_text(script: str, defaults: dict[str, Any]) -> str:
+def described_assignments(path: Path) -> dict[str, str]:
+    """Each top-level `name = value` of a Python file, with the comment at the end of its line (a setting's
+    description; '' where there is none)."""
+    source = path.read_text()
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    return {
+        target.id: comments.get(node.end_lineno, "")
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def imported_modules(script: Path) -> list[Path]:
+    """The files of the modules a script imports names from (`from module import ...`) that can be found."""
+    paths = []
+    for node in ast.parse(script.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            spec = importlib.util.find_spec(node.module)
+            if spec is not None and spec.origin and spec.origin.endswith(".py"):
+                paths.append(Path(spec.origin))
+    return paths
+
+
+def help_text(script: Path, defaults: dict[str, Any]) -> str:
+    """Every setting with its type, default and description: the script's own, then those it imports from a
+    module of shared settings, listed the same way by every script that imports them."""
+    own = described_assignments(script)
+    sections = {f"settings of {script.name}:": {k: own[k] for k in defaults if k in own}}
+    for module in imported_modules(script):
+        shared = described_assignments(module)
+        docs = {k: doc for k, doc in shared.items() if k in defaults and k not in own}
+        if docs:
+            sections[f"shared settings, defined in {module.parent.name}/{module.name}:"] = docs
     width = max(map(len, defaults))
-    lines = [f"usage: python {script} [config_file.py ...] [--key=value ...]", "", "settings:"]
-    lines += [f"  --{k:<{width}} {type(v).__name__:<5} default {v!r}" for k, v in defaults.items()]
+    lines = [f"usage: python {script.name} [config_file.py ...] [--key=value ...]"]
+    for title, docs in sections.items():
+        lines += ["", title]
+        for k, doc in docs.items():
+            lines.append(f"  --{k:<{width}} {type(defaults[k]).__name__:<5} default {defaults[k]!r:<10} {doc}".rstrip())
     return "\n".join(lines)
 
 
@@ -114,7 +161,7 @@ def configure(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[
     argv = sys.argv[1:] if argv is None else argv
     defaults = settings_of(namespace)
     if "-h" in argv or "--help" in argv:
-        print(help_text(Path(sys.argv[0]).name, defaults))
+        print(help_text(Path(namespace.get("__file__", sys.argv[0])), defaults))
         sys.exit(0)
     try:
         settings = apply_overrides(defaults, argv)

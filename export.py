@@ -7,9 +7,12 @@ padding, that `GPT2LMHeadModel.from_pretrained(export_dir)` loads and that gives
 
 from pathlib import Path
 
-from common import Tokenizer, die, load_checkpoint
 from configurator import configure
 from model import GPT
+from nanogpt_perf.checkpoint import load_checkpoint
+from nanogpt_perf.errors import die
+from nanogpt_perf.gpt2_weights import to_hf_state_dict
+from nanogpt_perf.tokenizer import Tokenizer
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # where ckpt.pt is
@@ -25,7 +28,13 @@ except ImportError:
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt")
 model = GPT.from_checkpoint(checkpoint)
 tokenizer = Tokenizer.for_checkpoint(checkpoint)
-vocab_size = min(tokenizer.n_vocab, model.config.vocab_size)  # the real vocabulary, without the padding
+if tokenizer.n_vocab > model.config.vocab_size:
+    die(
+        f"the checkpoint's tokenizer ({tokenizer.name}) has {tokenizer.n_vocab} tokens, its model only "
+        f"{model.config.vocab_size}: they do not belong together"
+    )
+vocab_size = tokenizer.n_vocab  # the real vocabulary, without the padding
+eot = tokenizer.eot if tokenizer.eot is not None and tokenizer.eot < vocab_size else None  # never outside it
 
 cfg = model.config
 hf_config = GPT2Config(
@@ -39,11 +48,11 @@ hf_config = GPT2Config(
     embd_pdrop=cfg.dropout,
     attn_pdrop=cfg.dropout,
     layer_norm_epsilon=1e-5,
-    bos_token_id=tokenizer.eot,
-    eos_token_id=tokenizer.eot,
+    bos_token_id=eot,
+    eos_token_id=eot,
 )
 hf_model = GPT2LMHeadModel(hf_config)
-missing, unexpected = hf_model.load_state_dict(model.to_hf_state_dict(vocab_size), strict=False)
+missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model, vocab_size), strict=False)
 missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
 if missing or unexpected:
     die(f"weights do not match transformers' GPT-2: missing {missing}, unexpected {unexpected}")

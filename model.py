@@ -4,18 +4,29 @@ The whole GPT-2 in one file: model, optimizer set-up, generation and MFU account
 References: OpenAI's GPT-2 release and the transformers implementation (for the maths and the weight layout).
 """
 
-import inspect
-import json
 import math
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+
+from nanogpt_perf.peak_flops import device_peak_flops
+
+# SDPA held to one kernel (a kernel the device lacks is an error when it runs), by its name in the settings
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+# the masked-softmax reference, SDPA choosing its kernel, or SDPA held to one
+ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
 
 
 @dataclass
@@ -27,7 +38,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linears and LayerNorms, as in GPT-2; False is a little better and faster
-    attention: str = "sdpa"  # "sdpa" (flash / memory-efficient kernels) or "manual" (the masked-softmax reference)
+    attention: str = "sdpa"  # "sdpa", "manual" (the masked-softmax reference), or one of SDPA_BACKENDS
     loss_chunk: int = 0  # rows of the (B*T, n_embd) hidden states per chunk of lm_head + cross-entropy; 0 = unchunked
     activation_checkpointing: bool = False  # recompute each block's activations in backward instead of keeping them
 
@@ -36,20 +47,8 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.loss_chunk < 0:
             raise ValueError(f"loss_chunk must be >= 0 (0 = unchunked), not {self.loss_chunk}")
-        if self.attention not in ("sdpa", "manual"):
-            raise ValueError(f"attention must be 'sdpa' or 'manual', not {self.attention!r}")
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
-
-    def __init__(self, ndim: int, bias: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {self.attention!r}")
 
 
 class CausalSelfAttention(nn.Module):
@@ -88,10 +87,12 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         dropout_p = self.dropout if self.training else 0.0
-        if self.attention == "sdpa":
-            if mask is None:
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if self.attention != "manual":
+            backend = SDPA_BACKENDS.get(self.attention)
+            with sdpa_kernel(backend) if backend else nullcontext():
+                if mask is None:
+                    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         if mask is None:
             mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
@@ -114,9 +115,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(
@@ -136,7 +137,7 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=LayerNorm(config.n_embd, bias=config.bias),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -182,7 +183,7 @@ class GPT(nn.Module):
         if self.config.loss_chunk:
             return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def crop_block_size(self, block_size: int) -> None:
@@ -193,12 +194,7 @@ class GPT(nn.Module):
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def configure_optimizers(
-        self,
-        weight_decay: float,
-        learning_rate: float,
-        betas: tuple[float, float],
-        device_type: str,
-        fused: bool = True,
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = True
     ) -> torch.optim.AdamW:
         """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused (when asked) where the device
         supports it."""
@@ -207,7 +203,7 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        if fused and "fused" in inspect.signature(torch.optim.AdamW).parameters:
+        if fused:
             try:
                 return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
             except RuntimeError:  # this device has no fused kernel
@@ -235,48 +231,12 @@ class GPT(nn.Module):
         flops_per_token = 6 * self.get_num_params() + 12 * L * H * Q * T
         return flops_per_token * T * fwdbwd_per_iter / dt / peak
 
-    # ------------------------------------------------------------------------------------------------------------
-    # GPT-2 weights in transformers' layout
-
     @classmethod
     def from_checkpoint(cls, checkpoint: dict[str, Any]) -> "GPT":
-        """The model saved in one of our checkpoints (as common.load_checkpoint reads it)."""
+        """The model saved in one of our checkpoints (as nanogpt_perf.checkpoint.load_checkpoint reads it)."""
         model = cls(GPTConfig(**checkpoint["model_args"]))
         model.load_state_dict(checkpoint["model"])
         return model
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, **overrides: Any) -> "GPT":
-        """GPT-2 from the Hugging Face hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or from a local folder in
-        transformers' format (config.json with model.safetensors or pytorch_model.bin). overrides: GPTConfig
-        fields that leave the weights as they are (dropout, attention, loss_chunk, activation_checkpointing)."""
-        folder = Path(name_or_path)
-        if not folder.is_dir():
-            folder = download_hf_model(name_or_path)
-        if not (folder / "config.json").is_file():
-            raise ValueError(f"{folder} has no config.json: not a model folder in transformers' format")
-        hf = json.loads((folder / "config.json").read_text())
-        if hf.get("model_type") != "gpt2" or hf.get("activation_function") not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"{folder} is not a GPT-2 model with GPT-2's tanh GELU")
-        shape = dict(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True)
-        config = GPTConfig(block_size=hf["n_positions"], vocab_size=hf["vocab_size"], **shape, **overrides)
-        model = cls(config)
-        model.load_state_dict(from_hf_state_dict(read_hf_weights(folder)))
-        return model
-
-    def to_hf_state_dict(self, vocab_size: int) -> dict[str, torch.Tensor]:
-        """This model's weights in transformers' GPT2LMHeadModel layout, without the vocab padding."""
-        out = {
-            n: (p.t() if n.endswith(HF_TRANSPOSED) else p).detach().cpu().contiguous()
-            for n, p in self.state_dict().items()
-        }
-        if not self.config.bias:  # transformers' GPT-2 always has biases: zeros compute the same function
-            for name, module in self.named_modules():
-                if isinstance(module, (nn.Linear, LayerNorm)) and name != "lm_head":
-                    out[f"{name}.bias"] = torch.zeros(module.weight.shape[0])
-        out["transformer.wte.weight"] = out["transformer.wte.weight"][:vocab_size].clone()
-        out["lm_head.weight"] = out["transformer.wte.weight"]
-        return out
 
     # ------------------------------------------------------------------------------------------------------------
     # generation with a KV cache
@@ -327,13 +287,16 @@ class GPT(nn.Module):
         vocab_size: int | None = None,
         decode_step: Callable | None = None,
     ) -> Iterator[torch.Tensor]:
-        """Yield the next token of each sequence, (B, 1), max_new_tokens times. idx is (B, T); with B == 1 and
-        num_samples > 1, the prompt is prefilled once and its cache shared by num_samples sequences.
-        vocab_size leaves out the padded logits beyond the real vocabulary; decode_step may be a compiled
-        self.decode_step. use_cache=False recomputes the whole context for every token: the reference."""
+        """Yield the next token of each sequence, (B * num_samples, 1), max_new_tokens times. idx is (B, T) prompts;
+        each is prefilled once and its cache shared by its num_samples sequences, which are rows
+        b * num_samples ... (b + 1) * num_samples - 1. vocab_size leaves out the padded logits beyond the real
+        vocabulary; decode_step may be a compiled self.decode_step. use_cache=False recomputes the whole context
+        for every token: the reference."""
         bs = self.config.block_size
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, not {num_samples}")
         if not use_cache:
-            idx = idx.expand(num_samples, -1) if num_samples > 1 else idx
+            idx = idx.repeat_interleave(num_samples, dim=0)
             for _ in range(max_new_tokens):
                 logits, _ = self(idx[:, -bs:])
                 token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
@@ -345,9 +308,9 @@ class GPT(nn.Module):
         k_cache, v_cache = self.new_cache(idx.size(0))
         logits = self.prefill(idx[:, -bs:], k_cache, v_cache)
         length = min(idx.size(1), bs)  # positions filled in the cache
-        if num_samples > 1:
-            k_cache, v_cache = k_cache.repeat(1, num_samples, 1, 1, 1), v_cache.repeat(1, num_samples, 1, 1, 1)
-            logits, idx = logits.expand(num_samples, -1), idx.expand(num_samples, -1)
+        if num_samples > 1:  # each prompt's cache, logits and tokens, repeated for its samples
+            k_cache, v_cache = (c.repeat_interleave(num_samples, dim=1) for c in (k_cache, v_cache))
+            logits, idx = logits.repeat_interleave(num_samples, dim=0), idx.repeat_interleave(num_samples, dim=0)
         for step in range(max_new_tokens):
             token = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator)
             yield token
@@ -373,9 +336,7 @@ class GPT(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         """idx (B, T) extended by max_new_tokens; keyword arguments as for generate_tokens."""
         new = list(self.generate_tokens(idx, max_new_tokens, **kwargs))
-        if kwargs.get("num_samples", 1) > 1:
-            idx = idx.expand(kwargs["num_samples"], -1)
-        return torch.cat([idx, *new], dim=1)
+        return torch.cat([idx.repeat_interleave(kwargs.get("num_samples", 1), dim=0), *new], dim=1)
 
 
 def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -422,88 +383,3 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         sorted_logits[before >= top_p] = float("-inf")
         logits = torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
     return logits
-
-
-# Dense (no sparsity) peak TFLOP/s by precision, from the vendors' data sheets. Matched against the device name
-# in order, so more specific names come first ("h100 nvl" before "h100", "a100" before "a10").
-PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("h100 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    ("h100 pcie", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    ("h100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
-    ("h200 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    ("h200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
-    ("gh200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("a100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("a10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
-    ("l40s", {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
-    ("l40", {"bf16": 181.05, "fp16": 181.05, "tf32": 90.5, "fp32": 90.5}),
-    ("l4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("rtx 6000 ada", {"bf16": 364.2, "fp16": 364.2, "tf32": 182.1, "fp32": 91.1}),
-    ("rtx a6000", {"bf16": 154.8, "fp16": 154.8, "tf32": 77.4, "fp32": 38.7}),
-    ("rtx 4090", {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6}),
-    ("rtx 3090", {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6}),
-    ("v100", {"fp16": 125.0, "fp32": 15.7}),  # no bf16 or tf32 units
-    ("t4", {"fp16": 65.0, "fp32": 8.1}),
-]
-
-
-def device_peak_flops(device: torch.device | str, precision: str) -> float | None:
-    """Peak FLOP/s of a CUDA device at 'bf16', 'fp16', 'tf32' or 'fp32'; None when not in the table."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device).lower()
-    return peak_flops_for_name(name, precision)
-
-
-def peak_flops_for_name(name: str, precision: str) -> float | None:
-    name = name.lower()
-    for key, peaks in PEAK_TFLOPS:
-        if key in name:
-            tflops = peaks.get(precision)
-            return tflops * 1e12 if tflops else None
-    return None
-
-
-# transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's
-HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-HF_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
-
-def download_hf_model(name: str) -> Path:
-    if name not in HF_HUB_NAMES:
-        raise ValueError(f"{name!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise ValueError(f"loading {name} from the hub needs transformers: pip install transformers") from e
-    try:
-        return Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"]))
-    except Exception as e:  # no network, hub down, ...: say so in one line
-        raise ValueError(
-            f"cannot download {name} from the Hugging Face hub ({type(e).__name__}); "
-            "pass a local folder in transformers' format instead"
-        ) from e
-
-
-def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        return load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
-
-
-def from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' GPT-2 weights under this model's names (the same names, Conv1D weights transposed)."""
-    state = {}
-    for name, p in hf_state.items():
-        if name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # transformers' causal-mask buffers, not weights
-        if not name.startswith(("transformer.", "lm_head.")):
-            name = "transformer." + name  # saved from GPT2Model rather than GPT2LMHeadModel
-        state[name] = p.t() if name.endswith(HF_TRANSPOSED) else p
-    state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
-    return state

@@ -11,18 +11,15 @@ from pathlib import Path
 
 import torch
 
-from common import (
-    TextStream,
-    Tokenizer,
-    compile_decode_step,
-    die,
-    load_checkpoint,
-    onednn_for_cpu_inference,
-    peak_memory_bytes,
-    resolve_runtime,
-)
 from configurator import configure
 from model import GPT
+from nanogpt_perf.checkpoint import load_checkpoint
+from nanogpt_perf.errors import die
+from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.inference import compile_decode_step, onednn_for_cpu_inference
+from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.tokenizer import TextStream, Tokenizer
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
@@ -53,7 +50,7 @@ if init_from == "resume":
     tokenizer = Tokenizer.for_checkpoint(checkpoint)
 else:
     try:
-        model = GPT.from_pretrained(init_from)
+        model = load_gpt2(init_from)
     except ValueError as e:
         die(str(e))
     tokenizer = Tokenizer()

@@ -10,39 +10,67 @@ applied where its comment says.
 import json
 import math
 import os
-import pickle
+import statistics
 import time
-from contextlib import nullcontext
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (
-    TokenBatches,
-    die,
-    load_checkpoint,
-    peak_memory_bytes,
-    prepare_if_missing,
-    print0,
-    resolve_runtime,
-    round_up,
-    run_manifest,
-    save_checkpoint,
-    step_profiler,
-    unwrap,
-)
 from configurator import configure
-from model import GPT, GPTConfig
+from model import GPT
+from nanogpt_perf.batches import TokenBatches
+from nanogpt_perf.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from nanogpt_perf.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.errors import die
+from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.manifest import run_manifest
+from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.profiling import step_profiler
+from nanogpt_perf.runtime import resolve_runtime
+
+# the model's shape, AdamW and every performance switch: shared with bench.py (one name, default and meaning each;
+# `python train.py --help` lists them), overridden by config files and flags like the settings below
+from nanogpt_perf.settings import (  # noqa: F401
+    GPT2_VOCAB_SIZE,
+    activation_checkpointing,
+    attention,
+    beta1,
+    beta2,
+    bias,
+    block_size,
+    compile,
+    compile_mode,
+    device,
+    dropout,
+    dtype,
+    fused_adamw,
+    grad_clip,
+    learning_rate,
+    loss_chunk,
+    model_config,
+    n_embd,
+    n_head,
+    n_layer,
+    pad_vocab,
+    peak_flops,
+    seed,
+    tf32,
+    weight_decay,
+)
+from nanogpt_perf.step import TrainStep
+from nanogpt_perf.timing import DeviceClock
+from nanogpt_perf.tokenizer import tokenizer_spec
 
 # -----------------------------------------------------------------------------
-# settings: defaults train GPT-2 (124M); config files and --key=value flags override them
+# settings of train.py alone: defaults train GPT-2 (124M); config files and --key=value flags override them
 # I/O
 out_dir = "out"
 eval_interval = 2000
 log_interval = 1
-eval_iters = 200
+eval_iters = 200  # batches per split at each eval: the same fixed windows every time
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval, not only when val loss improves
 init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a transformers folder
@@ -55,25 +83,7 @@ dataset = "shakespeare_char"
 data_dir = "data"  # datasets live in data_dir/dataset/{train,val}.bin
 gradient_accumulation_steps = 5 * 8  # micro-batches per optimizer step, counted across all ranks
 batch_size = 12  # micro-batch size per rank
-block_size = 1024
-# model
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0  # 0 for pretraining, try 0.1+ for fine-tuning
-bias = False  # biases in Linears and LayerNorms
-attention = "sdpa"  # 'sdpa' (flash attention where available) or 'manual' (the reference)
-pad_vocab = 64  # vocab_size rounded up to a multiple of this (50257 -> 50304) for faster matmuls; 1 = off
-# memory savers: both trade compute for memory
-loss_chunk = 0  # rows per chunk of a chunked lm_head + cross-entropy that never holds the full logits; 0 = off
-activation_checkpointing = False  # recompute each block's activations in backward instead of keeping them
-# AdamW
-learning_rate = 6e-4
 max_iters = 600000  # optimizer steps
-weight_decay = 1e-1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0  # clip the gradient norm to this; 0.0 = off
 # learning rate schedule: linear warmup, then cosine decay to min_lr
 decay_lr = True
 warmup_iters = 2000
@@ -81,12 +91,6 @@ lr_decay_iters = 600000  # ~= max_iters per Chinchilla
 min_lr = 6e-5  # ~= learning_rate / 10 per Chinchilla
 # system
 backend = "auto"  # DDP backend: 'auto' (nccl on CUDA, gloo on CPU), 'nccl' or 'gloo'
-device = "auto"  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
-dtype = "auto"  # 'auto' (bf16 if supported, else fp16 with GradScaler; fp32 on CPU), 'float32', 'bfloat16', 'float16'
-tf32 = True  # TF32 matmuls for the float32 work (CUDA only)
-compile = True  # torch.compile the model
-seed = 1337
-peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 = look it up in model.PEAK_TFLOPS
 profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops printed
 settings = configure(globals())
 # -----------------------------------------------------------------------------
@@ -107,6 +111,12 @@ if ddp:
     gradient_accumulation_steps //= world_size
 master = rank == 0
 
+
+def print0(*args: object) -> None:
+    if master:
+        print(*args, flush=True)
+
+
 # device and precision: chosen after the overrides; TF32 is set here (CUDA only)
 runtime = resolve_runtime(device, dtype, tf32)
 print0(runtime.describe())
@@ -117,66 +127,46 @@ print0(
     f" x {batch_size} x {block_size})"
 )
 
-# data: prepared on first use; random windows of block_size + 1 tokens, staged in pinned memory on CUDA
+# data: prepared on first use; each rank its own stream of random windows, staged in pinned memory on CUDA;
+# evaluation reads fixed windows of its own, so the training stream does not depend on eval_interval or eval_iters
 data_path = Path(data_dir) / dataset
 if master:
     prepare_if_missing(data_path)
 if ddp:
     dist.barrier()
-batches = TokenBatches(data_path, batch_size, block_size, runtime.device, seed + rank)
+batches = TokenBatches(data_path, batch_size, block_size, runtime.device, seed, rank)
+vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
+print0(f"vocab_size {vocab_size} from {data_path}")
 
-meta_path = data_path / "meta.pkl"
-meta_vocab_size = None
-if meta_path.is_file():
-    with open(meta_path, "rb") as f:
-        meta_vocab_size = pickle.load(f)["vocab_size"]
-    print0(f"vocab_size {meta_vocab_size} from {meta_path}")
-
-# model: from scratch, or the architecture, weights and progress of out_dir/ckpt.pt
-model_args = dict(
-    n_layer=n_layer,
-    n_head=n_head,
-    n_embd=n_embd,
-    block_size=block_size,
-    bias=bias,
-    dropout=dropout,
-    attention=attention,
-    loss_chunk=loss_chunk,
-    activation_checkpointing=activation_checkpointing,
-)
+# model: from scratch (the vocabulary padded to a multiple of pad_vocab), the architecture, weights and progress
+# of out_dir/ckpt.pt, or GPT-2's weights; the memory savers and the attention kernel are GPTConfig fields
 iter_num, best_val_loss, checkpoint = 0, float("inf"), None
-if init_from == "scratch":
-    vocab_size = meta_vocab_size or 50257
-    if pad_vocab < 1:
-        die(f"pad_vocab must be >= 1 (1 = no padding), not {pad_vocab}")
-    model_args["vocab_size"] = round_up(vocab_size, pad_vocab)
-elif init_from == "resume":
-    checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
-    for k in ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size"):
-        model_args[k] = checkpoint["model_args"][k]  # the architecture is the checkpoint's
-    iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
 try:
-    if init_from in ("scratch", "resume"):
-        model = GPT(GPTConfig(**model_args))
-    else:  # GPT-2 weights: a hub name or a folder in transformers' format
-        keep = ("dropout", "attention", "loss_chunk", "activation_checkpointing")  # the rest is the weights'
-        model = GPT.from_pretrained(init_from, **{k: model_args[k] for k in keep})
-        model_args = {k: getattr(model.config, k) for k in model_args} | {"vocab_size": model.config.vocab_size}
+    config = model_config(settings, vocab_size)
+    if init_from == "scratch":
+        model = GPT(config)
+    elif init_from == "resume":
+        checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
+        architecture = ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size")
+        model = GPT(replace(config, **{k: checkpoint["model_args"][k] for k in architecture}))
+        model.load_state_dict(checkpoint["model"])
+        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+    else:  # GPT-2 weights: a hub name or a folder in transformers' format; the rest of config leaves them as they are
+        keep = ("dropout", "attention", "loss_chunk", "activation_checkpointing")
+        model = load_gpt2(init_from, **{k: getattr(config, k) for k in keep})
 except ValueError as e:
     die(str(e))
-if checkpoint is not None:
-    model.load_state_dict(checkpoint["model"])
 if block_size > model.config.block_size:
     source = "checkpoint" if init_from == "resume" else init_from
     die(f"block_size={block_size} is larger than the {source}'s {model.config.block_size}")
 if block_size < model.config.block_size:
     model.crop_block_size(block_size)
-    model_args["block_size"] = block_size
+model_args = asdict(model.config)
 model.to(runtime.device)
 print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
-# optimizer, and a GradScaler that is active for float16 only
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), runtime.device_type)
+# AdamW (fused where the device has the kernel, with fused_adamw), and a GradScaler active for float16 only
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), fused=fused_adamw)
 scaler = runtime.grad_scaler()
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
@@ -184,31 +174,38 @@ if checkpoint is not None:
         scaler.load_state_dict(checkpoint["scaler"])
 checkpoint = None  # free its memory
 
-# compile, then wrap for DDP (gradients all-reduced in buckets during backward)
+# compile (in compile_mode), then wrap for DDP (gradients all-reduced in buckets during backward)
 if compile:
-    print0("compiling the model (the first step takes longer)")
-    model = torch.compile(model)
+    print0(f"compiling the model, mode {compile_mode} (the first step takes longer)")
+    model = torch.compile(model, mode=compile_mode)
 if ddp:
     model = DDP(model, device_ids=[local_rank] if runtime.device_type == "cuda" else None)
 raw_model = unwrap(model)
 
+# the training step that bench.py times too: accumulation, autocast, GradScaler, clipping, DDP's no_sync, and the
+# next batch fetched while the device computes
+step = TrainStep(model, optimizer, scaler, runtime, batches, gradient_accumulation_steps, grad_clip)
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    if ddp:
+        value = value.clone()
+        dist.all_reduce(value)  # a sum: gloo has no average
+    return value.item() / world_size
+
 
 @torch.no_grad()
 def estimate_loss() -> dict[str, float]:
-    """Mean loss over eval_iters batches of each split, averaged over all ranks."""
+    """Mean loss over eval_iters batches of each split (the same windows at every eval), over all ranks."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         losses = torch.zeros(eval_iters, device=runtime.device)
-        for k in range(eval_iters):
-            X, Y = batches.get(split)
+        for k, (X, Y) in enumerate(batches.eval_batches(split, eval_iters)):
             with runtime.autocast_ctx():
                 _, loss = model(X, Y)
             losses[k] = loss
-        total = losses.mean()
-        if ddp:
-            dist.all_reduce(total)  # a sum: gloo has no average
-        out[split] = total.item() / world_size
+        out[split] = mean_over_ranks(losses.mean())
     model.train()
     return out
 
@@ -221,6 +218,11 @@ def get_lr(it: int) -> float:
         return min_lr
     ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def hms(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}" if minutes >= 60 else f"{minutes}:{s:02d}"
 
 
 # logging: stdout, out_dir/log.jsonl and optionally wandb, all from rank 0, which also writes what made this run
@@ -245,13 +247,31 @@ def log(record: dict) -> None:
         wandb.log(record, step=record["iter"])
 
 
-# the loop: exactly max_iters optimizer steps, with evals at every eval_interval and at the end
-X, Y = batches.get("train")  # the first batch; each later one is fetched while the device computes
+def save() -> None:
+    checkpoint = {
+        "model": raw_model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "model_args": model_args,
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "config": settings,
+        "tokenizer": tokenizer_spec(data_path),  # so that sample.py and export.py need no data folder
+    }
+    save_checkpoint(checkpoint, Path(out_dir) / "ckpt.pt")
+    print(f"saved checkpoint to {out_dir}/ckpt.pt")
+
+
+# the loop: exactly max_iters optimizer steps, with evals at every eval_interval and at the end. Each logging
+# window is timed between device synchronisations (evals and checkpoints left out); within it, the clock on the
+# device's timeline times the step itself, so that the rest (logging, the schedule, Python) is a figure of its own
 model.train()
 profiler = step_profiler(runtime.device, Path(out_dir) / "trace.json") if profile and master else None
 if profiler:
     profiler.start()
-timed_steps, t0, first_step = 0, time.perf_counter(), True
+clock = DeviceClock(runtime)
+start_iter, run_start, steady_since = iter_num, time.perf_counter(), None
+window_steps, window_start, step_spans, timings = 0, time.perf_counter(), [], []
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for group in optimizer.param_groups:
@@ -261,77 +281,78 @@ while True:
         losses = estimate_loss()
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            log({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr})
+            elapsed = time.perf_counter() - run_start
+            log(
+                {
+                    "iter": iter_num,
+                    "train_loss": losses["train"],
+                    "val_loss": losses["val"],
+                    "lr": lr,
+                    "elapsed_s": elapsed,
+                }
+            )
             improved = losses["val"] < best_val_loss
             best_val_loss = min(best_val_loss, losses["val"])  # never replaced by a worse value
-            if iter_num > 0 and (improved or always_save_checkpoint):
-                checkpoint = {
-                    "model": raw_model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "model_args": model_args,
-                    "iter_num": iter_num,
-                    "best_val_loss": best_val_loss,
-                    "config": settings,
-                }
-                save_checkpoint(checkpoint, Path(out_dir) / "ckpt.pt")
-                print(f"saved checkpoint to {out_dir}/ckpt.pt")
-        timed_steps, t0 = 0, time.perf_counter()  # step time excludes eval and checkpointing
+            if iter_num > start_iter and (improved or always_save_checkpoint):
+                save()
+        window_steps, window_start, step_spans = 0, time.perf_counter(), []
     if iter_num >= max_iters or eval_only:
         break
 
-    # one optimizer step over gradient_accumulation_steps micro-batches; DDP syncs gradients on the last only
-    for micro_step in range(gradient_accumulation_steps):
-        last = micro_step == gradient_accumulation_steps - 1
-        with model.no_sync() if ddp and not last else nullcontext():
-            with runtime.autocast_ctx():
-                _, loss = model(X, Y)
-            loss = loss / gradient_accumulation_steps  # the mean over micro-batches, not the sum
-            X, Y = batches.get("train")  # prefetch while the device runs the forward pass
-            scaler.scale(loss).backward()
-    if grad_clip > 0.0:
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    t0 = clock.now()
+    result = step()
+    step_spans.append((t0, clock.now()))
     iter_num += 1
-    timed_steps += 1
+    window_steps += 1
     if profiler:
         profiler.step()
 
-    if iter_num % log_interval == 0 or first_step:  # the first step is timed alone: it includes compilation
+    first_step = iter_num == start_iter + 1  # timed alone: it includes compilation and warm-up
+    if iter_num % log_interval == 0 or first_step:
         runtime.synchronize()  # the device runs ahead of Python: wait for it before reading the clock
-        dt = (time.perf_counter() - t0) / timed_steps
+        now = time.perf_counter()
+        dt = (now - window_start) / window_steps
+        step_ms = sum(clock.ms(a, b) for a, b in step_spans) / window_steps
+        loss = mean_over_ranks(result.loss)  # the mean over every micro-batch of the step, on every rank
+        if not first_step:
+            timings.append((dt * 1000, step_ms))
+        steady_since = steady_since or (now, iter_num)  # the ETA leaves out the first step
+        rate = (now - steady_since[0]) / (iter_num - steady_since[1]) if iter_num > steady_since[1] else dt
         if master:
-            lossf = loss.item() * gradient_accumulation_steps
-            mfu = raw_model.estimate_mfu(
-                batch_size * gradient_accumulation_steps, dt, runtime.precision, peak_flops or None
-            )
+            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, runtime.precision, peak_flops)
             mem = peak_memory_bytes(runtime.device)
             record = {
                 "iter": iter_num,
-                "loss": lossf,
+                "step_loss": loss,
                 "lr": lr,
                 "ms_per_iter": dt * 1000,
+                "step_ms": step_ms,
                 "tokens_per_s": tokens_per_iter / dt,
                 "mfu": mfu,
                 "peak_mem_bytes": mem,
+                "grad_norm": None if result.grad_norm is None else result.grad_norm.item(),
+                "elapsed_s": now - run_start,
+                "eta_s": rate * (max_iters - iter_num),
             }
-            if grad_clip > 0.0:
-                record["grad_norm"] = grad_norm.item()
             first = " (first step: includes compilation and warm-up)" if first_step else ""
             print(
-                f"iter {iter_num}: loss {lossf:.4f}, {dt * 1000:.2f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
+                f"iter {iter_num}: step loss {loss:.4f}, {dt * 1000:.2f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
                 f"MFU {'n/a' if mfu is None else f'{mfu * 100:.2f}%'}, peak mem {(mem or 0) / 2**20:.0f} MiB"
-                + (f", grad norm {record['grad_norm']:.3f}" if grad_clip > 0.0 else "")
-                + first
+                + ("" if record["grad_norm"] is None else f", grad norm {record['grad_norm']:.3f}")
+                + f", elapsed {hms(record['elapsed_s'])}, ETA {hms(record['eta_s'])}{first}"
             )
             log(record)
-        timed_steps, t0, first_step = 0, time.perf_counter(), False
+        window_steps, window_start, step_spans = 0, time.perf_counter(), []
 
 if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window
+if timings:
+    ms, in_step = statistics.median(t for t, _ in timings), statistics.median(s for _, s in timings)
+    print0(
+        f"timing: median {ms:.2f} ms/iter over {len(timings)} logging windows (the first step left out, "
+        f"{tokens_per_iter / ms * 1000:,.0f} tok/s): the training step {in_step:.2f} ms, the loop around it "
+        f"{ms - in_step:.2f} ms (logging, the schedule, Python)"
+    )
 if master:
     log_file.close()
 if ddp:

@@ -8,20 +8,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from benchmark import (
-    FIGURES,
-    PHASES,
-    Case,
-    SyntheticBatches,
-    compare_results,
-    ladder_cases,
-    largest_fitting,
-    run_case,
-    sweep_values,
-)
-from common import git_state
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from model import GPT, GPTConfig
+from nanogpt_perf.batches import SyntheticBatches
+from nanogpt_perf.cases import Case, ladder_cases, largest_fitting, sweep_values
+from nanogpt_perf.manifest import git_state
+from nanogpt_perf.measure import FIGURES, run_case
+from nanogpt_perf.regression import compare_results, verdict
+from nanogpt_perf.timing import PHASES
 
 SMALL = GPTConfig(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 TINY_BENCH = [
@@ -79,7 +73,7 @@ def test_activation_checkpointing_gives_the_same_gradients(dropout):
 def test_both_memory_savers_together_still_learn():
     torch.manual_seed(0)
     model = GPT(replace(SMALL, loss_chunk=10, activation_checkpointing=True))
-    optimizer = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), "cpu")
+    optimizer = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95))
     x = torch.randint(80, (4, 16), generator=torch.Generator().manual_seed(2))
     losses = []
     for _ in range(20):
@@ -98,8 +92,8 @@ def test_negative_loss_chunk_is_refused():
 
 def test_configure_optimizers_fused_switch():
     model = GPT(SMALL)
-    assert model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").defaults["fused"]
-    assert not model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", fused=False).defaults["fused"]
+    assert model.configure_optimizers(0.1, 1e-3, (0.9, 0.95)).defaults["fused"]
+    assert not model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), fused=False).defaults["fused"]
 
 
 def test_ladder_rungs_are_cumulative_and_skip_what_cannot_run():
@@ -163,10 +157,11 @@ def test_measure_reports_the_sdpa_kernel_that_ran_and_failures():
     assert flash["status"] == "ok" and flash["sdpa_kernel"] == "flash (CPU)"
     assert flash["ms_median"] > 0 and flash["peak_mem_bytes"] > 0 and flash["fused_adamw"]
     assert set(flash["phases_ms"]) == set(PHASES) and flash["phases_ms"]["forward"] > 0
-    assert run_case(tiny_case(sdpa_backend="math"), **args)["sdpa_kernel"] == "math"
+    held = lambda attention: tiny_case(model=replace(SMALL, block_size=32, attention=attention))
+    assert run_case(held("math"), **args)["sdpa_kernel"] == "math"
     manual = run_case(tiny_case(model=replace(SMALL, block_size=32, attention="manual")), **args)
     assert manual["sdpa_kernel"].startswith("manual")
-    efficient = run_case(tiny_case(sdpa_backend="efficient"), **args)  # no memory-efficient kernel on a CPU
+    efficient = run_case(held("efficient"), **args)  # no memory-efficient kernel on a CPU
     assert efficient["status"] == "failed" and "RuntimeError" in efficient["reason"]
     assert efficient["ms_median"] is None
     skipped = run_case(tiny_case(), "not here", **args)
@@ -245,8 +240,22 @@ def test_regression_check_logic(ladder):
     slower["results"][-1]["status"] = "failed"
     missing = [r for r in compare_results(slower, doc, tolerance_pct=50) if r["verdict"] == "missing"]
     assert {r["name"] for r in missing} == {"+fused AdamW"}
-    with pytest.raises(ValueError, match="no measured result in common"):
-        compare_results({"results": []}, doc, tolerance_pct=5)
+    assert verdict(compare_results(slower, doc, tolerance_pct=50), 50)[0] == 1
+
+
+def test_rows_measured_with_other_settings_are_not_compared(ladder):
+    doc = json.loads(ladder[0].read_text())
+    other = json.loads(json.dumps(doc))
+    other["results"][0]["settings"]["batch_size"] = 4  # the same name, another configuration
+    other["results"][0]["ms_median"] *= 3  # would be "worse" if it were compared
+    rows = compare_results(other, doc, tolerance_pct=5)
+    apart = [r for r in rows if r["verdict"] == "not comparable"]
+    assert [(r["name"], r["reason"]) for r in apart] == [("fp32 eager", "batch_size 2 -> 4")]
+    assert not any(r["verdict"] == "worse" for r in rows)
+    status, line = verdict(rows, 5)
+    assert status == 2 and line.startswith("not comparable: 1 of")
+    assert verdict(compare_results({"results": []}, doc, 5), 5)[0] == 1  # everything missing
+    assert verdict([], 5)[0] == 2  # nothing measured in the baseline: nothing vouched for
 
 
 def test_regression_check_exit_codes(ladder, tmp_path):
@@ -260,6 +269,11 @@ def test_regression_check_exit_codes(ladder, tmp_path):
     result = run_script("bench.py", f"--compare={worse}", f"--baseline={out}", "--tolerance_pct=5")
     assert result.returncode == 1 and "-50.0%" in result.stdout and "worse" in result.stdout
     assert result.stderr.strip().startswith("regression: 1 of")
+    elsewhere = json.loads(out.read_text())
+    elsewhere["manifest"]["device_name"] = "NVIDIA H100 80GB HBM3"
+    (tmp_path / "gpu.json").write_text(json.dumps(elsewhere))
+    result = run_script("bench.py", f"--compare={tmp_path / 'gpu.json'}", f"--baseline={out}")
+    assert result.returncode == 2 and "not comparable" in result.stderr and "H100" in result.stderr
     assert_one_line_error(run_script("bench.py", f"--compare={worse}"), "needs both")
     assert_one_line_error(run_script("bench.py", f"--compare={worse}", f"--baseline={tmp_path}/no.json"), "no bench")
 
@@ -323,8 +337,8 @@ def test_train_with_memory_savers_profile_and_manifest(tiny_data, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [r["iter"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
-    assert all(0 < r["loss"] < 10 for r in records if "loss" in r) and records[-1]["val_loss"] > 0
+    assert [r["iter"] for r in records if "step_loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert all(0 < r["step_loss"] < 10 for r in records if "step_loss" in r) and records[-1]["val_loss"] > 0
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["settings"]["loss_chunk"] == 100 and manifest["model_args"]["activation_checkpointing"] is True
     assert manifest["device"] == "cpu" and manifest["world_size"] == 1 and len(manifest["git_commit"]) == 40

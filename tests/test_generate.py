@@ -3,9 +3,11 @@
 import pytest
 import torch
 
-from common import TextStream, Tokenizer, save_checkpoint
 from conftest import run_script
 from model import GPT, GPTConfig, filter_logits
+from nanogpt_perf.checkpoint import save_checkpoint
+from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.tokenizer import TextStream, Tokenizer
 
 CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 
@@ -120,7 +122,7 @@ def tiny_hf_folder(tmp_path, seed: int = 0):
 
 def test_import_from_a_transformers_folder_gives_its_logits(tmp_path):
     hf, folder = tiny_hf_folder(tmp_path)
-    model = GPT.from_pretrained(str(folder)).eval()
+    model = load_gpt2(str(folder)).eval()
     idx = torch.randint(100, (2, 32))
     ours, _ = model(idx, idx)
     theirs = hf(idx).logits
@@ -130,7 +132,7 @@ def test_import_from_a_transformers_folder_gives_its_logits(tmp_path):
 def test_export_round_trip_through_transformers(tmp_path, tiny_data):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    meta_vocab = Tokenizer(tiny_data / "tiny" / "meta.pkl").n_vocab
+    meta_vocab = Tokenizer.for_dataset(tiny_data / "tiny").n_vocab
     model_args = dict(CONFIG, vocab_size=64, bias=False)  # padded vocab, no biases: both undone on export
     model = GPT(GPTConfig(**model_args)).eval()
     checkpoint = {
@@ -146,7 +148,7 @@ def test_export_round_trip_through_transformers(tmp_path, tiny_data):
     idx = torch.randint(meta_vocab, (2, 16))
     ours, _ = model(idx, idx)
     assert (ours[..., :meta_vocab] - hf(idx).logits).abs().max().item() <= 1e-4
-    again = GPT.from_pretrained(str(tmp_path / "hf")).eval()  # and back in
+    again = load_gpt2(str(tmp_path / "hf")).eval()  # and back in
     assert (again(idx, idx)[0] - ours[..., :meta_vocab]).abs().max().item() <= 1e-4
 
 
@@ -213,7 +215,8 @@ def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
 def test_compiled_decode_step_gives_the_same_tokens_without_recompiling():
     import torch._dynamo
 
-    from common import compile_decode_step, resolve_runtime
+    from nanogpt_perf.inference import compile_decode_step
+    from nanogpt_perf.runtime import resolve_runtime
 
     torch._dynamo.reset()
     model = sharp_model(dtype=torch.float32)
@@ -227,7 +230,8 @@ def test_compiled_decode_step_gives_the_same_tokens_without_recompiling():
 
 
 def test_onednn_model_generates_the_same_tokens():
-    from common import onednn_for_cpu_inference, resolve_runtime
+    from nanogpt_perf.inference import onednn_for_cpu_inference
+    from nanogpt_perf.runtime import resolve_runtime
 
     model = sharp_model(dtype=torch.float32)
     idx = prompts(2, 5)

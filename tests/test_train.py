@@ -33,7 +33,7 @@ def test_training_lowers_the_loss_and_logs_every_eval(trained):
     evals = [r for r in records if "val_loss" in r]
     assert [r["iter"] for r in evals] == [0, 100, 200]
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 2.0
-    steps = [r for r in records if "loss" in r]
+    steps = [r for r in records if "step_loss" in r]
     assert [r["iter"] for r in steps] == [1, 50, 100, 150, 200]
     for r in steps:
         assert r["ms_per_iter"] > 0 and r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_mem_bytes"] > 0
@@ -169,7 +169,7 @@ def test_nanogpt_flags_run_unchanged(tiny_data, tmp_path):
         f"--out_dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr
-    assert "iter 3: loss" in result.stdout
+    assert "iter 3: step loss" in result.stdout
 
 
 def test_ddp_under_torchrun_on_cpu(tiny_data, tmp_path):

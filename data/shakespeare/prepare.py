@@ -6,9 +6,9 @@ python data/shakespeare/prepare.py [FOLDER]    # FOLDER defaults to this script'
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `common` and `data.*`
-from common import gpt2_encoding  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf` and `data.*`
 from data.tiny_shakespeare import load_text, save_dataset, split  # noqa: E402
+from nanogpt_perf.tokenizer import gpt2_encoding  # noqa: E402
 
 
 def prepare(folder: Path) -> dict:

@@ -1,0 +1,50 @@
+"""A prepared dataset folder: data_dir/dataset/{train,val}.bin (uint16 tokens) and meta.pkl (its vocabulary),
+made by the folder's prepare.py on first use."""
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.errors import die
+
+
+def prepare_if_missing(data_path: Path) -> None:
+    """Run data_path/prepare.py when the dataset has no train.bin yet."""
+    if (data_path / "train.bin").is_file():
+        return
+    script = data_path / "prepare.py"
+    if not script.is_file():
+        die(f"dataset {data_path.name!r} not found: no {data_path / 'train.bin'} and no {script} to make it")
+    print(f"preparing dataset {data_path.name} with {script}", flush=True)
+    if subprocess.run([sys.executable, str(script)]).returncode != 0:
+        die(f"{script} failed; see its message above")
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, strings and numbers only: a meta.pkl that names any class or function (which
+    unpickling would import and call) is refused instead of run."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}; a meta.pkl holds plain data only")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A dataset's meta.pkl (nanoGPT's format: vocab_size, and itos/stoi for a character vocabulary), read as
+    plain data; {} when there is none."""
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, "rb") as f:
+            meta = _PlainDataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        die(f"{path} is not a valid meta.pkl: {e}")
+    if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int):
+        die(f"{path} is not a valid meta.pkl: no vocab_size")
+    return meta
+
+
+def dataset_vocab_size(data_path: Path) -> int | None:
+    """The dataset's vocabulary size from its meta.pkl; None when it has none (GPT-2 BPE is then assumed)."""
+    return read_meta(data_path / "meta.pkl").get("vocab_size")

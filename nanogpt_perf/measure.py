@@ -1,0 +1,217 @@
+"""Time one Case honestly: burn-in iterations apart, every timed iteration of nanogpt_perf.step.TrainStep (the
+step train.py runs) between device synchronisations, its phases, compile time and recompilations, memory, and
+the SDPA kernel that actually ran."""
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._dynamo.utils import counters
+from torch.profiler import ProfilerActivity, profile
+
+from model import GPT
+from nanogpt_perf.batches import TokenBatches
+from nanogpt_perf.cases import Case, case_settings
+from nanogpt_perf.memory import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
+from nanogpt_perf.profiling import step_profiler
+from nanogpt_perf.runtime import Runtime, resolve_runtime
+from nanogpt_perf.step import TrainStep
+from nanogpt_perf.timing import PHASES, PhaseClock
+
+BatchSource = Callable[[int, int, torch.device], TokenBatches]  # (batch_size, block_size, device) -> batches
+
+
+# the aten op that scaled_dot_product_attention dispatched to, as a profiler trace names it
+SDPA_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_efficient_attention": "memory-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_attention_math_for_mps": "math (MPS)",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "fused (device backend)",
+}
+
+
+def sdpa_kernels(event_names: Iterable[str]) -> list[str]:
+    """The SDPA kernels whose ops appear among a profiler trace's event names."""
+    return sorted({SDPA_OPS[name] for name in event_names if name in SDPA_OPS})
+
+
+def sdpa_kernel_that_ran(step: Callable, device: torch.device) -> str:
+    """Run one step under torch.profiler and name the SDPA kernel its trace shows."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+    return ", ".join(sdpa_kernels(e.name for e in prof.events())) or "none in the trace"
+
+
+def dynamo_counts() -> dict[str, int]:
+    return {
+        "frames": counters["frames"]["total"],
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+
+
+def percentile(values: list[float], pct: int) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
+
+
+FIGURES = (
+    "precision",
+    "ms_median",
+    "ms_p90",
+    "ms_min",
+    "ms_max",
+    "tokens_per_s",
+    "mfu",
+    "peak_mem_bytes",
+    "peak_reserved_bytes",
+    "first_iter_ms",
+    "compile_s",
+    "graphs",
+    "recompiles",
+    "graph_breaks",
+    "phases_ms",
+    "sdpa_kernel",
+    "fused_adamw",
+    "speedup_prev",
+    "speedup_first",
+)
+
+
+def result(case: Case, status: str, reason: str = "", **figures: Any) -> dict[str, Any]:
+    """One row of a bench output: 'ok' with every figure, or 'skipped'/'failed' with the reason and None figures."""
+    return {"name": case.name, "status": status, "reason": reason, "settings": case_settings(case)} | {
+        k: figures.get(k) for k in FIGURES
+    }
+
+
+def build_step(case: Case, runtime: Runtime, batches: BatchSource, seed: int) -> tuple[GPT, TrainStep]:
+    """The model of case and the TrainStep over it, made as train.py makes them (from scratch)."""
+    torch.manual_seed(seed)
+    model = GPT(case.model).to(runtime.device)
+    optimizer = model.configure_optimizers(case.weight_decay, case.learning_rate, case.betas, fused=case.fused)
+    train_model = torch.compile(model, mode=case.compile_mode) if case.compile else model
+    data = batches(case.batch_size, case.model.block_size, runtime.device)
+    step = TrainStep(
+        train_model, optimizer, runtime.grad_scaler(), runtime, data, case.gradient_accumulation_steps, case.grad_clip
+    )
+    return model, step
+
+
+def time_steps(step: TrainStep, runtime: Runtime, n: int) -> tuple[list[float], list[dict[str, float]], list]:
+    """Milliseconds of n steps, each between device synchronisations, with each step's phases and the dynamo
+    counters before the first step, after it and after the last."""
+    clock, times, phases, counts = PhaseClock(runtime), [], [], [dynamo_counts()]
+    for i in range(n):
+        runtime.synchronize()
+        t0 = time.perf_counter()
+        clock.start()
+        step(clock.mark)
+        runtime.synchronize()
+        times.append((time.perf_counter() - t0) * 1000)
+        phases.append(clock.durations())
+        if i == 0:
+            counts.append(dynamo_counts())
+    return times, phases, counts + [dynamo_counts()]
+
+
+def measure(
+    case: Case,
+    device: str,
+    batches: BatchSource,
+    steps: int,
+    burn_in: int,
+    peak_flops: float | None = None,
+    seed: int = 1337,
+    trace_path: Path | None = None,
+    snapshot_path: Path | None = None,
+) -> dict[str, Any]:
+    """Time burn_in + steps training iterations of case; the median and p90 are over the last `steps` only. The
+    first iteration (compilation, allocator and kernel warm-up) is reported apart. trace_path: profile five more
+    steps; snapshot_path: a CUDA memory snapshot of the timed ones."""
+    runtime = resolve_runtime(device, case.dtype, case.tf32)
+    reset_peak_memory(runtime.device)
+    model, step = build_step(case, runtime, batches, seed)
+    snapshot = snapshot_path is not None and runtime.device_type == "cuda"
+    if snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+    times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
+    peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
+    if snapshot:
+        snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(snapshot_path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    manual = case.model.attention == "manual"
+    kernel = "manual (matmul + softmax)" if manual else sdpa_kernel_that_ran(step, runtime.device)
+    if trace_path:
+        with step_profiler(runtime.device, trace_path) as prof:
+            for _ in range(5):  # wait 1, warm up 1, record 3
+                step()
+                prof.step()
+    timed = times[burn_in:]
+    median = statistics.median(timed)
+    compiled = lambda value: value if case.compile else None
+    return result(
+        case,
+        "ok",
+        precision=runtime.precision,
+        ms_median=median,
+        ms_p90=percentile(timed, 90),
+        ms_min=min(timed),
+        ms_max=max(timed),
+        tokens_per_s=case.tokens_per_iter / median * 1000,
+        mfu=model.estimate_mfu(
+            case.batch_size * case.gradient_accumulation_steps, median / 1000, runtime.precision, peak_flops
+        ),
+        peak_mem_bytes=peak_mem,
+        peak_reserved_bytes=peak_reserved,
+        first_iter_ms=times[0],
+        compile_s=compiled((times[0] - median) / 1000),
+        graphs=compiled(after_first["graphs"] - before["graphs"]),
+        recompiles=compiled(end["frames"] - after_first["frames"]),
+        graph_breaks=compiled(end["graph_breaks"] - before["graph_breaks"]),
+        phases_ms={p: statistics.median(ph[p] for ph in phases[burn_in:]) for p in PHASES},
+        sdpa_kernel=kernel,
+        fused_adamw=bool(step.optimizer.defaults.get("fused")),
+    )
+
+
+def release_memory() -> None:
+    """Free what the last case left: its compiled graphs, cycles, and CUDA's cached blocks."""
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_case(case: Case, skip_reason: str | None = None, **measure_args: Any) -> dict[str, Any]:
+    """measure(case), or a row saying why it was skipped or failed (out of memory, a kernel or compiler error)."""
+    if skip_reason:
+        return result(case, "skipped", skip_reason)
+    try:
+        row = measure(case, **measure_args)
+    except RuntimeError as e:  # so are running out of memory and torch.compile's and SDPA's errors
+        oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)  # compile may wrap an OOM
+        row = result(
+            case, "failed", "out of memory" if oom else f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+        )
+    release_memory()  # after the except block, which drops the traceback and the tensors its frames hold
+    return row
+
+
+def add_speedups(results: list[dict[str, Any]]) -> None:
+    """speedup_prev and speedup_first: tokens/s over the previous and the first measured row's (the ms/iter ratio
+    when every row does the same work)."""
+    measured = [r for r in results if r["status"] == "ok"]
+    for prev, r in zip([None, *measured], measured, strict=False):  # prev is None for the first
+        r["speedup_prev"] = r["tokens_per_s"] / prev["tokens_per_s"] if prev else None
+        r["speedup_first"] = r["tokens_per_s"] / measured[0]["tokens_per_s"]

@@ -1,0 +1,112 @@
+"""The regression check: compare two bench.py outputs figure by figure, only where they measured the same thing."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.errors import die
+from nanogpt_perf.report import fmt, markdown_table
+
+# each compared figure, and whether a higher value is better
+METRICS = {
+    "ms_median": False,
+    "ms_p90": False,
+    "tokens_per_s": True,
+    "mfu": True,
+    "peak_mem_bytes": False,
+    "peak_reserved_bytes": False,
+}
+# what must match between the two runs as a whole for any of their figures to be comparable
+SAME_MACHINE = ("device_name", "torch")
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        die(f"no bench output at {path}")
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        die(f"{path} is not JSON: {e}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list) or "manifest" not in doc:
+        die(f"{path} is not a bench.py output (no results list and manifest)")
+    return doc
+
+
+def machine_difference(new: dict[str, Any], baseline: dict[str, Any]) -> str | None:
+    """Why the two runs cannot be compared at all (another device or torch version), or None."""
+    diffs = [
+        f"{key} {baseline['manifest'].get(key)!r} -> {new['manifest'].get(key)!r}"
+        for key in SAME_MACHINE
+        if new["manifest"].get(key) != baseline["manifest"].get(key)
+    ]
+    return "; ".join(diffs) or None
+
+
+def settings_difference(new: dict[str, Any], old: dict[str, Any]) -> str | None:
+    """The settings in which two rows of the same name differ, or None when they measured the same thing."""
+    keys = sorted(set(new["settings"]) | set(old["settings"]))
+    diffs = [
+        f"{k} {old['settings'].get(k)!r} -> {new['settings'].get(k)!r}"
+        for k in keys
+        if new["settings"].get(k) != old["settings"].get(k)
+    ]
+    return ", ".join(diffs) or None
+
+
+def compare_results(new: dict[str, Any], baseline: dict[str, Any], tolerance_pct: float) -> list[dict[str, Any]]:
+    """Every figure of METRICS that the baseline measured, matched by result name, with its change in percent and
+    a verdict: 'worse' or 'better' by more than tolerance_pct, else 'within'; 'missing' where the new output has no
+    measured result of that name; 'not comparable' (one row, the differing settings as its reason) where the two
+    rows were measured with other settings. Figures are compared only between runs on the same device with the
+    same torch (see machine_difference, which the caller checks first)."""
+    now = {r["name"]: r for r in new["results"] if r["status"] == "ok"}
+    rows = []
+    for old in baseline["results"]:
+        if old["status"] != "ok":
+            continue
+        row = {"name": old["name"], "metric": "", "baseline": None, "new": None, "change_pct": None, "reason": ""}
+        if old["name"] not in now:
+            rows.append(row | {"verdict": "missing", "reason": "no measured result of this name"})
+            continue
+        differs = settings_difference(now[old["name"]], old)
+        if differs:
+            rows.append(row | {"verdict": "not comparable", "reason": differs})
+            continue
+        for metric, higher_is_better in METRICS.items():
+            before, after = old.get(metric), now[old["name"]].get(metric)
+            if not before or after is None:
+                continue
+            change = (after - before) / before * 100
+            gain = change if higher_is_better else -change
+            verdict = "worse" if gain < -tolerance_pct else "better" if gain > tolerance_pct else "within"
+            rows.append(
+                row | {"metric": metric, "baseline": before, "new": after, "change_pct": change, "verdict": verdict}
+            )
+    return rows
+
+
+def verdict(rows: list[dict[str, Any]], tolerance_pct: float) -> tuple[int, str]:
+    """(exit status, one line): 1 when a figure is worse or a result missing, else 2 when some result or every
+    figure could not be compared, else 0."""
+    worse = [r for r in rows if r["verdict"] in ("worse", "missing")]
+    if worse:
+        return 1, f"regression: {len(worse)} of {len(rows)} figures worse than the baseline by over {tolerance_pct}%"
+    apart = [r for r in rows if r["verdict"] == "not comparable"]
+    if apart or not rows:
+        return 2, f"not comparable: {len(apart)} of {len(rows)} results were measured with other settings"
+    return 0, f"no regression: every figure within {tolerance_pct}% of the baseline or better"
+
+
+def comparison_table(rows: list[dict[str, Any]]) -> str:
+    cells = [
+        [
+            r["name"],
+            r["metric"],
+            fmt(r["baseline"], ",.4g"),
+            fmt(r["new"], ",.4g"),
+            fmt(r["change_pct"], "+.1f", suffix="%"),
+            r["verdict"] + (f" ({r['reason']})" if r["reason"] else ""),
+        ]
+        for r in rows
+    ]
+    return markdown_table(["config", "figure", "baseline", "new", "change", "verdict"], cells)

@@ -1,0 +1,137 @@
+"""What bench.py prints and writes: the results and where-the-time-goes tables, JSON, CSV and a bar chart."""
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.measure import FIGURES
+from nanogpt_perf.timing import PHASES
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        aligned = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "| " + " | ".join(aligned) + " |"
+
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def fmt(value: Any, spec: str = ",.2f", scale: float = 1, suffix: str = "") -> str:
+    return "-" if value is None else f"{value * scale:{spec}}{suffix}"
+
+
+def report(results: list[dict[str, Any]], device_type: str) -> str:
+    """The results table, the where-time-goes table and the notes beneath them, as bench.py prints them."""
+    cuda = device_type == "cuda"
+    main, detail, notes = [], [], []
+    mib = lambda b: fmt(b, ",.0f", 2**-20, " MiB")
+    for r in results:
+        if r["status"] != "ok":
+            main.append([r["name"], r["status"], *["-"] * 7])
+            notes.append(f"{r['name']}: {r['status']}: {r['reason']}")
+            continue
+        main.append(
+            [
+                r["name"],
+                fmt(r["ms_median"]),
+                fmt(r["ms_p90"]),
+                fmt(r["tokens_per_s"], ",.0f"),
+                fmt(r["mfu"], ".1f", 100, "%") if r["mfu"] is not None else "n/a",
+                mib(r["peak_mem_bytes"]),
+                mib(r["peak_reserved_bytes"]) if cuda else "n/a",
+                fmt(r["speedup_prev"], ".2f", suffix="x"),
+                fmt(r["speedup_first"], ".2f", suffix="x"),
+            ]
+        )
+        detail.append(
+            [r["name"], *(fmt(r["phases_ms"][p]) for p in PHASES)]
+            + [fmt(r["first_iter_ms"], ",.0f"), fmt(r["compile_s"], ".1f"), fmt(r["recompiles"], "d"), r["sdpa_kernel"]]
+        )
+        if r["recompiles"]:
+            notes.append(
+                f"warning: {r['name']}: {r['recompiles']} recompilation(s) after the first iteration, so timed "
+                "iterations may include compiling; TORCH_LOGS=recompiles says why"
+            )
+        if r["graph_breaks"]:
+            notes.append(
+                f"warning: {r['name']}: {r['graph_breaks']} graph break(s); TORCH_LOGS=graph_breaks says where"
+            )
+    headers = ["config", "ms/iter", "p90 ms", "tokens/s", "MFU", "peak mem", "reserved", "vs prev", "vs first"]
+    out = [markdown_table(headers, main)]
+    if detail:
+        headers = ["config", *(f"{p} ms" for p in PHASES), "first iter ms", "compile s", "recompiles", "SDPA kernel"]
+        out += ["", "where the time goes (median ms per phase):", markdown_table(headers, detail)]
+    notes += [
+        "ms/iter: median (and p90) over the timed iterations, each between device synchronisations; "
+        "speed-ups are ratios of tokens/s",
+        "peak mem: "
+        + (
+            "peak allocated by CUDA tensors; reserved: held by the caching allocator"
+            if cuda
+            else "the process's peak resident set (reset before each config on Linux); reserved: n/a off CUDA"
+        ),
+        "phases: "
+        + ("CUDA events on the device's timeline" if cuda else "perf_counter after synchronising")
+        + "; all-reduce: not measured (bench.py runs one process, without DDP)",
+        "compile s: first iteration minus the median, i.e. compilation plus one-off warm-up",
+    ]
+    return "\n".join(out + ["", *(f"- {n}" for n in notes)])
+
+
+def beside(out_json: str, suffix: str, default: str) -> Path:
+    """A path next to out_json with this suffix, or default in the working directory when there is no out_json."""
+    return Path(out_json).with_suffix(suffix) if out_json else Path(default)
+
+
+CSV_MANIFEST = ("git_commit", "git_dirty", "torch", "cuda", "device_name")
+
+
+def write_outputs(out_json: Path, doc: dict[str, Any]) -> list[str]:
+    """out_json, and a CSV and a PNG bar chart beside it; returns one line per file (or why there is no chart)."""
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(doc, indent=2) + "\n")
+    csv_path = out_json.with_suffix(".csv")
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.writer(f)
+        settings, figures = list(doc["results"][0]["settings"]), [k for k in FIGURES if k != "phases_ms"]
+        writer.writerow(["name", "status", "reason", *settings, *figures, *(f"{p}_ms" for p in PHASES), *CSV_MANIFEST])
+        for r in doc["results"]:
+            phases = r["phases_ms"] or {}
+            writer.writerow(
+                [r["name"], r["status"], r["reason"], *(r["settings"][k] for k in settings), *(r[k] for k in figures)]
+                + [phases.get(p) for p in PHASES]
+                + [doc["manifest"][k] for k in CSV_MANIFEST]
+            )
+    return [f"wrote {out_json}", f"wrote {csv_path}", write_chart(out_json.with_suffix(".png"), doc)]
+
+
+def write_chart(path: Path, doc: dict[str, Any]) -> str:
+    """A horizontal bar per result: median ms/iter with a whisker to p90, labelled with the speed-up."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not installed (pip install matplotlib)"
+    results, m = doc["results"], doc["manifest"]
+    median = [r["ms_median"] or 0.0 for r in results]
+    p90 = [(r["ms_p90"] or 0.0) - (r["ms_median"] or 0.0) for r in results]
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * len(results)))
+    ax.barh(range(len(results)), median, xerr=[[0] * len(results), p90], color="tab:blue", capsize=3)
+    for i, r in enumerate(results):
+        label = f" {r['ms_median']:,.1f} ms ({r['speedup_first']:.2f}x)" if r["status"] == "ok" else f" {r['status']}"
+        ax.text(median[i] + p90[i], i, label, va="center", fontsize=8)
+    ax.set_yticks(range(len(results)), [r["name"] for r in results], fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.3)  # room for the labels right of the longest bar
+    ax.set_xlabel("ms per iteration (median, whisker to p90; lower is better)")
+    dirty = "+dirty" if m["git_dirty"] else ""
+    ax.set_title(f"{doc['kind']}: {m['device_name']}, torch {m['torch']}, {m['git_commit'][:10]}{dirty}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"

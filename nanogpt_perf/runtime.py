@@ -1,0 +1,118 @@
+"""The device and the precision a run uses, chosen once after the settings are applied, and how to wait for the
+device (it runs ahead of Python) before reading a clock."""
+
+import platform
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nanogpt_perf.errors import die
+
+PTDTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: str  # 'float32', 'bfloat16' or 'float16': the autocast dtype, or float32 for none
+    tf32: bool  # TF32 matmuls for float32 work (CUDA only)
+    reason: str  # why this device and dtype were chosen, for the start-up line
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def autocast(self) -> bool:
+        return self.dtype != "float32"
+
+    @property
+    def precision(self) -> str:
+        """The precision of the matmuls, as named in peak_flops.PEAK_TFLOPS."""
+        return {"bfloat16": "bf16", "float16": "fp16"}.get(self.dtype, "tf32" if self.tf32 else "fp32")
+
+    def autocast_ctx(self) -> AbstractContextManager:
+        if not self.autocast:
+            return nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=PTDTYPES[self.dtype])
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """Enabled for float16 only: bf16 and fp32 have the exponent range to do without loss scaling."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.dtype == "float16")
+
+    def synchronize(self) -> None:
+        """Wait for the device to finish what was queued: a no-op on a CPU, which runs each op to its end."""
+        if self.device_type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device_type == "mps":
+            torch.mps.synchronize()
+
+    def describe(self) -> str:
+        scaler = "on" if self.dtype == "float16" else "off"
+        return (
+            f"device {self.device} ({device_name(self.device)}), dtype {self.dtype}, autocast "
+            f"{'on' if self.autocast else 'off'}, TF32 {'on' if self.tf32 else 'off'}, GradScaler {scaler}: "
+            f"{self.reason}"
+        )
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name where the OS tells it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu" and Path("/proc/cpuinfo").is_file():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or device.type
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' is cuda, then mps, then cpu; a device that cannot be had here is one error line."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        die(f"device {device!r} is not a device name (try auto, cpu, cuda, cuda:1, mps)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        die(f"device {device!r} asked for, but CUDA is not available here")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        die(f"device {device!r} asked for, but there are {torch.cuda.device_count()} CUDA devices")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        die(f"device {device!r} asked for, but MPS is not available here")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def resolve_dtype(dev: torch.device, dtype: str) -> tuple[str, str]:
+    """(dtype, why): 'auto' is bf16 where supported, else fp16 (with a GradScaler), else fp32; on CPU autocast is
+    used only when bfloat16 is asked for explicitly, since CPU bf16 is often slower than fp32."""
+    bf16_ok = dev.type in ("cpu", "mps") or (dev.type == "cuda" and torch.cuda.is_bf16_supported())
+    if dtype == "auto":
+        if dev.type == "cpu":
+            return "float32", "dtype auto -> float32 (on CPU autocast only when dtype=bfloat16 is asked for)"
+        chosen = "bfloat16" if bf16_ok else "float16"
+        return chosen, f"dtype auto -> {chosen} ({'bf16 supported' if bf16_ok else 'no bf16 on this GPU'})"
+    if dtype not in PTDTYPES:
+        die(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+    if dtype == "bfloat16" and not bf16_ok:
+        die(f"dtype bfloat16 is not supported on {dev}; use float16 or auto")
+    if dtype == "float16" and dev.type == "cpu":
+        die("dtype float16 is not supported on CPU; use bfloat16 or float32")
+    return dtype, f"dtype {dtype} as asked"
+
+
+def resolve_runtime(device: str = "auto", dtype: str = "auto", tf32: bool = True) -> Runtime:
+    """Choose the device, then the precision it supports best, after all overrides are applied; sets TF32."""
+    dev = resolve_device(device)
+    dtype, why = resolve_dtype(dev, dtype)
+    reasons = ([f"device auto -> {dev}"] if device == "auto" else []) + [why]
+    use_tf32 = tf32 and dev.type == "cuda"
+    if dev.type == "cuda":
+        torch.set_float32_matmul_precision("high" if use_tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = use_tf32
+    return Runtime(dev, dtype, use_tf32, "; ".join(reasons))

@@ -1,0 +1,74 @@
+"""The training step: one optimizer step over gradient_accumulation_steps micro-batches. train.py runs it and
+bench.py times it, so that what bench.py reports is what train.py does."""
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import NamedTuple
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from nanogpt_perf.batches import TokenBatches
+from nanogpt_perf.runtime import Runtime
+
+
+class StepResult(NamedTuple):
+    loss: torch.Tensor  # the mean loss over the step's micro-batches (on the device: reading it synchronises)
+    grad_norm: torch.Tensor | None  # the gradient norm before clipping; None when grad_clip is off
+
+
+class TrainStep:
+    """step(mark=None) runs one optimizer step: for each micro-batch a forward pass under autocast, the next batch
+    fetched while the device computes, and a backward pass of the loss scaled by the GradScaler (DDP all-reduces
+    the gradients on the last micro-batch only); then unscale, clip, the optimizer step and zero_grad. mark(phase),
+    when given, is called as each phase ends ('forward', 'data', 'h2d', 'backward', 'optimizer'): with none, the
+    step costs nothing more."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        runtime: Runtime,
+        batches: TokenBatches,
+        gradient_accumulation_steps: int,
+        grad_clip: float,
+    ):
+        self.model, self.optimizer, self.scaler, self.runtime = model, optimizer, scaler, runtime
+        self.batches, self.accum, self.grad_clip = batches, gradient_accumulation_steps, grad_clip
+        self.ddp = isinstance(model, DistributedDataParallel)
+        self.x, self.y = batches.next_batch()  # each later batch is fetched during the step before it
+
+    def __call__(self, mark: Callable[[str], None] | None = None) -> StepResult:
+        loss_sum = None
+        for micro_step in range(self.accum):
+            last = micro_step == self.accum - 1
+            with self.model.no_sync() if self.ddp and not last else nullcontext():
+                with self.runtime.autocast_ctx():
+                    _, loss = self.model(self.x, self.y)
+                if mark:
+                    mark("forward")
+                self.fetch(mark)
+                self.scaler.scale(loss / self.accum).backward()  # the mean over micro-batches, not the sum
+                if mark:
+                    mark("backward")
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        grad_norm = None
+        if self.grad_clip > 0.0:
+            self.scaler.unscale_(self.optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if mark:
+            mark("optimizer")
+        return StepResult(loss_sum / self.accum, grad_norm)
+
+    def fetch(self, mark: Callable[[str], None] | None) -> None:
+        """The next micro-batch: built in host memory, then copied (asynchronously from pinned memory on a GPU)."""
+        x, y = self.batches.host_batch()
+        if mark:
+            mark("data")
+        self.x, self.y = self.batches.to_device(x, y)
+        if mark:
+            mark("h2d")
