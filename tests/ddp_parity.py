@@ -1,0 +1,75 @@
+"""Run two optimizer steps of nanogpt_perf.step.TrainStep on a tiny GPT over fixed micro-batches and save the losses,
+gradient norms and weights: under torchrun, rank r takes its share of each step's micro-batches; alone, one process
+takes them all. tests/test_step.py checks that the two agree.
+
+    python tests/ddp_parity.py OUT.pt K                                          # 1 process, 2K micro-batches a step
+    torchrun --standalone --nproc_per_node=2 tests/ddp_parity.py OUT.pt K        # 2 ranks, K micro-batches each
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model import GPT, GPTConfig  # noqa: E402
+from nanogpt_perf.runtime import resolve_runtime  # noqa: E402
+from nanogpt_perf.step import TrainStep  # noqa: E402
+
+STEPS, B, T, V = 2, 2, 16, 64
+
+
+class FixedBatches:
+    """This rank's share of every step's micro-batches, in order, as a batch stream (with one spare at the end for
+    the step's prefetch)."""
+
+    def __init__(self, rank: int, world: int, k: int):
+        g = torch.Generator().manual_seed(1)
+        every = [torch.randint(V, (B, T + 1), generator=g) for _ in range(STEPS * k * 2 + 1)]
+        mine = [every[s * 2 * k + rank * k + i] for s in range(STEPS) for i in range(k * 2 // world)]
+        self.stream = iter(mine + [every[-1]])
+
+    def host_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        window = next(self.stream)
+        return window[:, :-1], window[:, 1:]
+
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, y
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.host_batch()
+
+
+def main(out: Path, k: int) -> None:
+    ddp = "RANK" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    if ddp:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)  # the same initial weights on every rank; no biases: the key bias has a zero gradient,
+    # which Adam would turn from rounding noise into full-size updates of either sign
+    model = GPT(GPTConfig(block_size=T, vocab_size=V, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=False))
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95))
+    runtime = resolve_runtime("cpu", "float32")
+    wrapped = DDP(model) if ddp else model
+    step = TrainStep(
+        wrapped, optimizer, runtime.grad_scaler(), runtime, FixedBatches(rank, world, k), 2 * k // world, 0.5
+    )
+    losses, norms = [], []
+    for _ in range(STEPS):
+        result = step()
+        loss = result.loss.clone()
+        if ddp:
+            dist.all_reduce(loss)
+        losses.append(loss.item() / world)
+        norms.append(result.grad_norm.item())
+    if rank == 0:
+        torch.save({"losses": losses, "grad_norms": norms, "model": model.state_dict()}, out)
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
