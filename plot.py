@@ -1,0 +1,213 @@
+"""
+Draw the curves of one or more training runs from their out_dir/log.jsonl into one PNG, to compare them at a glance:
+loss (step loss, and the train and val estimates of the evals), learning rate, tokens/s and ms per iteration.
+
+    python plot.py out-shakespeare-char                  # writes out-shakespeare-char/curves.png
+    python plot.py out-a out-b out-c                     # writes curves.png here, one colour per run
+    python plot.py out-a out-b --out=compare/ab.png
+
+A log.jsonl that holds several runs appended (a resumed run, or one started again in the same out_dir) is drawn as
+one line per run, in the same colour. Each run's first step record is left out of the speed panels: it includes
+compilation and warm-up.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.errors import die
+
+Points = tuple[list[float], list[float]]  # iters, values
+Curves = dict[str, Points]  # one run's series, by log key
+FIGSIZE = (12, 8)  # inches, at DPI: 1200 x 800 pixels
+DPI = 100
+# each series: its panel (loss, learning rate, tokens/s, ms), the label of its style in the panel's legend, its style
+SERIES = {
+    "step_loss": (0, "step loss", dict(ls="-", lw=1, alpha=0.7)),
+    "train_loss": (0, "train loss (eval)", dict(ls="--", marker="s", lw=1, ms=3, alpha=0.8)),
+    "val_loss": (0, "val loss (eval)", dict(ls="-", marker="o", lw=1.5, ms=5)),
+    "lr": (1, "", dict(ls="-", lw=1.2)),
+    "tokens_per_s": (2, "", dict(ls="-", marker=".", lw=1, ms=3)),
+    "ms_per_iter": (3, "ms/iter (the whole loop)", dict(ls="-", marker=".", lw=1, ms=3)),
+    "step_ms": (3, "step_ms (the training step)", dict(ls=":", lw=1.2)),
+}
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The records of a log.jsonl, in order; blank lines are skipped."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        die(f"cannot read {path}: {e}")
+    records = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            die(f"{path} line {n} is not JSON ({e.msg}): {line[:60]!r}")
+        if not isinstance(record, dict):
+            die(f"{path} line {n} is not a JSON object: {line[:60]!r}")
+        records.append(record)
+    return records
+
+
+def split_runs(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The records of each run appended to one log: a new run starts where iter or elapsed_s goes back down (a
+    resumed run goes on from its checkpoint's iter, but its clock starts again)."""
+    runs: list[list[dict[str, Any]]] = []
+    previous: dict[str, Any] = {}
+    for record in records:
+        restarted = any(
+            isinstance(record.get(k), (int, float))
+            and isinstance(previous.get(k), (int, float))
+            and record[k] < previous[k]
+            for k in ("iter", "elapsed_s")
+        )
+        if restarted or not runs:
+            runs.append([])
+        runs[-1].append(record)
+        previous = record
+    return runs
+
+
+def step_loss(record: dict[str, Any]) -> Any:
+    return record.get("step_loss", record.get("loss"))  # logs of older runs say "loss"
+
+
+def points(records: list[dict[str, Any]], value: Any) -> Points:
+    """(iter, value(record)) of the records where both are numbers; value is a log key or a function of a record."""
+    get = value if callable(value) else lambda r: r.get(value)
+    pairs = [(r.get("iter"), get(r)) for r in records]
+    pairs = [(i, v) for i, v in pairs if isinstance(i, (int, float)) and isinstance(v, (int, float))]
+    return [i for i, _ in pairs], [v for _, v in pairs]
+
+
+def curves(records: list[dict[str, Any]]) -> Curves:
+    """The series of one run's records."""
+    steps = [r for r in records if step_loss(r) is not None]
+    evals = [r for r in records if "val_loss" in r]
+    steady = steps[1:]  # the first step record is timed alone: compilation and warm-up
+    return {
+        "step_loss": points(steps, step_loss),
+        "val_loss": points(evals, "val_loss"),
+        "train_loss": points(evals, "train_loss"),
+        "lr": points(records, "lr"),
+        "tokens_per_s": points(steady, "tokens_per_s"),
+        "ms_per_iter": points(steady, "ms_per_iter"),
+        "step_ms": points(steady, "step_ms"),
+    }
+
+
+def load_curves(out_dir: Path) -> list[Curves]:
+    """The curves of each run in out_dir/log.jsonl."""
+    path = out_dir / "log.jsonl"
+    if not path.is_file():
+        die(f"no log.jsonl in {out_dir}: train with out_dir={out_dir} first")
+    records = read_log(path)
+    if not any(step_loss(r) is not None for r in records):
+        die(f"{path} has no step records (with step_loss): the run logged no optimizer step")
+    return [curves(run) for run in split_runs(records)]
+
+
+def run_names(out_dirs: list[Path]) -> list[str]:
+    """Each run's directory name, or its path where two runs share a name."""
+    names = [d.resolve().name or str(d) for d in out_dirs]
+    return [str(d) if names.count(n) > 1 else n for d, n in zip(out_dirs, names, strict=True)]
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot drawing to files (Agg: no display needed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        die("plot.py needs matplotlib: pip install matplotlib")
+    return plt
+
+
+def draw_run(axes: list[Any], runs: list[Curves], colour: str) -> None:
+    """One run's lines, one per run appended to its log, in each panel."""
+    for c in runs:
+        for key, (panel, _, style) in SERIES.items():
+            if c[key][0]:  # an empty series would still count as data and hide the panel's "no records" note
+                lone = {"marker": style.get("marker") or "."} if len(c[key][0]) == 1 else {}  # a line of one point
+                axes[panel].plot(*c[key], color=colour, **(style | lone))
+
+
+def style_legend(ax: Any, panel: int) -> None:
+    """A legend of the panel's line styles, in grey: the colours are the runs', in the figure's legend."""
+    from matplotlib.lines import Line2D
+
+    styles = {label: style for p, label, style in SERIES.values() if p == panel}
+    ax.legend([Line2D([], [], color="grey", **s) for s in styles.values()], list(styles), fontsize=8)
+
+
+def draw(runs: dict[str, list[Curves]], path: Path) -> None:
+    """The four panels, one colour per run, saved as a PNG at path."""
+    plt = pyplot()
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    fig, grid = plt.subplots(2, 2, figsize=FIGSIZE, sharex=True, layout="constrained")
+    axes = list(grid.flat)
+    for i, run in enumerate(runs.values()):
+        draw_run(axes, run, f"C{i}")
+    loss, lr, speed, ms = axes
+    titles = (
+        (loss, "loss", "loss"),
+        (lr, "learning rate", "learning rate"),
+        (speed, "tokens/s (first step left out: compilation, warm-up)", "tokens/s"),
+        (ms, "time per iteration (first step left out)", "ms"),
+    )
+    for ax, title, ylabel in titles:
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if not ax.has_data():
+            ax.text(0.5, 0.5, "no records", transform=ax.transAxes, ha="center", va="center", color="grey")
+            ax.set_yticks([])
+    for ax in (speed, ms):
+        ax.set_xlabel("iter")
+        ax.set_ylim(bottom=0)
+    speed.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    style_legend(loss, 0)
+    style_legend(ms, 3)
+    colours = [Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))]
+    fig.legend(colours, list(runs), loc="outside lower center", ncols=min(len(runs), 5), fontsize=9)
+    fig.suptitle(", ".join(runs))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Draw the curves of training runs from their log.jsonl.")
+    parser.error = die  # one line, no usage block: as every script of the suite
+    parser.add_argument("out_dirs", nargs="+", type=Path, metavar="OUT_DIR", help="a run's out_dir, with log.jsonl")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="the PNG to write (default OUT_DIR/curves.png for one run, curves.png here for several)",
+    )
+    args = parser.parse_args(argv)
+    out = args.out or (args.out_dirs[0] / "curves.png" if len(args.out_dirs) == 1 else Path("curves.png"))
+    if out.suffix.lower() != ".png":
+        die(f"--out must name a .png file, got {out}")
+    pyplot()  # before reading the logs: a missing matplotlib is the first thing to know
+    runs = dict(zip(run_names(args.out_dirs), map(load_curves, args.out_dirs), strict=True))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        draw(runs, out)
+    except OSError as e:
+        die(f"cannot write {out}: {e.strerror or e}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
