@@ -33,32 +33,7 @@ from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with train.py (one name, default and meaning each;
 # `python bench.py --help` lists them), overridden by config files and flags like the settings below
-from nanogpt_perf.settings import (  # noqa: F401
-    GPT2_VOCAB_SIZE,
-    activation_checkpointing,
-    attention,
-    beta1,
-    beta2,
-    bias,
-    block_size,
-    compile,
-    compile_mode,
-    device,
-    dropout,
-    dtype,
-    fused_adamw,
-    grad_clip,
-    learning_rate,
-    loss_chunk,
-    n_embd,
-    n_head,
-    n_layer,
-    pad_vocab,
-    peak_flops,
-    seed,
-    tf32,
-    weight_decay,
-)
+from nanogpt_perf.settings import *  # noqa: F403
 
 # -----------------------------------------------------------------------------
 # settings of bench.py alone

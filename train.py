@@ -33,33 +33,7 @@ from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with bench.py (one name, default and meaning each;
 # `python train.py --help` lists them), overridden by config files and flags like the settings below
-from nanogpt_perf.settings import (  # noqa: F401
-    GPT2_VOCAB_SIZE,
-    activation_checkpointing,
-    attention,
-    beta1,
-    beta2,
-    bias,
-    block_size,
-    compile,
-    compile_mode,
-    device,
-    dropout,
-    dtype,
-    fused_adamw,
-    grad_clip,
-    learning_rate,
-    loss_chunk,
-    model_config,
-    n_embd,
-    n_head,
-    n_layer,
-    pad_vocab,
-    peak_flops,
-    seed,
-    tf32,
-    weight_decay,
-)
+from nanogpt_perf.settings import *  # noqa: F403
 from nanogpt_perf.step import TrainStep
 from nanogpt_perf.timing import DeviceClock
 from nanogpt_perf.tokenizer import tokenizer_spec
@@ -342,7 +316,7 @@ while True:
                 + f", elapsed {hms(record['elapsed_s'])}, ETA {hms(record['eta_s'])}{first}"
             )
             log(record)
-        window_steps, window_start, step_spans = 0, time.perf_counter(), []
+        window_steps, window_start, step_spans = 0, now, []  # this logging counts in the next window
 
 if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window
@@ -356,4 +330,5 @@ if timings:
 if master:
     log_file.close()
 if ddp:
+    dist.barrier()  # every rank leaves together: gloo aborts a rank torn down while rank 0 still saves
     dist.destroy_process_group()

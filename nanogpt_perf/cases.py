@@ -39,20 +39,15 @@ def case_from_settings(s: dict[str, Any], name: str, vocab_size: int) -> Case:
     for key in ("batch_size", "gradient_accumulation_steps"):
         if s[key] < 1:
             raise ValueError(f"{key} must be >= 1, not {s[key]}")
+    same_names = ("batch_size", "gradient_accumulation_steps", "dtype", "tf32", "compile", "compile_mode", "grad_clip")
     return Case(
         name,
         model_config(s, vocab_size),
-        batch_size=s["batch_size"],
-        gradient_accumulation_steps=s["gradient_accumulation_steps"],
-        dtype=s["dtype"],
-        tf32=s["tf32"],
-        compile=s["compile"],
-        compile_mode=s["compile_mode"],
         fused=s["fused_adamw"],
-        grad_clip=s["grad_clip"],
         weight_decay=s["weight_decay"],
         learning_rate=s["learning_rate"],
         betas=(s["beta1"], s["beta2"]),
+        **{k: s[k] for k in same_names},
     )
 
 

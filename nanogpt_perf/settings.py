@@ -35,6 +35,25 @@ activation_checkpointing = False  # recompute each block's activations in backwa
 peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 = look it up in nanogpt_perf/peak_flops.py
 seed = 1337
 
+# what `from nanogpt_perf.settings import *` gives a script: the settings above, which its configure() overrides,
+# and the mapping to a GPTConfig with its default vocabulary
+__all__ = [
+    *(k for k, v in dict(globals()).items() if not k.startswith("_") and type(v) in (bool, int, float, str)),
+    "model_config",
+]
+
+# the settings that are GPTConfig fields as they are (vocab_size comes from the data)
+MODEL_SETTINGS = (
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "dropout",
+    "bias",
+    "attention",
+    "loss_chunk",
+    "activation_checkpointing",
+)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -55,15 +74,4 @@ def model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:
         raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, not {s['compile_mode']!r}")
     if s["attention"] not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {s['attention']!r}")
-    return GPTConfig(
-        block_size=s["block_size"],
-        vocab_size=round_up(vocab_size, s["pad_vocab"]),
-        n_layer=s["n_layer"],
-        n_head=s["n_head"],
-        n_embd=s["n_embd"],
-        dropout=s["dropout"],
-        bias=s["bias"],
-        attention=s["attention"],
-        loss_chunk=s["loss_chunk"],
-        activation_checkpointing=s["activation_checkpointing"],
-    )
+    return GPTConfig(vocab_size=round_up(vocab_size, s["pad_vocab"]), **{k: s[k] for k in MODEL_SETTINGS})

@@ -68,6 +68,7 @@ def main(out: Path, k: int) -> None:
     if rank == 0:
         torch.save({"losses": losses, "grad_norms": norms, "model": model.state_dict()}, out)
     if ddp:
+        dist.barrier()  # both ranks leave together: gloo aborts a rank torn down while its peer still works
         dist.destroy_process_group()
 
 
