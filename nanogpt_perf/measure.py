@@ -5,7 +5,8 @@ the SDPA kernel that actually ran."""
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,20 @@ def time_steps(step: TrainStep, runtime: Runtime, n: int) -> tuple[list[float], 
     return times, phases, counts + [dynamo_counts()]
 
 
+@contextmanager
+def cuda_memory_history(path: Path | None, runtime: Runtime) -> Iterator[None]:
+    """Record CUDA's allocator history meanwhile and dump it to path (for pytorch.org/memory_viz); off CUDA, or
+    without a path, nothing."""
+    if path is None or runtime.device_type != "cuda":
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    yield
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.cuda.memory._dump_snapshot(str(path))
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
 def measure(
     case: Case,
     device: str,
@@ -141,15 +156,9 @@ def measure(
     runtime = resolve_runtime(device, case.dtype, case.tf32)
     reset_peak_memory(runtime.device)
     model, step = build_step(case, runtime, batches, seed)
-    snapshot = snapshot_path is not None and runtime.device_type == "cuda"
-    if snapshot:
-        torch.cuda.memory._record_memory_history(max_entries=100_000)
-    times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
+    with cuda_memory_history(snapshot_path, runtime):
+        times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
     peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
-    if snapshot:
-        snapshot_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(snapshot_path))
-        torch.cuda.memory._record_memory_history(enabled=None)
     manual = case.model.attention == "manual"
     kernel = "manual (matmul + softmax)" if manual else sdpa_kernel_that_ran(step, runtime.device)
     if trace_path:
