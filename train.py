@@ -322,10 +322,11 @@ if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window
 if timings:
     ms, in_step = statistics.median(t for t, _ in timings), statistics.median(s for _, s in timings)
+    around = statistics.median(t - s for t, s in timings)
     print0(
         f"timing: median {ms:.2f} ms/iter over {len(timings)} logging windows (the first step left out, "
         f"{tokens_per_iter / ms * 1000:,.0f} tok/s): the training step {in_step:.2f} ms, the loop around it "
-        f"{ms - in_step:.2f} ms (logging, the schedule, Python)"
+        f"{around:.2f} ms (logging, the schedule, Python)"
     )
 if master:
     log_file.close()
