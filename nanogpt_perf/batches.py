@@ -1,60 +1,164 @@
-"""Batches of (inputs, targets) for training and evaluation: windows of block_size + 1 tokens from a prepared
-dataset, or synthetic tokens for bench.py. Targets are the inputs shifted by one token."""
+"""The loader: batches of (inputs, targets) for training and evaluation, from a prepared dataset's token files, or
+synthetic tokens for bench.py. Targets are the inputs shifted by one token.
 
+Training batches are built ahead by a background thread, as uint16 windows of block_size + 1 tokens, into a few
+reused host buffers (pinned on CUDA): one host-to-device copy per batch, non-blocking, and the conversion to int64
+on the device. The time the training step waits for a batch is counted (wait_seconds)."""
+
+import queue
+import threading
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from nanogpt_perf.errors import die
+from nanogpt_perf.shards import ShardError, TokenFile, split_files
+from nanogpt_perf.windows import RandomWindows, Window, window_order
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class TokenBatches:
-    """Random windows from data_path/{train,val}.bin (uint16). Training batches come from a stream that the seed
-    and the rank fix, each rank its own; evaluation draws the same fixed windows every time, from generators of
-    its own, so the training stream does not depend on how often or how long evaluation runs."""
+def token_files(data_path: Path, split: str, block_size: int) -> list[TokenFile]:
+    """A split's token files, checked: present, readable, and holding at least one window."""
+    try:
+        files = split_files(data_path, split)
+    except ShardError as e:
+        die(str(e))
+    if not files:
+        die(f"{data_path} has no {split} tokens: neither {split}.bin nor shards named *_{split}_*.bin")
+    if sum(f.n_tokens for f in files) <= block_size:
+        n = sum(f.n_tokens for f in files)
+        die(f"{data_path}: the {split} split has {n} tokens, too few for block_size={block_size}")
+    return files
 
-    def __init__(self, data_path: Path, batch_size: int, block_size: int, device: torch.device, seed: int, rank=0):
+
+def fill(buffer: np.ndarray, files: list[TokenFile], windows: list[Window]) -> None:
+    """Copy each window of block_size + 1 tokens into a row of buffer (B, block_size + 1), uint16."""
+    span = buffer.shape[1]
+    maps: dict[int, np.memmap] = {}  # each file mapped once per batch, then let go
+    for row, (file, first) in enumerate(windows):
+        tokens = maps.setdefault(file, files[file].tokens())
+        buffer[row] = tokens[first : first + span]
+
+
+class TokenBatches:
+    """Training batches in data_order ('random' or 'epochs', see windows.py), this rank's share; evaluation
+    batches from fixed windows of their own, the same at every call, so the training stream does not depend on
+    how often or how long evaluation runs. state_dict() is where the next training batch will come from."""
+
+    def __init__(
+        self,
+        data_path: Path,
+        batch_size: int,
+        block_size: int,
+        device: torch.device,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        data_order: str = "random",
+        prefetch: int = 2,
+    ):
         self.data_path, self.batch_size, self.block_size, self.device = data_path, batch_size, block_size, device
         self.seed, self.rank = seed, rank
-        self.rng = torch.Generator().manual_seed(seed + rank)
-        for split in ("train", "val"):
-            n_tokens = (data_path / f"{split}.bin").stat().st_size // 2
-            if n_tokens <= block_size:
-                die(f"{data_path / split}.bin has {n_tokens} tokens, too few for block_size={block_size}")
+        self.files = {split: token_files(data_path, split, block_size) for split in ("train", "val")}
+        sizes = [f.n_tokens for f in self.files["train"]]
+        try:
+            self.windows = window_order(data_order, sizes, block_size, seed, rank, world_size)
+        except ValueError as e:
+            die(str(e))
+        if prefetch < 1:
+            die(f"prefetch must be >= 1 (batches built ahead), not {prefetch}")
+        self.state = self.windows.state_dict()  # after the batches handed out so far
+        self.prefetch, self.thread, self.wait_seconds = prefetch, None, 0.0
 
-    def windows(self, split: str, rng: torch.Generator) -> Batch:
-        """batch_size windows at random starts, in host memory (pinned when bound for a GPU, for async copies)."""
-        # a fresh memmap per batch: a long-lived one keeps growing the process's memory (numpy issue #8024)
-        data = np.memmap(self.data_path / f"{split}.bin", dtype=np.uint16, mode="r")
-        T = self.block_size
-        starts = torch.randint(len(data) - T, (self.batch_size,), generator=rng).tolist()
-        x = torch.from_numpy(np.stack([data[i : i + T] for i in starts]).astype(np.int64))
-        y = torch.from_numpy(np.stack([data[i + 1 : i + 1 + T] for i in starts]).astype(np.int64))
+    # the background thread: free buffers in, filled buffers (with the order's state after them) out
+    def start(self) -> None:
+        pinned = self.device.type == "cuda"
+        self.free, self.ready, self.stopping = queue.Queue(), queue.Queue(), threading.Event()
+        for _ in range(self.prefetch + 2):  # prefetch ready, one being filled, one being copied to the device
+            buffer = torch.empty(self.batch_size, self.block_size + 1, dtype=torch.uint16, pin_memory=pinned)
+            self.free.put((buffer, None))
+        self.buffers = {buffer.data_ptr() for buffer, _ in list(self.free.queue)}
+        self.thread = threading.Thread(target=self.produce, name="batches", daemon=True)
+        self.thread.start()
+
+    def produce(self) -> None:
+        try:
+            while True:
+                buffer, copied = self.free.get()
+                if self.stopping.is_set():
+                    return
+                if copied is not None:
+                    copied.synchronize()  # its last batch has reached the device
+                fill(buffer.numpy(), self.files["train"], self.windows.take(self.batch_size))
+                self.ready.put((buffer, self.windows.state_dict()))
+        except Exception as e:  # handed to the training step, which raises it
+            self.ready.put((e, None))
+
+    def stop(self) -> None:
+        """Stop the thread; batches it built ahead are dropped (state_dict() still says where to continue)."""
+        if self.thread is not None:
+            self.stopping.set()
+            self.free.put((None, None))
+            self.thread.join()
+            self.thread = None
+
+    def host_batch(self) -> torch.Tensor:
+        """The next training batch, (batch_size, block_size + 1) uint16 in host memory: waits if none is ready."""
+        if self.thread is None:
+            self.windows.load_state_dict(self.state)
+            self.start()
+        t0 = time.perf_counter()
+        buffer, state = self.ready.get()
+        self.wait_seconds += time.perf_counter() - t0
+        if isinstance(buffer, Exception):
+            raise buffer
+        self.state = state
+        return buffer
+
+    def take_wait_seconds(self) -> float:
+        """Seconds the training step waited for batches since the last call."""
+        waited, self.wait_seconds = self.wait_seconds, 0.0
+        return waited
+
+    def to_device(self, buffer: torch.Tensor) -> Batch:
+        """One copy to the device (non-blocking from pinned memory), int64 there; the buffer goes back to the
+        thread once the copy is done."""
+        on_device = buffer.to(self.device, non_blocking=True)
+        copied = None
         if self.device.type == "cuda":
-            x, y = x.pin_memory(), y.pin_memory()
-        return x, y
-
-    def host_batch(self) -> Batch:
-        """The next training batch of this rank's stream, in host memory."""
-        return self.windows("train", self.rng)
-
-    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
-        non_blocking = self.device.type == "cuda"
-        return x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+            copied = torch.cuda.Event()
+            copied.record()
+        # uint16 -> int64 through int16, whose casts every backend has (uint16's are recent and partial)
+        tokens = on_device.view(torch.int16).long() & 0xFFFF  # on the CPU a new tensor: the buffer is free at once
+        if self.thread is not None and buffer.data_ptr() in self.buffers:
+            self.free.put((buffer, copied))
+        return tokens[:, :-1], tokens[:, 1:]
 
     def next_batch(self) -> Batch:
-        return self.to_device(*self.host_batch())
+        return self.to_device(self.host_batch())
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stop()
+        self.state = dict(state)
 
     def eval_batches(self, split: str, n: int) -> Iterator[Batch]:
         """n batches of split: the same windows at every call (this rank's own set)."""
-        rng = torch.Generator().manual_seed(zlib.crc32(f"eval/{split}/{self.seed}/{self.rank}".encode()))
+        files = self.files[split]
+        seed = zlib.crc32(f"eval/{split}/{self.seed}".encode())
+        windows = RandomWindows([f.n_tokens for f in files], self.block_size, seed, self.rank)
         for _ in range(n):
-            yield self.to_device(*self.windows(split, rng))
+            buffer = np.empty((self.batch_size, self.block_size + 1), dtype=np.uint16)
+            fill(buffer, files, windows.take(self.batch_size))
+            yield self.to_device(torch.from_numpy(buffer))
 
 
 class SyntheticBatches(TokenBatches):
@@ -62,16 +166,19 @@ class SyntheticBatches(TokenBatches):
     data: for timing a model without a dataset."""
 
     def __init__(self, batch_size: int, block_size: int, vocab_size: int, device: torch.device, seed: int):
-        self.device = device
+        self.device, self.thread, self.wait_seconds = device, None, 0.0
         g = torch.Generator().manual_seed(seed)
-        x, y = (torch.randint(vocab_size, (batch_size, block_size), generator=g) for _ in range(2))
-        self.x, self.y = (x.pin_memory(), y.pin_memory()) if device.type == "cuda" else (x, y)
+        tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=g).to(torch.uint16)
+        self.tokens = tokens.pin_memory() if device.type == "cuda" else tokens
 
-    def windows(self, split: str, rng: torch.Generator) -> Batch:
-        return self.x, self.y
-
-    def host_batch(self) -> Batch:
-        return self.x, self.y
+    def host_batch(self) -> torch.Tensor:
+        return self.tokens
 
     def eval_batches(self, split: str, n: int) -> Iterator[Batch]:
-        return (self.to_device(self.x, self.y) for _ in range(n))
+        return (self.to_device(self.tokens) for _ in range(n))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,5 +1,5 @@
-"""A prepared dataset folder: data_dir/dataset/{train,val}.bin (uint16 tokens) and meta.pkl (its vocabulary),
-made by the folder's prepare.py on first use."""
+"""A prepared dataset folder, data_dir/dataset: its tokens (train.bin and val.bin, or shards: see shards.py) and
+meta.pkl (its vocabulary, when not GPT-2's), made by the folder's prepare.py on first use."""
 
 import pickle
 import subprocess
@@ -8,15 +8,25 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import die
+from nanogpt_perf.shards import has_tokens
+
+# Datasets too large to prepare unasked on first use: what preparing them takes
+WEB_SCALE = {
+    "openwebtext": "about 9B tokens, 18 GB of shards, and the download",
+    "fineweb": "FineWeb-Edu sample-10BT: about 10B tokens, 20 GB of shards, and the download",
+}
 
 
 def prepare_if_missing(data_path: Path) -> None:
-    """Run data_path/prepare.py when the dataset has no train.bin yet."""
-    if (data_path / "train.bin").is_file():
+    """Run data_path/prepare.py when the dataset has no tokens yet (train.bin or *_train_*.bin shards); a
+    web-scale dataset is never prepared unasked: the error says how."""
+    if has_tokens(data_path):
         return
     script = data_path / "prepare.py"
     if not script.is_file():
-        die(f"dataset {data_path.name!r} not found: no {data_path / 'train.bin'} and no {script} to make it")
+        die(f"dataset {data_path.name!r} not found: no train.bin or *_train_*.bin shards in {data_path}, no {script}")
+    if data_path.name in WEB_SCALE:
+        die(f"dataset {data_path.name} is not prepared: run python {script} ({WEB_SCALE[data_path.name]})")
     print(f"preparing dataset {data_path.name} with {script}", flush=True)
     if subprocess.run([sys.executable, str(script)]).returncode != 0:
         die(f"{script} failed; see its message above")

@@ -166,6 +166,7 @@ def measure(
             for _ in range(5):  # wait 1, warm up 1, record 3
                 step()
                 prof.step()
+    step.batches.stop()  # the loader's thread
     timed = times[burn_in:]
     median = statistics.median(timed)
     compiled = lambda value: value if case.compile else None

@@ -32,6 +32,9 @@ fused_adamw = True  # AdamW's fused kernel, where the device has one
 pad_vocab = 64  # vocab_size rounded up to a multiple of this (50257 -> 50304) for faster matmuls; 1 = off
 loss_chunk = 0  # rows per chunk of a chunked lm_head + cross-entropy that never holds the full logits; 0 = off
 activation_checkpointing = False  # recompute each block's activations in backward instead of keeping them
+# the data loader (a dataset's batches; bench.py's synthetic tokens have none)
+data_order = "random"  # 'random' windows (nanoGPT's, with replacement) or 'epochs' (each window once an epoch)
+prefetch = 2  # batches the loader's background thread builds ahead
 peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 = look it up in nanogpt_perf/peak_flops.py
 seed = 1337
 

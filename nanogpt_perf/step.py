@@ -37,7 +37,7 @@ class TrainStep:
         self.model, self.optimizer, self.scaler, self.runtime = model, optimizer, scaler, runtime
         self.batches, self.accum, self.grad_clip = batches, gradient_accumulation_steps, grad_clip
         self.ddp = isinstance(model, DistributedDataParallel)
-        self.x, self.y = batches.next_batch()  # each later batch is fetched during the step before it
+        self.fetch(None)  # each later batch is fetched during the step before it
 
     def __call__(self, mark: Callable[[str], None] | None = None) -> StepResult:
         loss_sum = None
@@ -65,10 +65,13 @@ class TrainStep:
         return StepResult(loss_sum / self.accum, grad_norm)
 
     def fetch(self, mark: Callable[[str], None] | None) -> None:
-        """The next micro-batch: built in host memory, then copied (asynchronously from pinned memory on a GPU)."""
-        x, y = self.batches.host_batch()
+        """The next micro-batch: taken from the loader (the 'data' phase is the wait for it), then copied to the
+        device (asynchronously from pinned memory on a GPU). data_state is where the loader stood before it: the
+        state a checkpoint needs, since this batch is fetched but not yet trained on."""
+        self.data_state = self.batches.state_dict()  # where the batch about to be fetched comes from
+        tokens = self.batches.host_batch()
         if mark:
             mark("data")
-        self.x, self.y = self.batches.to_device(x, y)
+        self.x, self.y = self.batches.to_device(tokens)
         if mark:
             mark("h2d")

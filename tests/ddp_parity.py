@@ -32,15 +32,14 @@ class FixedBatches:
         mine = [every[s * 2 * k + rank * k + i] for s in range(STEPS) for i in range(k * 2 // world)]
         self.stream = iter(mine + [every[-1]])
 
-    def host_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        window = next(self.stream)
+    def host_batch(self) -> torch.Tensor:
+        return next(self.stream)
+
+    def to_device(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return window[:, :-1], window[:, 1:]
 
-    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x, y
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.host_batch()
+    def state_dict(self) -> dict:
+        return {}
 
 
 def main(out: Path, k: int) -> None:

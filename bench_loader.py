@@ -1,0 +1,85 @@
+"""
+Time the loader alone: batches per second that train.py's training step can take from it, in each window order,
+and the process's memory over a long run. An H100 training GPT-2 (124M) takes about 30 batches of 16 x 1024 a
+second; the loader should never be what it waits for.
+
+    python bench_loader.py                                    # 20 synthetic shards of 10M tokens in a temp folder
+    python bench_loader.py --data=data/fineweb --batches=10000 --device=cuda
+
+Each order runs `repeats` times, interleaved; the figure is the median.
+"""
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from configurator import configure
+from nanogpt_perf.batches import TokenBatches
+from nanogpt_perf.errors import die
+from nanogpt_perf.shards import shard_name, write_shard
+
+# -----------------------------------------------------------------------------
+data = ""  # a dataset folder (train.bin or llm.c shards); '' = synthetic shards written to a temp folder
+shards = 20  # synthetic shards (the first is val)
+shard_tokens = 10_000_000  # tokens per synthetic shard
+batch_size = 16
+block_size = 1024
+batches = 10_000  # per run; memory is read after 100 and after all of them
+orders = "random,epochs"
+repeats = 3
+device = "cpu"
+settings = configure(globals())
+# -----------------------------------------------------------------------------
+
+
+def resident_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+
+def synthetic_shards(folder: Path) -> Path:
+    rng = np.random.default_rng(0)
+    for i in range(shards):
+        tokens = rng.integers(0, 50257, shard_tokens, dtype=np.uint16)
+        write_shard(folder / shard_name("synthetic", "val" if i == 0 else "train", i), tokens)
+    return folder
+
+
+def run(path: Path, order: str) -> tuple[float, float, float]:
+    """(batches per second after the first 100, RSS after 100 batches and after all, in MB)."""
+    loader = TokenBatches(path, batch_size, block_size, torch.device(device), 0, data_order=order)
+    for _ in range(100):
+        loader.next_batch()
+    rss_100, t0 = resident_mb(), time.perf_counter()
+    for _ in range(batches - 100):
+        x, _ = loader.next_batch()
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    rate = (batches - 100) / (time.perf_counter() - t0)
+    loader.stop()
+    return rate, rss_100, resident_mb()
+
+
+if batches <= 100:
+    die(f"batches must be > 100 (memory is read after 100), not {batches}")
+with tempfile.TemporaryDirectory() as tmp:
+    path = Path(data) if data else synthetic_shards(Path(tmp))
+    names = [o.strip() for o in orders.split(",")]
+    figures: dict[str, list[tuple[float, float, float]]] = {o: [] for o in names}
+    for r in range(repeats):
+        for order in names:
+            rate, rss_100, rss_end = run(path, order)
+            figures[order].append((rate, rss_100, rss_end))
+            print(
+                f"run {r + 1} {order}: {rate:,.0f} batches/s; "
+                f"RSS {rss_100:.0f} MB after 100, {rss_end:.0f} MB after {batches:,}"
+            )
+    for order, runs in figures.items():
+        growth = max(end - start for _, start, end in runs)
+        print(
+            f"{order}: median {statistics.median(r for r, _, _ in runs):,.0f} batches/s of {batch_size} x {block_size}"
+            f" over {len(runs)} runs; RSS grew by at most {growth:.1f} MB from batch 100 to {batches:,}"
+        )
