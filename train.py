@@ -308,7 +308,7 @@ while True:
                 "tokens_per_s": tokens_per_iter / dt,
                 "mfu": mfu,
                 "peak_mem_bytes": mem,
-                "grad_norm": None if result.grad_norm is None else result.grad_norm.item(),
+                "grad_norm": result.grad_norm.item(),
                 "elapsed_s": now - run_start,
                 "eta_s": rate * (max_iters - iter_num),
             }
@@ -316,7 +316,7 @@ while True:
             print(
                 f"iter {iter_num}: step loss {loss:.4f}, {dt * 1000:.2f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
                 f"MFU {'n/a' if mfu is None else f'{mfu * 100:.2f}%'}, peak mem {(mem or 0) / 2**20:.0f} MiB"
-                + ("" if record["grad_norm"] is None else f", grad norm {record['grad_norm']:.3f}")
+                + f", grad norm {record['grad_norm']:.3f}"
                 + f", data wait {wait_ms:.2f} ms, elapsed {hms(record['elapsed_s'])}, ETA {hms(record['eta_s'])}{first}"
             )
             log(record)

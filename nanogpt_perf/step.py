@@ -14,13 +14,15 @@ from nanogpt_perf.runtime import Runtime
 
 class StepResult(NamedTuple):
     loss: torch.Tensor  # the mean loss over the step's micro-batches (on the device: reading it synchronises)
-    grad_norm: torch.Tensor | None  # the gradient norm before clipping; None when grad_clip is off
+    grad_norm: torch.Tensor  # the gradient norm before clipping
+    skipped: bool  # the update was skipped: the loss or the gradient norm was not finite
 
 
 class TrainStep:
     """step(mark=None) runs one optimizer step: for each micro-batch a forward pass under autocast, the next batch
     fetched while the device computes, and a backward pass of the loss scaled by the GradScaler (DDP all-reduces
-    the gradients on the last micro-batch only); then unscale, clip, the optimizer step and zero_grad. mark(phase),
+    the gradients on the last micro-batch only); then unscale, clip, the optimizer step (skipped when the loss or
+    the gradient norm is not finite) and zero_grad. mark(phase),
     when given, is called as each phase ends ('forward', 'data', 'h2d', 'backward', 'optimizer'): with none, the
     step costs nothing more."""
 
@@ -53,16 +55,23 @@ class TrainStep:
                 if mark:
                     mark("backward")
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        grad_norm = None
+        loss = loss_sum / self.accum
+        self.scaler.unscale_(self.optimizer)  # a no-op without float16; with it, records overflows for step()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
         if self.grad_clip > 0.0:
-            self.scaler.unscale_(self.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.scaler.step(self.optimizer)
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.grad_clip, grad_norm)
+        # the NaN/inf guard: a non-finite loss or gradient norm skips the update (one read of a flag: a sync).
+        # Under float16 an overflowing gradient is the GradScaler's to skip, and to answer with a lower scale.
+        finite = torch.isfinite(loss) if self.scaler.is_enabled() else torch.isfinite(loss) & torch.isfinite(grad_norm)
+        skipped = not bool(finite)
+        if not skipped:
+            self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if mark:
             mark("optimizer")
-        return StepResult(loss_sum / self.accum, grad_norm)
+        return StepResult(loss, grad_norm, skipped)
 
     def fetch(self, mark: Callable[[str], None] | None) -> None:
         """The next micro-batch: taken from the loader (the 'data' phase is the wait for it), then copied to the
