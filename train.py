@@ -11,6 +11,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -22,13 +23,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from configurator import configure
 from model import GPT
 from nanogpt_perf.batches import TokenBatches
-from nanogpt_perf.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from nanogpt_perf.checkpoint import load_checkpoint, resume_path, save_iteration, unwrap
 from nanogpt_perf.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.errors import die
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.preemption import StopRequest
 from nanogpt_perf.profiling import step_profiler
+from nanogpt_perf.resume import given_on_command, resume_settings, rng_state, set_rng_state
 from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with bench.py (one name, default and meaning each;
@@ -47,7 +50,10 @@ log_interval = 1
 eval_iters = 200  # batches per split at each eval: the same fixed windows every time
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval, not only when val loss improves
+save_interval = 0  # also save every this many iterations, evals or not; 0 = at evals only
+keep_last = 3  # checkpoints kept (out_dir/ckpt-NNNNNNN.pt), besides the best (ckpt-best.pt)
 init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a transformers folder
+resume_fallback = False  # resume from the newest whole checkpoint when ckpt.pt is truncated or corrupt
 # wandb logging
 wandb_log = False
 wandb_project = "owt"
@@ -66,8 +72,22 @@ min_lr = 6e-5  # ~= learning_rate / 10 per Chinchilla
 # system
 backend = "auto"  # DDP backend: 'auto' (nccl on CUDA, gloo on CPU), 'nccl' or 'gloo'
 profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops printed
+max_bad_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (each skipped)
 settings = configure(globals())
 # -----------------------------------------------------------------------------
+
+# resume: the checkpoint's settings are the base, overridden by the config files and flags given now (each change
+# printed); its architecture, vocabulary and data cannot change
+checkpoint = None
+if init_from == "resume":
+    checkpoint = load_checkpoint(resume_path(Path(out_dir), resume_fallback))
+    try:
+        settings, overrides = resume_settings(checkpoint["config"], settings, given_on_command(sys.argv[1:]))
+    except ValueError as e:
+        die(str(e))
+    globals().update(settings)
+    if overrides and os.environ.get("RANK", "0") == "0":
+        print("resumed settings overridden: " + "; ".join(overrides))
 
 # DDP: torchrun sets RANK; each process drives one device and sees 1/world of the micro-batches
 ddp = "RANK" in os.environ
@@ -115,13 +135,12 @@ print0(f"vocab_size {vocab_size} from {data_path}")
 
 # model: from scratch (the vocabulary padded to a multiple of pad_vocab), the architecture, weights and progress
 # of out_dir/ckpt.pt, or GPT-2's weights; the memory savers and the attention kernel are GPTConfig fields
-iter_num, best_val_loss, checkpoint = 0, float("inf"), None
+iter_num, best_val_loss = 0, float("inf")
 try:
     config = model_config(settings, vocab_size)
     if init_from == "scratch":
         model = GPT(config)
     elif init_from == "resume":
-        checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
         architecture = ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size")
         model = GPT(replace(config, **{k: checkpoint["model_args"][k] for k in architecture}))
         model.load_state_dict(checkpoint["model"])
@@ -143,10 +162,17 @@ print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 # AdamW (fused where the device has the kernel, with fused_adamw), and a GradScaler active for float16 only
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), fused=fused_adamw)
 scaler = runtime.grad_scaler()
+rank_state = None  # this rank's generators and loader, as the checkpoint left them
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
     if checkpoint.get("scaler"):
         scaler.load_state_dict(checkpoint["scaler"])
+    ranks = checkpoint.get("ranks") or [None]
+    if len(ranks) != world_size:
+        die(f"the checkpoint was saved by {len(ranks)} ranks: resume it with {len(ranks)} (nproc_per_node)")
+    rank_state = ranks[rank]
+    if rank_state:
+        batches.load_state_dict(rank_state["data"])  # before the step fetches its first batch
 checkpoint = None  # free its memory
 
 # compile (in compile_mode), then wrap for DDP (gradients all-reduced in buckets during backward)
@@ -222,7 +248,18 @@ def log(record: dict) -> None:
         wandb.log(record, step=record["iter"])
 
 
-def save() -> None:
+def save(best: bool) -> None:
+    """Every rank calls it: rank 0 writes the checkpoint, with each rank's generators and loader position. Never
+    during a run of non-finite steps: the last good checkpoint stays the newest."""
+    if bad_steps:
+        print0(f"iter {iter_num}: not saved, the last step was not finite")
+        return
+    mine = {"rng": rng_state(runtime.device), "data": step.data_state}  # where the pending batch came from
+    ranks = [mine] * world_size
+    if ddp:
+        dist.all_gather_object(ranks, mine)
+    if not master:
+        return
     checkpoint = {
         "model": raw_model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -232,9 +269,10 @@ def save() -> None:
         "best_val_loss": best_val_loss,
         "config": settings,
         "tokenizer": tokenizer_spec(data_path),  # so that sample.py and export.py need no data folder
+        "ranks": ranks,
     }
-    save_checkpoint(checkpoint, Path(out_dir) / "ckpt.pt")
-    print(f"saved checkpoint to {out_dir}/ckpt.pt")
+    path = save_iteration(checkpoint, Path(out_dir), iter_num, best, keep_last)
+    print(f"saved checkpoint {path}" + (" (the best so far)" if best else ""))
 
 
 # the loop: exactly max_iters optimizer steps, with evals at every eval_interval and at the end. Each logging
@@ -245,7 +283,10 @@ profiler = step_profiler(runtime.device, Path(out_dir) / "trace.json") if profil
 if profiler:
     profiler.start()
 clock = DeviceClock(runtime)
-start_iter, run_start, steady_since = iter_num, time.perf_counter(), None
+stop = StopRequest()  # SIGTERM or Ctrl-C: finish the step, save, exit
+if rank_state:
+    set_rng_state(rank_state["rng"], runtime.device)  # last, after everything that draws random numbers at start
+start_iter, run_start, steady_since, bad_steps = iter_num, time.perf_counter(), None, 0
 window_steps, window_start, step_spans, timings = 0, time.perf_counter(), [], []
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
@@ -266,10 +307,11 @@ while True:
                     "elapsed_s": elapsed,
                 }
             )
-            improved = losses["val"] < best_val_loss
-            best_val_loss = min(best_val_loss, losses["val"])  # never replaced by a worse value
-            if iter_num > start_iter and (improved or always_save_checkpoint):
-                save()
+        improved = losses["val"] < best_val_loss  # the same on every rank: the losses are means over all
+        best_val_loss = min(best_val_loss, losses["val"])  # never replaced by a worse value
+        due = save_interval and iter_num % save_interval == 0
+        if iter_num > start_iter and (improved or always_save_checkpoint or due) and math.isfinite(losses["val"]):
+            save(best=improved)
         window_steps, window_start, step_spans = 0, time.perf_counter(), []
         batches.take_wait_seconds()  # waits during evaluation are not the training step's
     if iter_num >= max_iters or eval_only:
@@ -321,6 +363,28 @@ while True:
             )
             log(record)
         window_steps, window_start, step_spans = 0, now, []  # this logging counts in the next window
+
+    # the NaN/inf guard: the step skipped its update; too many in a row and the run stops, its checkpoints intact
+    bad_steps = bad_steps + 1 if result.skipped else 0
+    if result.skipped:
+        print0(f"iter {iter_num}: non-finite loss or gradient norm, update skipped ({bad_steps} in a row)")
+        if master:
+            log({"iter": iter_num, "skipped": True, "loss": result.loss.item(), "grad_norm": result.grad_norm.item()})
+        if bad_steps >= max_bad_steps:
+            die(
+                f"{bad_steps} steps in a row with a non-finite loss or gradient norm (max_bad_steps={max_bad_steps})"
+                f": stopped at iter {iter_num}; the last checkpoint in {out_dir} is from before them"
+            )
+    evaluates_next = iter_num % eval_interval == 0 or iter_num == max_iters  # and saves there when due
+    if save_interval and iter_num % save_interval == 0 and not evaluates_next:
+        save(best=False)
+    if stop.requested(ddp, runtime.device):  # every rank the same answer, so that they save together
+        save(best=False)
+        command = "python " + " ".join(
+            [a for a in sys.argv if not a.startswith("--init_from=")] + ["--init_from=resume"]
+        )
+        print0(f"stopped by {stop.signal or 'another rank'} after iter {iter_num}, saved: resume with\n  {command}")
+        break
 
 if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window

@@ -1,7 +1,14 @@
-"""Checkpoints: written atomically, read back with one clear line for anything that is not ours or is broken."""
+"""Checkpoints: written atomically (a temporary file, fsynced, renamed), kept as the last few plus the best, checked
+on load (every record's CRC), with one clear line for anything that is not ours or is broken.
+
+In out_dir: ckpt-NNNNNNN.pt per saved iteration (the last keep_last of them), ckpt.pt the newest and ckpt-best.pt
+the best by val loss (links to one of those, or copies where the file system has no links)."""
 
 import os
 import pickle
+import re
+import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +28,80 @@ def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def link_or_copy(source: Path, target: Path) -> None:
+    """target becomes source's content, atomically."""
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+ITERATION_FILE = re.compile(r"ckpt-(\d{7})\.pt")
+
+
+def saved_iterations(out_dir: Path) -> list[Path]:
+    """The ckpt-NNNNNNN.pt files in out_dir, newest first."""
+    found = [p for p in out_dir.glob("ckpt-*.pt") if ITERATION_FILE.fullmatch(p.name)] if out_dir.is_dir() else []
+    return sorted(found, reverse=True)
+
+
+def save_iteration(checkpoint: dict[str, Any], out_dir: Path, iter_num: int, best: bool, keep_last: int) -> Path:
+    """Save as out_dir/ckpt-{iter_num}.pt, point ckpt.pt (and ckpt-best.pt when best) at it, and delete the
+    iterations beyond the newest keep_last (ckpt-best.pt keeps its own link to the best)."""
+    path = out_dir / f"ckpt-{iter_num:07d}.pt"
+    save_checkpoint(checkpoint, path)
+    link_or_copy(path, out_dir / "ckpt.pt")
+    if best:
+        link_or_copy(path, out_dir / "ckpt-best.pt")
+    for old in saved_iterations(out_dir)[keep_last:]:
+        old.unlink()
+    return path
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why path is not a whole checkpoint (missing, truncated, a record whose CRC fails), or None."""
+    if not path.is_file():
+        return "missing"
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()  # torch.load alone would load a flipped byte in a tensor without a word
+    except (zipfile.BadZipFile, OSError) as e:
+        return f"truncated or not a checkpoint ({e})"
+    return f"corrupt: record {bad} fails its CRC" if bad else None
+
+
+def newest_good(out_dir: Path) -> Path | None:
+    return next((p for p in saved_iterations(out_dir) if checkpoint_problem(p) is None), None)
+
+
+def resume_path(out_dir: Path, fallback: bool) -> Path:
+    """out_dir/ckpt.pt when whole; else, when fallback, the newest whole ckpt-NNNNNNN.pt; else one line naming it."""
+    path = out_dir / "ckpt.pt"
+    problem = checkpoint_problem(path)
+    if problem is None:
+        return path
+    good = newest_good(out_dir)
+    if problem == "missing" and good is None:
+        die(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
+    if good is None:
+        die(f"checkpoint {path} is {problem}, and no older checkpoint in {out_dir} is whole")
+    if not fallback:
+        die(f"checkpoint {path} is {problem}; the newest whole one is {good}: resume_fallback=True resumes from it")
+    print(f"checkpoint {path} is {problem}: resuming from {good}, the newest whole one")
+    return good
+
+
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
     """A checkpoint of ours, loaded as plain data (weights_only); one error line for anything else."""
     if not path.is_file():
         die(f"no checkpoint at {path} (train one first, or check out_dir)")
+    problem = checkpoint_problem(path)
     try:
+        if problem:
+            raise ValueError(problem)
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as e:
         die(f"checkpoint {path} is corrupt or unreadable: {str(e).splitlines()[0]}")

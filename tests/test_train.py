@@ -116,11 +116,15 @@ def test_resume_without_checkpoint_is_one_line(tiny_data, tmp_path):
     assert_one_line_error(run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "no checkpoint at")
 
 
-def test_block_size_larger_than_checkpoint_is_one_line(trained, tmp_path):
+@pytest.mark.parametrize("flag", ["--block_size=64", "--n_layer=3", "--pad_vocab=128", "--dataset=other"])
+def test_resuming_with_another_architecture_or_data_is_refused_and_changes_nothing(trained, tmp_path, flag):
     out, _, data_dir = trained
     shutil.copytree(out, tmp_path / "out")
-    result = run_train(data_dir, tmp_path / "out", "--init_from=resume", "--block_size=64")
-    assert_one_line_error(result, "block_size=64 is larger than the checkpoint's 32")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    result = run_train(data_dir, tmp_path / "out", "--init_from=resume", flag)
+    key, value = flag[2:].split("=")
+    assert_one_line_error(result, f"cannot resume with {key}={value!r}" if key == "dataset" else f"{key}={value}")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
 
 
 def test_corrupt_checkpoint_is_one_line_and_left_alone(tmp_path):

@@ -1,0 +1,59 @@
+"""What exact resumption needs beyond weights and optimizer: the settings a run was started with, and each rank's
+random number generators (Python, numpy, torch CPU and the rank's CUDA device)."""
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from configurator import read_config_file
+
+# settings a resumed run cannot change: the architecture, the vocabulary and the data it was trained on
+FIXED_ON_RESUME = ("n_layer", "n_head", "n_embd", "bias", "block_size", "pad_vocab", "dataset", "data_dir")
+# settings that say how this command runs, not what the run is: always taken from the command
+PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend")
+
+
+def resume_settings(saved: dict[str, Any], settings: dict[str, Any], given: set[str]) -> tuple[dict, list[str]]:
+    """The checkpoint's settings, overridden by those given on this command (config files and flags): the merged
+    settings, and a line for each override that differs from the checkpoint. ValueError for an override that
+    cannot apply to the checkpoint."""
+    merged = dict(settings)
+    for key, value in saved.items():
+        if key in merged and key not in given and key not in PER_COMMAND:
+            merged[key] = value
+    changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
+    fixed = [k for k in changed if k in FIXED_ON_RESUME]
+    if fixed:
+        what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
+        raise ValueError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary and data are fixed")
+    return merged, [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's generators, as plain data (loadable with weights_only)."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (kind, key.tolist(), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    random.setstate(state["python"])
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(key, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def given_on_command(argv: list[str]) -> set[str]:
+    """The settings that this command's config files and --key=value flags set (whatever their values)."""
+    given = set()
+    for arg in argv:
+        given |= {arg[2:].partition("=")[0]} if arg.startswith("--") else set(read_config_file(arg))
+    return given

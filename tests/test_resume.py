@@ -1,0 +1,125 @@
+"""Never lose work: a run stopped and resumed equals the run never stopped (bitwise on CPU, dropout on, with
+gradient accumulation, under DDP); checkpoints kept, checked and fallen back on; SIGTERM; the NaN guard."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_train
+
+SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
+
+
+def step_losses(out) -> dict[int, float]:
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {r["iter"]: r["step_loss"] for r in records if "step_loss" in r}
+
+
+def final_weights(out) -> dict[str, torch.Tensor]:
+    return torch.load(out / "ckpt.pt", weights_only=True)["model"]
+
+
+def assert_same_run(straight, resumed, from_iter: int, to_iter: int) -> None:
+    a, b = step_losses(straight), step_losses(resumed)
+    assert [a[i] for i in range(from_iter + 1, to_iter + 1)] == [b[i] for i in range(from_iter + 1, to_iter + 1)]
+    wa, wb = final_weights(straight), final_weights(resumed)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_stopped_and_resumed_equals_straight_bitwise(tiny_data, tmp_path, ranks):
+    flags = (*SCHEDULE, "--dropout=0.1", "--gradient_accumulation_steps=4", "--eval_interval=100")
+    straight = run_train(tiny_data, tmp_path / "straight", *flags, "--max_iters=12", ranks=ranks)
+    assert straight.returncode == 0, straight.stderr
+    first = run_train(tiny_data, tmp_path / "resumed", *flags, "--max_iters=5", ranks=ranks)
+    assert first.returncode == 0, first.stderr
+    second = run_train(tiny_data, tmp_path / "resumed", *flags, "--max_iters=12", "--init_from=resume", ranks=ranks)
+    assert second.returncode == 0, second.stderr
+    assert "resumed settings overridden: max_iters: 5 -> 12" in second.stdout
+    assert_same_run(tmp_path / "straight", tmp_path / "resumed", 5, 12)
+
+
+def test_sigterm_finishes_the_step_saves_and_resumes_exactly(tiny_data, tmp_path):
+    flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", *SCHEDULE, "--eval_interval=1000"]
+    train = [sys.executable, "train.py", *flags, "--dropout=0.1", "--max_iters=12"]
+    straight = subprocess.run([*train, f"--out_dir={tmp_path / 'straight'}"], cwd=ROOT, capture_output=True, text=True)
+    assert straight.returncode == 0, straight.stderr
+    run = subprocess.Popen([*train, f"--out_dir={tmp_path / 'stopped'}", "--lr_decay_iters=12"], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    for line in run.stdout:
+        if line.startswith("iter 3:"):
+            run.send_signal(signal.SIGTERM)
+            break
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert "SIGTERM: finishing this step" in err and "--init_from=resume" in out
+    stopped_at = max(step_losses(tmp_path / "stopped"))
+    assert 3 <= stopped_at < 12
+    resumed = subprocess.run([*train, f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume"], cwd=ROOT,
+                             capture_output=True, text=True)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_run(tmp_path / "straight", tmp_path / "stopped", stopped_at, 12)
+
+
+@pytest.fixture(scope="module")
+def saved_every_step(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("kept")
+    result = run_train(tiny_data, out, *SCHEDULE, "--max_iters=6", "--eval_interval=4", "--save_interval=1",
+                       "--keep_last=3")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_the_last_k_and_the_best_are_kept(saved_every_step):
+    names = sorted(p.name for p in saved_every_step.glob("ckpt*.pt"))
+    assert names == ["ckpt-0000004.pt", "ckpt-0000005.pt", "ckpt-0000006.pt", "ckpt-best.pt", "ckpt.pt"]
+    assert torch.load(saved_every_step / "ckpt.pt", weights_only=True)["iter_num"] == 6
+    assert torch.load(saved_every_step / "ckpt-best.pt", weights_only=True)["iter_num"] in (4, 6)
+
+
+def test_a_corrupt_checkpoint_names_the_newest_good_one_and_falls_back_only_when_asked(
+    saved_every_step, tiny_data, tmp_path
+):
+    out = tmp_path / "out"
+    shutil.copytree(saved_every_step, out, copy_function=shutil.copy2)
+    newest = out / "ckpt-0000006.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in the middle of the weights: torch.load alone would not notice
+    newest.write_bytes(data)
+    shutil.copyfile(newest, out / "ckpt.pt")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    refused = run_train(tiny_data, out, *SCHEDULE, "--init_from=resume", "--max_iters=8")
+    assert_one_line_error(refused, "ckpt.pt is corrupt", "ckpt-0000005.pt", "resume_fallback=True")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    resumed = run_train(tiny_data, out, *SCHEDULE, "--init_from=resume", "--max_iters=8", "--resume_fallback=True")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stdout and "\niter 6:" in resumed.stdout
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 8
+
+
+def test_a_truncated_checkpoint_is_detected(saved_every_step, tiny_data, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(saved_every_step, out)
+    (out / "ckpt.pt").write_bytes((out / "ckpt.pt").read_bytes()[:5000])
+    result = run_train(tiny_data, out, "--init_from=resume")
+    assert_one_line_error(result, "ckpt.pt is truncated", "ckpt-0000006.pt")
+
+
+def test_non_finite_steps_are_skipped_then_the_run_stops_with_its_checkpoint_intact(tiny_data, tmp_path):
+    out = tmp_path / "out"
+    good = run_train(tiny_data, out, *SCHEDULE, "--max_iters=2", "--eval_interval=2")
+    assert good.returncode == 0, good.stderr
+    before = (out / "ckpt.pt").read_bytes()
+    # an absurd learning rate makes the weights overflow: every later loss is inf or nan
+    result = run_train(tiny_data, out, "--init_from=resume", "--max_iters=30", "--learning_rate=1e30",
+                       "--warmup_iters=0", "--max_bad_steps=3")  # fmt: skip
+    assert_one_line_error(result, "3 steps in a row with a non-finite loss", "max_bad_steps=3")
+    assert "update skipped (1 in a row)" in result.stdout
+    skipped = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"skipped"' in line]
+    assert len(skipped) == 3
+    assert (out / "ckpt.pt").read_bytes() == before
