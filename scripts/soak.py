@@ -1,0 +1,93 @@
+"""
+Soak test of resumption (not in CI: about two minutes): train a tiny model, SIGKILL it at random moments (some
+during checkpoint writes: it saves every step), resume it each time, and check that no checkpoint was ever
+unreadable and that the final weights equal those of a run never interrupted.
+
+    python scripts/soak.py                  # 20 kills
+    python scripts/soak.py --kills=50 --seed=3
+"""
+
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from configurator import configure  # noqa: E402
+from nanogpt_perf.checkpoint import checkpoint_problem  # noqa: E402
+
+# -----------------------------------------------------------------------------
+kills = 20
+max_iters = 3000
+longest = 4.0  # seconds: each run is killed at a uniform random moment between 1 s (starting up) and this
+seed = 0  # of the kill times
+dataset = "shakespeare_char"
+settings = configure(globals())
+# -----------------------------------------------------------------------------
+
+TRAIN = [
+    sys.executable, "train.py", f"--dataset={dataset}", "--device=cpu", "--compile=False", "--n_layer=2",
+    "--n_head=2", "--n_embd=64", "--block_size=32", "--batch_size=8", "--gradient_accumulation_steps=2",
+    "--dropout=0.1", f"--max_iters={max_iters}", f"--lr_decay_iters={max_iters}", "--warmup_iters=10",
+    "--eval_interval=100", "--eval_iters=2", "--log_interval=50", "--save_interval=1", "--keep_last=2",
+]  # fmt: skip
+
+
+def unreadable(out: Path) -> list[str]:
+    """The checkpoints in out that could not be loaded now (temporary files of an interrupted write aside)."""
+    return [f"{p.name}: {checkpoint_problem(p)}" for p in sorted(out.glob("ckpt*.pt")) if checkpoint_problem(p)]
+
+
+def run_killed(out: Path, delay: float) -> bool:
+    """Start or resume the run and SIGKILL it after delay seconds; False if it finished first."""
+    resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
+    proc = subprocess.Popen([*TRAIN, f"--out_dir={out}", *resume], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
+    if proc.returncode != 0:
+        sys.exit(f"the run failed on its own: {proc.stderr.read().strip().splitlines()[-1]}")
+    return False
+
+
+def main() -> None:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        straight, soaked = Path(tmp) / "straight", Path(tmp) / "soaked"
+        t0 = time.perf_counter()
+        subprocess.run([*TRAIN, f"--out_dir={straight}"], cwd=ROOT, check=True, capture_output=True)
+        print(f"uninterrupted run: {time.perf_counter() - t0:.0f} s")
+        survived, bad, mid_write = 0, [], 0
+        while survived < kills:
+            if not run_killed(soaked, rng.uniform(1.0, longest)):
+                break  # finished before the kill: nothing left to interrupt
+            survived += 1
+            problems = unreadable(soaked)
+            bad += problems
+            mid_write += any(soaked.glob("*.tmp"))  # a write was cut short (the next save replaces the file)
+            for tmp_file in soaked.glob("*.tmp"):
+                tmp_file.unlink()
+            iters = torch.load(soaked / "ckpt.pt", weights_only=True)["iter_num"] if not problems else "?"
+            print(
+                f"kill {survived}: checkpoint at iter {iters}, {'unreadable: ' + str(problems) if problems else 'ok'}"
+            )
+        while run_killed(soaked, 600):
+            pass  # to the end
+        a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (straight, soaked))
+        equal = all(torch.equal(a[k], b[k]) for k in a)
+        print(f"survived {survived} kills ({mid_write} during a checkpoint write); unreadable checkpoints: {len(bad)};"
+              f" final weights equal: {equal}")  # fmt: skip
+        sys.exit(0 if equal and not bad else 1)
+
+
+if __name__ == "__main__":
+    main()
