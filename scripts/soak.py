@@ -76,10 +76,9 @@ def main() -> None:
             mid_write += any(soaked.glob("*.tmp"))  # a write was cut short (the next save replaces the file)
             for tmp_file in soaked.glob("*.tmp"):
                 tmp_file.unlink()
-            iters = torch.load(soaked / "ckpt.pt", weights_only=True)["iter_num"] if not problems else "?"
-            print(
-                f"kill {survived}: checkpoint at iter {iters}, {'unreadable: ' + str(problems) if problems else 'ok'}"
-            )
+            latest = soaked / "ckpt.pt"
+            at = torch.load(latest, weights_only=True)["iter_num"] if latest.exists() and not problems else None
+            print(f"kill {survived}: checkpoint at iter {at}, {'unreadable: ' + str(problems) if problems else 'ok'}")
         while run_killed(soaked, 600):
             pass  # to the end
         a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (straight, soaked))
