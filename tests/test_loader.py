@@ -90,13 +90,6 @@ def test_a_malformed_shard_is_one_line_naming_the_file(tmp_path, damage, message
     assert bad.read_bytes() == before and not (tmp_path / "out" / "ckpt.pt").exists()
 
 
-def test_an_unprepared_web_scale_dataset_names_the_command(tmp_path):
-    (tmp_path / "openwebtext").mkdir()
-    (tmp_path / "openwebtext" / "prepare.py").write_text("raise SystemExit('must not run')\n")
-    result = run_train(tmp_path, tmp_path / "out", "--dataset=openwebtext", "--max_iters=1")
-    assert_one_line_error(result, "openwebtext is not prepared", "prepare.py", "GB")
-
-
 def epoch_of(file_tokens: list[int], T: int, rank: int, world: int, n: int) -> list[tuple[int, int]]:
     return EpochWindows(file_tokens, T, seed=5, rank=rank, world_size=world).take(n)
 
