@@ -14,10 +14,10 @@ import torch
 
 from configurator import configure
 from model import GPT, GPTConfig
-from nanogpt_perf.errors import die
 from nanogpt_perf.inference import compile_decode_step, onednn_for_cpu_inference
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.validation import at_least
 
 # -----------------------------------------------------------------------------
 n_layer = 12
@@ -34,18 +34,13 @@ onednn = True  # CPU, float32, not compiled: Linear layers through oneDNN (nanog
 device = "auto"
 dtype = "auto"
 seed = 1337
-settings = configure(globals())
+settings = configure(globals(), rules={"max_new_tokens": at_least(2, " (one decode step at least)")})
 # -----------------------------------------------------------------------------
 
-if prompt_tokens < 1 or max_new_tokens < 2:
-    die("prompt_tokens must be >= 1 and max_new_tokens >= 2")
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
 torch.manual_seed(seed)
-try:
-    config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
-except ValueError as e:
-    die(str(e))
+config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
 model = GPT(config).eval().to(runtime.device)
 prompt = torch.randint(vocab_size, (1, prompt_tokens), device=runtime.device)
 print(

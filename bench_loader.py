@@ -20,6 +20,7 @@ import torch
 from configurator import configure
 from nanogpt_perf.batches import TokenBatches
 from nanogpt_perf.errors import die
+from nanogpt_perf.runtime import resolve_device
 from nanogpt_perf.shards import shard_name, write_shard
 
 # -----------------------------------------------------------------------------
@@ -50,7 +51,7 @@ def synthetic_shards(folder: Path) -> Path:
 
 def run(path: Path, order: str) -> tuple[float, float, float]:
     """(batches per second after the first 100, RSS after 100 batches and after all, in MB)."""
-    loader = TokenBatches(path, batch_size, block_size, torch.device(device), 0, data_order=order)
+    loader = TokenBatches(path, batch_size, block_size, resolve_device(device), 0, data_order=order)
     for _ in range(100):
         loader.next_batch()
     rss_100, t0 = resident_mb(), time.perf_counter()

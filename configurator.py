@@ -6,7 +6,8 @@ Overrides a script's module-level settings from config files and --key=value fla
 A setting is any module-level name of type bool, int, float or str defined before `configure(globals())`.
 A config file is Python: its top-level assignments are overrides (imports and helpers in it are ignored).
 Unknown keys are errors that suggest the closest known key; values convert to the setting's type only where
-that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> False for a bool).
+that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> False for a bool). The final values
+are then checked against their valid ranges (nanogpt_perf/validation.py). Every mistake is one error line.
 """
 
 import ast
@@ -19,6 +20,9 @@ import tokenize
 import types
 from pathlib import Path
 from typing import Any
+
+from nanogpt_perf.errors import die
+from nanogpt_perf.validation import RULES, Rule, settings_problem
 
 SETTING_TYPES = (bool, int, float, str)
 
@@ -155,9 +159,12 @@ def help_text(script: Path, defaults: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def configure(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:
-    """Apply sys.argv overrides to the settings in namespace (a script's globals()) and return them all.
-    Prints --help or one error line and exits; prints the resolved settings once (on rank 0 under torchrun)."""
+def configure(
+    namespace: dict[str, Any], argv: list[str] | None = None, rules: dict[str, Rule] | None = None
+) -> dict[str, Any]:
+    """Apply sys.argv overrides to the settings in namespace (a script's globals()), check them against
+    validation.RULES (rules replaces some for this script) and return them all. Prints --help or one error line
+    and exits; prints the resolved settings once (on rank 0 under torchrun)."""
     argv = sys.argv[1:] if argv is None else argv
     defaults = settings_of(namespace)
     if "-h" in argv or "--help" in argv:
@@ -166,7 +173,12 @@ def configure(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[
     try:
         settings = apply_overrides(defaults, argv)
     except ConfigError as e:
-        sys.exit(f"error: {e}")
+        die(str(e))
+    # a resumed run's base is its checkpoint's settings, not these defaults: the script checks the rules between
+    # settings once it has merged them
+    problem = settings_problem(settings, RULES | (rules or {}), cross=settings.get("init_from") != "resume")
+    if problem:
+        die(problem)
     namespace.update(settings)
     if os.environ.get("RANK", "0") == "0":
         changed = {k: v for k, v in settings.items() if v != defaults[k]}

@@ -20,6 +20,9 @@ export_dir = "out-hf"  # the transformers folder to write
 settings = configure(globals())
 # -----------------------------------------------------------------------------
 
+if Path(export_dir).exists() and not Path(export_dir).is_dir():
+    die(f"export_dir must be a folder to write (new or existing), not the file {export_dir}")
+
 try:
     from transformers import GPT2Config, GPT2LMHeadModel
 except ImportError:

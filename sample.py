@@ -20,6 +20,7 @@ from nanogpt_perf.inference import compile_decode_step, onednn_for_cpu_inference
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.tokenizer import TextStream, Tokenizer
+from nanogpt_perf.validation import init_from_one_of
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
@@ -37,39 +38,39 @@ seed = 1337
 device = "auto"
 dtype = "auto"
 compile = False  # torch.compile the one-token decode step (static shapes: compiled once, timed apart)
-settings = configure(globals())
+settings = configure(globals(), rules={"init_from": init_from_one_of("resume")})  # sampling needs a trained model
 # -----------------------------------------------------------------------------
 
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
 generator = torch.Generator(runtime.device).manual_seed(seed)
 
-if init_from == "resume":
-    checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device)
+# the prompt, checked against the tokenizer before the model is built
+checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device) if init_from == "resume" else None
+tokenizer = Tokenizer.for_checkpoint(checkpoint) if checkpoint is not None else Tokenizer()
+if start.startswith("FILE:"):
+    prompt_path = Path(start[5:])
+    if not prompt_path.is_file():
+        die(f"start names the prompt file {prompt_path}, which is not found")
+    start = prompt_path.read_text(encoding="utf-8")
+try:
+    prompt = tokenizer.encode(start)
+except ValueError as e:
+    die(f"start (the prompt) has {e}; use only characters of the training text")
+if not prompt:
+    die("start (the prompt) is empty: give at least one character or token")
+
+if checkpoint is not None:
     model = GPT.from_checkpoint(checkpoint)
-    tokenizer = Tokenizer.for_checkpoint(checkpoint)
 else:
     try:
         model = load_gpt2(init_from)
     except ValueError as e:
         die(str(e))
-    tokenizer = Tokenizer()
 model.eval().to(runtime.device)
 if model.config.vocab_size < tokenizer.n_vocab:
     die(f"the model has {model.config.vocab_size} tokens but the tokenizer ({tokenizer.name}) {tokenizer.n_vocab}")
 print(f"tokenizer: {tokenizer.name}")
-
-if start.startswith("FILE:"):
-    prompt_path = Path(start[5:])
-    if not prompt_path.is_file():
-        die(f"prompt file {prompt_path} not found")
-    start = prompt_path.read_text(encoding="utf-8")
-try:
-    prompt = tokenizer.encode(start)
-except ValueError as e:
-    die(f"the prompt has {e}")
-if not prompt:
-    die("the prompt is empty; give at least one character or token with --start")
 idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
 decode_step = None

@@ -40,6 +40,7 @@ from nanogpt_perf.settings import *  # noqa: F403
 from nanogpt_perf.step import TrainStep
 from nanogpt_perf.timing import DeviceClock
 from nanogpt_perf.tokenizer import tokenizer_spec
+from nanogpt_perf.validation import settings_problem
 
 # -----------------------------------------------------------------------------
 # settings of train.py alone: defaults train GPT-2 (124M); config files and --key=value flags override them
@@ -85,6 +86,8 @@ if init_from == "resume":
         settings, overrides = resume_settings(checkpoint["config"], settings, given_on_command(sys.argv[1:]))
     except ValueError as e:
         die(str(e))
+    if problem := settings_problem(settings):  # the rules between settings, now that the base is the checkpoint's
+        die(problem)
     globals().update(settings)
     if overrides and os.environ.get("RANK", "0") == "0":
         print("resumed settings overridden: " + "; ".join(overrides))
@@ -215,7 +218,7 @@ def get_lr(it: int) -> float:
     """Linear warmup (non-zero from the first step), cosine decay to min_lr, then min_lr."""
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
+    if it >= lr_decay_iters:
         return min_lr
     ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)

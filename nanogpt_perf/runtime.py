@@ -69,20 +69,28 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or device.type
 
 
+def device_problem(device: str) -> str | None:
+    """None when device can be had on this machine, else what would be valid here (and why device is not)."""
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda = ["cuda", *(f"cuda:{i}" for i in range(n_cuda))] if n_cuda else []
+    here = ["auto", "cpu", *cuda, *(["mps"] if torch.backends.mps.is_available() else [])]
+    if device in here:
+        return None
+    why = {
+        "cuda": f" (this machine has {n_cuda} CUDA devices)" if n_cuda else " (CUDA is not available here)",
+        "mps": " (MPS is not available here)",
+    }.get(device.partition(":")[0], "")
+    return f"one of {', '.join(here)}{why}"
+
+
 def resolve_device(device: str) -> torch.device:
     """'auto' is cuda, then mps, then cpu; a device that cannot be had here is one error line."""
+    problem = device_problem(device)
+    if problem:
+        die(f"device must be {problem}, not {device!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        die(f"device {device!r} is not a device name (try auto, cpu, cuda, cuda:1, mps)")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        die(f"device {device!r} asked for, but CUDA is not available here")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        die(f"device {device!r} asked for, but there are {torch.cuda.device_count()} CUDA devices")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        die(f"device {device!r} asked for, but MPS is not available here")
+    dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
@@ -98,7 +106,7 @@ def resolve_dtype(dev: torch.device, dtype: str) -> tuple[str, str]:
         chosen = "bfloat16" if bf16_ok else "float16"
         return chosen, f"dtype auto -> {chosen} ({'bf16 supported' if bf16_ok else 'no bf16 on this GPU'})"
     if dtype not in PTDTYPES:
-        die(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+        die(f"dtype must be one of auto, {', '.join(PTDTYPES)}, not {dtype!r}")
     if dtype == "bfloat16" and not bf16_ok:
         die(f"dtype bfloat16 is not supported on {dev}; use float16 or auto")
     if dtype == "float16" and dev.type == "cpu":

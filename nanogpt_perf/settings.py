@@ -4,7 +4,7 @@ to a GPTConfig. Both scripts import these names, so that config files and --key=
 
 from typing import Any
 
-from model import ATTENTION, GPTConfig
+from model import GPTConfig
 
 GPT2_VOCAB_SIZE = 50257  # the vocabulary of GPT-2's BPE, for a dataset with no meta.pkl and for synthetic tokens
 
@@ -66,15 +66,6 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:
-    """The GPTConfig that the settings s describe, for a vocabulary of vocab_size tokens (the dataset's, padded to
-    a multiple of pad_vocab). ValueError says which setting is wrong and what would be valid."""
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "pad_vocab"):
-        if s[key] < 1:
-            raise ValueError(f"{key} must be >= 1, not {s[key]}")
-    if not 0.0 <= s["dropout"] < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), not {s['dropout']}")
-    if s["compile_mode"] not in COMPILE_MODES:
-        raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, not {s['compile_mode']!r}")
-    if s["attention"] not in ATTENTION:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {s['attention']!r}")
+    """The GPTConfig that the settings s describe (checked by configure: nanogpt_perf/validation.py), for a
+    vocabulary of vocab_size tokens (the dataset's, padded to a multiple of pad_vocab)."""
     return GPTConfig(vocab_size=round_up(vocab_size, s["pad_vocab"]), **{k: s[k] for k in MODEL_SETTINGS})

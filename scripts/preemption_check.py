@@ -31,7 +31,7 @@ TRAIN = [
     sys.executable, "train.py", f"--dataset={dataset}", "--device=cpu", "--compile=False", "--n_layer=4",
     "--n_head=4", f"--n_embd={n_embd}", "--block_size=64", "--batch_size=12", "--dropout=0.1",
     f"--max_iters={max_iters}", f"--lr_decay_iters={max_iters}", "--eval_interval=1000", "--eval_iters=2",
-    "--log_interval=1", "--gradient_accumulation_steps=2",
+    "--log_interval=1", "--gradient_accumulation_steps=2", "--warmup_iters=20",
 ]  # fmt: skip
 
 
@@ -50,6 +50,8 @@ with tempfile.TemporaryDirectory() as tmp:
             sent = time.perf_counter()
             run.send_signal(signal.SIGTERM)
             break
+    else:
+        sys.exit(f"the run ended before iter {signal_at} (exit code {run.wait()})")
     tail = run.communicate()[0]
     seconds = time.perf_counter() - sent
     stopped_at = max(losses(stopped))

@@ -1,6 +1,12 @@
+import runpy
+import subprocess
+import sys
+
 import pytest
 
-from configurator import ConfigError, apply_overrides, settings_of
+from configurator import ConfigError, apply_overrides, configure, settings_of
+from conftest import ROOT
+from nanogpt_perf.validation import RULES, at_least, settings_problem
 
 DEFAULTS = {"max_iters": 100, "learning_rate": 6e-4, "compile": True, "out_dir": "out", "wandb_run_name": "gpt2"}
 
@@ -83,3 +89,121 @@ def test_wrong_type_in_config_file(tmp_path):
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="not found"):
         apply_overrides(DEFAULTS, ["config/does_not_exist.py"])
+
+
+# the range checks (nanogpt_perf/validation.py), applied by configure() to the final values
+
+SCRIPTS = [
+    "train.py",
+    "bench.py",
+    "sample.py",
+    "export.py",
+    "bench_generate.py",
+    "bench_loader.py",
+    "scripts/soak.py",
+    "scripts/preemption_check.py",
+    "data/openwebtext/prepare.py",
+    "data/fineweb/prepare.py",
+]
+
+
+class Captured(Exception):
+    """What a script passes to configure()."""
+
+
+def defaults_of(script: str, monkeypatch) -> tuple[dict, dict]:
+    """A script's settings as it defines them and the rules it adds, run up to its configure() call."""
+    import configurator
+
+    def capture(namespace, argv=None, rules=None):
+        raise Captured(settings_of(namespace), rules or {})
+
+    monkeypatch.setattr(configurator, "configure", capture)
+    with pytest.raises(Captured) as captured:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+    return captured.value.args
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_default_is_valid(script, monkeypatch):
+    if not (ROOT / script).is_file():
+        pytest.skip(f"{script} is not there")
+    settings, rules = defaults_of(script, monkeypatch)
+    assert settings and settings_problem(settings, RULES | rules) is None
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.py")))
+def test_every_config_is_valid(config, monkeypatch):
+    defaults, _ = defaults_of("train.py", monkeypatch)
+    assert settings_problem(apply_overrides(defaults, [str(ROOT / "config" / config)])) is None
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"batch_size": 0}, "batch_size must be >= 1, not 0"),
+        ({"n_head": -2}, "n_head must be >= 1, not -2"),
+        ({"dropout": 1.0}, "dropout must be in [0, 1), not 1.0"),
+        ({"beta1": -0.1}, "beta1 must be in [0, 1), not -0.1"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], not 0.0"),
+        ({"top_p": 1.01}, "top_p must be in (0, 1], not 1.01"),
+        ({"temperature": -0.5}, "temperature must be >= 0 (0 = greedy), not -0.5"),
+        ({"top_k": -1}, "top_k must be >= 0 (0 = all), not -1"),
+        ({"weight_decay": -1e-3}, "weight_decay must be >= 0, not -0.001"),
+        ({"grad_clip": -1.0}, "grad_clip must be >= 0 (0 = off), not -1.0"),
+        ({"loss_chunk": -1}, "loss_chunk must be >= 0 (0 = unchunked), not -1"),
+        ({"prefetch": 0}, "prefetch must be >= 1 (batches built ahead), not 0"),
+        ({"log_interval": 0}, "log_interval must be >= 1, not 0"),
+        ({"save_interval": -1}, "save_interval must be >= 0 (0 = at evals only), not -1"),
+        ({"max_bad_steps": 0}, "max_bad_steps must be >= 1, not 0"),
+        ({"batches": 100}, "batches must be > 100 (memory is read after 100), not 100"),
+        (
+            {"orders": "random,shuffled"},
+            "orders must be a comma-separated list of random, epochs, not 'random,shuffled'",
+        ),
+        ({"backend": "mpi"}, "backend must be one of auto, nccl, gloo, not 'mpi'"),
+        ({"compile_mode": "fast"}, "compile_mode must be one of default, reduce-overhead, max-autotune"),
+        ({"attention": "flash2"}, "attention must be one of manual, sdpa, flash, efficient, cudnn, math, not 'flash2'"),
+        ({"dtype": "half"}, "dtype must be one of auto, float32, bfloat16, float16, not 'half'"),
+        ({"device": "tpu"}, "device must be one of auto, cpu"),
+        ({"device": "cuda:99"}, "not 'cuda:99'"),
+        ({"init_from": "gpt-3"}, "init_from must be scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a"),
+        ({"out_dir": ""}, "out_dir must be a path, not ''"),
+        ({"n_embd": 30, "n_head": 4}, "n_embd=30 is not divisible by n_head=4"),
+        ({"decay_lr": True, "warmup_iters": 11, "lr_decay_iters": 10}, "warmup_iters must be <= lr_decay_iters (10)"),
+        ({"decay_lr": True, "min_lr": 1.0, "learning_rate": 0.1}, "min_lr must be <= learning_rate (0.1)"),
+        ({"shard_tokens": 64, "block_size": 64}, "shard_tokens must be > block_size (64), not 64"),
+    ],
+)
+def test_a_value_out_of_range_names_the_setting_and_the_range(settings, message):
+    assert message in settings_problem(settings)
+
+
+def test_rules_between_settings_apply_only_where_they_matter():
+    assert settings_problem({"decay_lr": False, "warmup_iters": 11, "lr_decay_iters": 10, "min_lr": 1.0}) is None
+    assert settings_problem({"decay_lr": True, "warmup_iters": 10, "lr_decay_iters": 10}) is None
+    assert settings_problem({"warmup_iters": 11, "lr_decay_iters": 10}) is None  # no decay_lr: not a schedule
+    assert settings_problem({"decay_lr": True, "warmup_iters": 11, "lr_decay_iters": 10}, cross=False) is None
+    assert settings_problem({"init_from": str(ROOT)}) is None  # an existing folder
+
+
+def test_configure_checks_the_final_values_once(capsys):
+    namespace = {"batch_size": 4, "decay_lr": True, "warmup_iters": 100, "lr_decay_iters": 1000, "init_from": "scratch"}
+    with pytest.raises(SystemExit, match=r"^error: batch_size must be >= 1, not 0$"):
+        configure(dict(namespace), ["--batch_size=8", "--batch_size=0"])
+    with pytest.raises(SystemExit, match=r"^error: warmup_iters must be <= lr_decay_iters \(1000\)"):
+        configure(dict(namespace), ["--warmup_iters=2000"])
+    assert configure(dict(namespace), ["--warmup_iters=2000", "--lr_decay_iters=3000"])["warmup_iters"] == 2000
+    # resumed: the base is the checkpoint's settings, which the script merges and checks itself
+    assert configure(dict(namespace), ["--init_from=resume", "--lr_decay_iters=10"])["lr_decay_iters"] == 10
+    with pytest.raises(SystemExit, match=r"^error: max_new_tokens must be >= 2 \(at least two\), not 1$"):
+        configure(
+            {"max_new_tokens": 500}, ["--max_new_tokens=1"], rules={"max_new_tokens": at_least(2, " (at least two)")}
+        )
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_configurator_imports_no_torch():
+    """The data preparation scripts' spawned workers import it: they must not pay for torch."""
+    code = "import sys, configurator; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

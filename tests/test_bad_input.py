@@ -1,0 +1,137 @@
+"""Every bad input refused cleanly: one 'error: ' line on stderr naming the setting and what would be valid, a
+non-zero exit, no traceback, and every file as it was (no out_dir made, no data prepared, a checkpoint untouched).
+
+Each case runs a script as a user runs it, in a folder of its own, and fails before any model is built or any data
+is read; the runs go side by side (each is mostly Python and torch starting up), each case a test of its own."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from conftest import ROOT, assert_one_line_error, run_script
+
+CHECKPOINT = None  # in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
+
+
+class Case(NamedTuple):
+    script: str
+    flags: str  # space-separated; {dir} is the case's own folder
+    names: tuple[str, ...]  # what the error line must say
+    files: dict[str, str | None] = {}  # made in the folder first: path -> text, or CHECKPOINT
+
+
+# flags every case of a script starts with, so that whatever a script would write lands in the case's folder
+COMMON = {
+    "train.py": "--out_dir={dir}/out --data_dir={dir}/data --dataset=tiny --device=cpu --compile=false",
+    "sample.py": "--out_dir={dir}/out --device=cpu --start=abc",
+    "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
+    "bench.py": "--out_json={dir}/bench.json --device=cpu --compile=false",
+    "bench_generate.py": "--device=cpu",
+    "data/openwebtext/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
+    "data/fineweb/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
+}
+CKPT = {"out/ckpt.pt": CHECKPOINT}
+DOCS = {"docs.txt": "some text"}
+T, S, B, G = "train.py", "sample.py", "bench.py", "bench_generate.py"
+OWT, FW = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
+
+CASES = {
+    # train.py: sizes, the schedule, the model's switches, the command line, a config file, a checkpoint to resume
+    "train-batch_size=0": Case(T, "--batch_size=0", ("batch_size must be >= 1, not 0",)),
+    "train-n_layer=-1": Case(T, "--n_layer=-1", ("n_layer must be >= 1, not -1",)),
+    "train-eval_iters=0": Case(T, "--eval_iters=0", ("eval_iters must be >= 1, not 0",)),
+    "train-dropout=1.5": Case(T, "--dropout=1.5", ("dropout must be in [0, 1), not 1.5",)),
+    "train-learning_rate=-1": Case(T, "--learning_rate=-1", ("learning_rate must be >= 0, not -1.0",)),
+    "train-warmup>decay": Case(
+        T, "--warmup_iters=100 --lr_decay_iters=50", ("warmup_iters must be <= lr_decay_iters (50)", "not 100")
+    ),
+    "train-compile_mode": Case(T, "--compile_mode=fastest", ("compile_mode must be one of default", "'fastest'")),
+    "train-attention": Case(T, "--attention=flash2", ("attention must be one of manual, sdpa", "'flash2'")),
+    "train-data_order": Case(T, "--data_order=shuffled", ("data_order must be one of random, epochs",)),
+    "train-unknown_flag": Case(T, "--lerning_rate=1e-3", ("'lerning_rate'", "did you mean 'learning_rate'")),
+    "train-config_file_value": Case(
+        T, "{dir}/cfg.py", ("dropout must be in [0, 1), not 2.0",), {"cfg.py": "dropout = 2.0"}
+    ),
+    "train-resume_bad_value": Case(T, "--init_from=resume --max_iters=-1", ("max_iters must be >= 0",), CKPT),
+    # sample.py: the sampling settings, the prompt, the model, the runtime
+    "sample-max_new_tokens=-5": Case(S, "--max_new_tokens=-5", ("max_new_tokens must be >= 1, not -5",), CKPT),
+    "sample-num_samples=0": Case(S, "--num_samples=0", ("num_samples must be >= 1, not 0",), CKPT),
+    "sample-top_p=0": Case(S, "--top_p=0", ("top_p must be in (0, 1], not 0.0",), CKPT),
+    "sample-top_p=1.5": Case(S, "--top_p=1.5", ("top_p must be in (0, 1], not 1.5",), CKPT),
+    "sample-temperature=-1": Case(S, "--temperature=-1", ("temperature must be >= 0",), CKPT),
+    "sample-prompt_outside_vocabulary": Case(S, "--start=abc€z", ("start", "not in the model's vocabulary", "€"), CKPT),
+    "sample-init_from=scratch": Case(S, "--init_from=scratch", ("init_from must be resume, gpt2", "'scratch'")),
+    "sample-dtype": Case(S, "--dtype=fp8", ("dtype must be one of auto, float32, bfloat16, float16, not 'fp8'",)),
+    "sample-device=cuda": Case(S, "--device=cuda", ("device must be one of", "not 'cuda'")),
+    # bench.py
+    "bench-steps=0": Case(B, "--steps=0", ("steps must be >= 1, not 0",)),
+    "bench-beta2=1": Case(B, "--beta2=1.0", ("beta2 must be in [0, 1), not 1.0",)),
+    "bench-device=cuda:7": Case(B, "--device=cuda:7", ("device must be one of", "not 'cuda:7'")),
+    # bench_generate.py
+    "bench_generate-max_new_tokens=1": Case(G, "--max_new_tokens=1", ("max_new_tokens must be >= 2",)),
+    "bench_generate-n_embd%n_head": Case(G, "--n_embd=100 --n_head=3", ("n_embd=100 is not divisible by n_head=3",)),
+    "bench_generate-device=tpu": Case(G, "--device=tpu", ("device must be one of auto, cpu", "not 'tpu'")),
+    "bench_generate-wrong_type": Case(G, "--n_layer=two", ("n_layer must be int",)),
+    # export.py
+    "export-export_dir=''": Case("export.py", "--export_dir=", ("export_dir must be a path, not ''",), CKPT),
+    "export-export_dir_is_a_file": Case("export.py", "", ("export_dir must be a folder",), CKPT | {"hf": "a file"}),
+    "export-missing_config": Case("export.py", "{dir}/nope.py", ("nope.py not found",), CKPT),
+    # the web-scale data preparation
+    "openwebtext-processes=0": Case(OWT, "--processes=0", ("processes must be >= 1, not 0",), DOCS),
+    "openwebtext-shard_size=0": Case(OWT, "--shard_size=0", ("shard_size must be >= 1, not 0",), DOCS),
+    "openwebtext-unknown_flag": Case(OWT, "--shards=3", ("unknown setting 'shards'",), DOCS),
+    "fineweb-shard_size=-1": Case(FW, "--shard_size=-1", ("shard_size must be >= 1, not -1",), DOCS),
+    "fineweb-out_dir=''": Case(FW, "--out_dir=", ("out_dir must be a path, not ''",), DOCS),
+}
+
+
+def contents(folder: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every folder (None) under folder, by relative path."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+def run_case(case: Case, folder: Path, checkpoint: bytes) -> tuple:
+    """(the run, the folder's contents before, after)."""
+    for path, text in case.files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(checkpoint if text is CHECKPOINT else text.encode())
+    before = contents(folder)
+    flags = [f.replace("{dir}", str(folder)) for f in f"{COMMON[case.script]} {case.flags}".split()]
+    return run_script(case.script, *flags, timeout=120), before, contents(folder)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> dict[str, tuple]:
+    """The run of every case selected in this module, side by side."""
+    from model import GPT, GPTConfig
+    from nanogpt_perf.checkpoint import save_checkpoint
+
+    model_args = dict(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
+    tokenizer = {"kind": "characters", "itos": list("abcdefgh ")}
+    path = tmp_path_factory.mktemp("checkpoint") / "ckpt.pt"
+    save_checkpoint(
+        {"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path
+    )
+    checkpoint = path.read_bytes()
+    chosen = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    ]
+    chosen = [name for name in chosen if (ROOT / CASES[name].script).is_file()]
+    folders = {name: tmp_path_factory.mktemp("case") for name in chosen}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {name: pool.submit(run_case, CASES[name], folders[name], checkpoint) for name in chosen}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_refused_with_one_line_and_nothing_written(name: str, runs: dict[str, tuple]):
+    if not (ROOT / CASES[name].script).is_file():
+        pytest.skip(f"{CASES[name].script} is not there")
+    result, before, after = runs[name]
+    assert_one_line_error(result, *CASES[name].names)
+    assert after == before
