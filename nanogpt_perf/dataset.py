@@ -20,6 +20,8 @@ WEB_SCALE = {
 def prepare_if_missing(data_path: Path) -> None:
     """Run data_path/prepare.py when the dataset has no tokens yet (train.bin or *_train_*.bin shards); a
     web-scale dataset is never prepared unasked: the error says how."""
+    if (data_path / "prepare_state.json").is_file():  # shards of a preparation that was stopped part way
+        die(f"dataset {data_path.name} is only partly prepared: run python {data_path / 'prepare.py'} again to finish")
     if has_tokens(data_path):
         return
     script = data_path / "prepare.py"

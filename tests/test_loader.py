@@ -145,3 +145,10 @@ def test_memory_stays_flat_over_many_batches(tmp_path):
         batches.next_batch()
     assert resident_bytes() - after_one < 8 * 2**20  # one map kept for the whole run grows by about 30 MB here
     batches.stop()
+
+
+def test_a_partly_prepared_dataset_is_not_trained_on(tmp_path):
+    folder = llmc_folder(tmp_path / "data" / "tiny", [3000, 5000])
+    (folder / "prepare_state.json").write_text("{}")  # what a killed preparation leaves
+    result = run_train(tmp_path / "data", tmp_path / "out", "--max_iters=1")
+    assert_one_line_error(result, "only partly prepared", "prepare.py")

