@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure
 from model import GPT
@@ -29,6 +28,7 @@ from nanogpt_perf.errors import die
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.parallel import full_state, load_full_state, wrap_model
 from nanogpt_perf.preemption import StopRequest
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.resume import given_on_command, resume_settings, rng_state, set_rng_state
@@ -71,6 +71,7 @@ warmup_iters = 2000
 lr_decay_iters = 600000  # ~= max_iters per Chinchilla
 min_lr = 6e-5  # ~= learning_rate / 10 per Chinchilla
 # system
+parallelism = "ddp"  # under torchrun: 'ddp' (a whole model per rank) or 'fsdp' (FSDP2: everything sharded)
 backend = "auto"  # DDP backend: 'auto' (nccl on CUDA, gloo on CPU), 'nccl' or 'gloo'
 profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops printed
 max_bad_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (each skipped)
@@ -159,15 +160,22 @@ if block_size > model.config.block_size:
 if block_size < model.config.block_size:
     model.crop_block_size(block_size)
 model_args = asdict(model.config)
-model.to(runtime.device)
 print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
-# AdamW (fused where the device has the kernel, with fused_adamw), and a GradScaler active for float16 only
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), fused=fused_adamw)
+# onto the device; compiled (in compile_mode) when asked; under torchrun, DDP (a whole model per rank, gradients
+# all-reduced in buckets during backward) or, with parallelism='fsdp', FSDP2 (each block's parameters, gradients and
+# optimizer state sharded over the ranks, in the dtype's mixed precision)
+if compile:
+    print0(f"compiling the model, mode {compile_mode} (the first step takes longer)")
+model = wrap_model(model, parallelism if ddp else "ddp", runtime, compile, compile_mode)
+
+# AdamW (fused where the device has the kernel, with fused_adamw) over the wrapped model's parameters (FSDP's are
+# shards), and a GradScaler active for float16 only
+optimizer = unwrap(model).configure_optimizers(weight_decay, learning_rate, (beta1, beta2), fused=fused_adamw)
 scaler = runtime.grad_scaler()
 rank_state = None  # this rank's generators and loader, as the checkpoint left them
 if checkpoint is not None:
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    load_full_state(model, optimizer, None, checkpoint["optimizer"])  # the weights are in already
     if checkpoint.get("scaler"):
         scaler.load_state_dict(checkpoint["scaler"])
     ranks = checkpoint.get("ranks") or [None]
@@ -177,13 +185,6 @@ if checkpoint is not None:
     if rank_state:
         batches.load_state_dict(rank_state["data"])  # before the step fetches its first batch
 checkpoint = None  # free its memory
-
-# compile (in compile_mode), then wrap for DDP (gradients all-reduced in buckets during backward)
-if compile:
-    print0(f"compiling the model, mode {compile_mode} (the first step takes longer)")
-    model = torch.compile(model, mode=compile_mode)
-if ddp:
-    model = DDP(model, device_ids=[local_rank] if runtime.device_type == "cuda" else None)
 raw_model = unwrap(model)
 
 # the training step that bench.py times too: accumulation, autocast, GradScaler, clipping, DDP's no_sync, and the
@@ -257,6 +258,7 @@ def save(best: bool) -> None:
     if bad_steps:
         print0(f"iter {iter_num}: not saved, the last step was not finite")
         return
+    model_state, optimizer_state = full_state(model, optimizer)  # under FSDP, gathered from every rank
     mine = {"rng": rng_state(runtime.device), "data": step.data_state}  # where the pending batch came from
     ranks = [mine] * world_size
     if ddp:
@@ -264,8 +266,8 @@ def save(best: bool) -> None:
     if not master:
         return
     checkpoint = {
-        "model": raw_model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": model_state,
+        "optimizer": optimizer_state,
         "scaler": scaler.state_dict(),
         "model_args": model_args,
         "iter_num": iter_num,

@@ -6,6 +6,8 @@ from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from nanogpt_perf.batches import TokenBatches
@@ -21,8 +23,8 @@ class StepResult(NamedTuple):
 class TrainStep:
     """step(mark=None) runs one optimizer step: for each micro-batch a forward pass under autocast, the next batch
     fetched while the device computes, and a backward pass of the loss scaled by the GradScaler (DDP all-reduces
-    the gradients on the last micro-batch only); then unscale, clip, the optimizer step (skipped when the loss or
-    the gradient norm is not finite) and zero_grad. mark(phase),
+    the gradients on the last micro-batch only, FSDP reduce-scatters them there); then unscale, clip, the optimizer
+    step (skipped when the loss or the gradient norm is not finite) and zero_grad. mark(phase),
     when given, is called as each phase ends ('forward', 'data', 'h2d', 'backward', 'optimizer'): with none, the
     step costs nothing more."""
 
@@ -39,12 +41,15 @@ class TrainStep:
         self.model, self.optimizer, self.scaler, self.runtime = model, optimizer, scaler, runtime
         self.batches, self.accum, self.grad_clip = batches, gradient_accumulation_steps, grad_clip
         self.ddp = isinstance(model, DistributedDataParallel)
+        self.fsdp = isinstance(model, FSDPModule)
         self.fetch(None)  # each later batch is fetched during the step before it
 
     def __call__(self, mark: Callable[[str], None] | None = None) -> StepResult:
         loss_sum = None
         for micro_step in range(self.accum):
             last = micro_step == self.accum - 1
+            if self.fsdp:  # FSDP's no_sync: gradients accumulate unsharded, reduce-scattered on the last micro-batch
+                self.model.set_requires_gradient_sync(last)
             with self.model.no_sync() if self.ddp and not last else nullcontext():
                 with self.runtime.autocast_ctx():
                     _, loss = self.model(self.x, self.y)
@@ -59,6 +64,8 @@ class TrainStep:
         self.scaler.unscale_(self.optimizer)  # a no-op without float16; with it, records overflows for step()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)
+        if self.fsdp and isinstance(grad_norm, DTensor):  # the norm of this rank's shards: combined over all ranks
+            grad_norm = grad_norm.full_tensor()
         if self.grad_clip > 0.0:
             torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.grad_clip, grad_norm)
         # the NaN/inf guard: a non-finite loss or gradient norm skips the update (one read of a flag: a sync).

@@ -108,6 +108,7 @@ RULES: dict[str, Rule] = {
     "seed": at_least(0),
     # data
     "data_order": one_of(*DATA_ORDERS),
+    "parallelism": one_of_names("nanogpt_perf.parallel", "PARALLELISMS"),
     "orders": list_of(*DATA_ORDERS),
     "prefetch": at_least(1, " (batches built ahead)"),
     "shard_size": at_least(1),

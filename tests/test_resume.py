@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_train
+from model import GPT
 
 SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
 
@@ -123,3 +124,21 @@ def test_non_finite_steps_are_skipped_then_the_run_stops_with_its_checkpoint_int
     skipped = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"skipped"' in line]
     assert len(skipped) == 3
     assert (out / "ckpt.pt").read_bytes() == before
+
+
+def test_fsdp_under_train_py_resumes_within_float_tolerance_and_saves_a_plain_checkpoint(tiny_data, tmp_path):
+    """FSDP2 over 2 gloo ranks through train.py: 3 steps then a resume to 6 equals 6 steps straight (allclose: the
+    sharded reductions may round differently), and the checkpoint loads into a plain GPT in one process."""
+    flags = (*SCHEDULE, "--parallelism=fsdp", "--gradient_accumulation_steps=4", "--eval_interval=100")
+    straight = run_train(tiny_data, tmp_path / "straight", *flags, "--max_iters=6", ranks=2)
+    assert straight.returncode == 0, straight.stderr
+    first = run_train(tiny_data, tmp_path / "resumed", *flags, "--max_iters=3", ranks=2)
+    assert first.returncode == 0, first.stderr
+    second = run_train(tiny_data, tmp_path / "resumed", *flags, "--max_iters=6", "--init_from=resume", ranks=2)
+    assert second.returncode == 0, second.stderr
+    a, b = step_losses(tmp_path / "straight"), step_losses(tmp_path / "resumed")
+    torch.testing.assert_close(torch.tensor([b[i] for i in (4, 5, 6)]), torch.tensor([a[i] for i in (4, 5, 6)]))
+    checkpoint = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)
+    assert GPT.from_checkpoint(checkpoint) is not None
+    for name, weight in final_weights(tmp_path / "straight").items():
+        torch.testing.assert_close(checkpoint["model"][name], weight, rtol=1e-4, atol=1e-5)

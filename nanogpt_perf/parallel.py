@@ -1,0 +1,137 @@
+"""Data parallelism under torchrun, in one call for train.py: DDP (every rank holds the whole model, the gradients
+all-reduced) or FSDP2 (each rank holds 1/world of every parameter, gradient and optimizer state; each block's
+weights are gathered just before it runs and freed after), and checkpoints of either as the full, plain state dicts
+that one process without torch.distributed loads."""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from model import GPT
+from nanogpt_perf.checkpoint import unwrap
+from nanogpt_perf.runtime import PTDTYPES, Runtime
+
+PARALLELISMS = ("ddp", "fsdp")
+
+
+def wrap_model(model: GPT, parallelism: str, runtime: Runtime, compile: bool, compile_mode: str) -> nn.Module:
+    """The GPT as train.py runs it, moved to the device: compiled when asked and, when torch.distributed is
+    initialised, wrapped in DDP or sharded with FSDP2 (one process: no wrapper). Build the optimizer from
+    unwrap(result) afterwards: FSDP replaces every parameter by its shard."""
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, not {parallelism!r}")
+    if parallelism == "fsdp" and dist.is_initialized():
+        return shard(model, runtime, compile, compile_mode)
+    model.to(runtime.device)
+    if compile:
+        model = torch.compile(model, mode=compile_mode)
+    if dist.is_initialized():
+        model = DDP(model, device_ids=[runtime.device.index] if runtime.device_type == "cuda" else None)
+    return model
+
+
+def mixed_precision(runtime: Runtime) -> MixedPrecisionPolicy:
+    """Compute in the run's reduced dtype (weights gathered in it), with fp32 gradient reduction and fp32 shards
+    for the optimizer; fp32 runs: no casts at all."""
+    if not runtime.autocast:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=PTDTYPES[runtime.dtype], reduce_dtype=torch.float32)
+
+
+def shard(model: GPT, runtime: Runtime, compile: bool, compile_mode: str) -> nn.Module:
+    """FSDP2 in place: each block a unit of its own (gathered for its forward and backward only), then the root for
+    the rest (the embeddings, tied to lm_head, and ln_f). fully_shard moves each unit to the device as it shards
+    it, so the whole model is never on one device. With compile, each block is compiled in place before it is
+    sharded (FSDP2's recipe, which composes with the model's activation checkpointing around each block), and the
+    state dict keeps its plain names."""
+    mesh = init_device_mesh(runtime.device_type, (dist.get_world_size(),))
+    policy = mixed_precision(runtime)
+    for block in model.transformer.h:
+        if compile:
+            block.compile(mode=compile_mode)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    return isinstance(unwrap(model), FSDPModule)
+
+
+# the whole state, gathered shard by shard to rank 0's CPU memory (the other ranks get empty dicts)
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model state, optimizer state) as one process's model.state_dict() and optimizer.state_dict() hold them, for
+    a plain model, DDP or FSDP alike. Under FSDP every rank must call it (it gathers); only rank 0 gets the state."""
+    if not is_fsdp(model):
+        return unwrap(model).state_dict(), optimizer.state_dict()
+    model_state = get_model_state_dict(model, options=FULL)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=FULL)
+    if dist.get_rank() != 0:
+        return {}, {}
+    return retie(model, model_state), by_id(optimizer_state, param_names(model, optimizer))
+
+
+def retie(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """The names of one shared parameter (the embedding tied to lm_head), which the gathering copied apart, pointed
+    at one tensor again, as in model.state_dict(): saved once, not twice."""
+    first: dict[torch.Tensor, str] = {}
+    for name, tensor in unwrap(model).state_dict(keep_vars=True).items():
+        state[name] = state[first.setdefault(tensor, name)]
+    return state
+
+
+def load_full_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, Any] | None,
+    optimizer_state: dict[str, Any],
+) -> None:
+    """Load what full_state saved (or a checkpoint of a single process or of DDP) into a plain model, DDP or FSDP;
+    under FSDP every rank calls it with the whole state and keeps its own shard. model_state None: the weights are
+    already in the model (loaded before it was wrapped)."""
+    if not is_fsdp(model):
+        if model_state is not None:
+            unwrap(model).load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+        return
+    options = StateDictOptions(full_state_dict=True)
+    if model_state is not None:
+        set_model_state_dict(model, model_state, options=options)
+    by_name_state = by_name(optimizer_state, param_names(model, optimizer))
+    set_optimizer_state_dict(model, optimizer, by_name_state, options=options)
+
+
+def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of each of the optimizer's parameters, in the order that numbers them in optimizer.state_dict()
+    (the tied embedding by its first name, as torch.distributed.checkpoint names it)."""
+    names = {p: name for name, p in unwrap(model).named_parameters()}
+    return [names[p] for group in optimizer.param_groups for p in group["params"]]
+
+
+def by_id(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """torch.distributed.checkpoint's optimizer state (keyed by parameter name) in optimizer.state_dict()'s layout
+    (keyed by number), so that a checkpoint is the same whatever the parallelism that saved it."""
+    ids = {name: i for i, name in enumerate(names)}
+    groups = [{**group, "params": [ids[n] for n in group["params"]]} for group in state["param_groups"]]
+    return {"state": {ids[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+
+
+def by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of by_id."""
+    groups = [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]
+    return {"state": {names[i]: s for i, s in state["state"].items()}, "param_groups": groups}

@@ -1,0 +1,126 @@
+"""Run three optimizer steps of nanogpt_perf.step.TrainStep on a tiny GPT over fixed micro-batches and save the
+losses, gradient norms and weights: alone, one process takes every micro-batch of a step; under torchrun, the model
+is sharded with FSDP2 (nanogpt_perf.parallel.wrap_model) and rank r takes its share. Under torchrun the ranks also
+stop after two steps, save the full state with full_state in train.py's checkpoint layout, load it into a fresh FSDP
+model with load_full_state and take the third step. tests/test_fsdp.py checks that everything agrees.
+
+    python tests/fsdp_parity.py OUT_DIR K                                   # 1 process, 2K micro-batches a step
+    torchrun --standalone --nproc_per_node=2 tests/fsdp_parity.py OUT_DIR K [ac] [compile] [bf16]
+
+ac: activation checkpointing; compile: each block compiled; bf16: autocast and FSDP's mixed precision in bfloat16.
+"""
+
+import copy
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model import GPT, GPTConfig  # noqa: E402
+from nanogpt_perf.checkpoint import load_checkpoint, save_iteration  # noqa: E402
+from nanogpt_perf.parallel import full_state, load_full_state, wrap_model  # noqa: E402
+from nanogpt_perf.runtime import Runtime, resolve_runtime  # noqa: E402
+from nanogpt_perf.step import TrainStep  # noqa: E402
+
+STEPS, B, T, V = 3, 2, 16, 64
+
+
+class FixedBatches:
+    """This rank's share of the micro-batches of steps first.., in order, as a batch stream (with one spare at the
+    end for the step's prefetch)."""
+
+    def __init__(self, rank: int, world: int, k: int, first: int = 0):
+        g = torch.Generator().manual_seed(1)
+        every = [torch.randint(V, (B, T + 1), generator=g) for _ in range(STEPS * k * 2 + 1)]
+        mine = [every[s * 2 * k + rank * k + i] for s in range(first, STEPS) for i in range(k * 2 // world)]
+        self.stream = iter(mine + [every[-1]])
+
+    def host_batch(self) -> torch.Tensor:
+        return next(self.stream)
+
+    def to_device(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return window[:, :-1], window[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+def build(seed: int, options: set[str]) -> tuple[torch.nn.Module, torch.optim.Optimizer, Runtime]:
+    """A tiny GPT (no biases: the key bias has a zero gradient, which Adam would turn from rounding noise into
+    full-size updates of either sign), wrapped as train.py would, and its AdamW."""
+    torch.manual_seed(seed)
+    ac = "ac" in options
+    model = GPT(GPTConfig(T, V, n_layer=2, n_head=2, n_embd=32, bias=False, activation_checkpointing=ac))
+    runtime = resolve_runtime("cpu", "bfloat16" if "bf16" in options else "float32")
+    model = wrap_model(model, "fsdp", runtime, "compile" in options, "default")
+    return model, model.configure_optimizers(0.1, 1e-2, (0.9, 0.95)), runtime
+
+
+def train(model, optimizer, runtime, batches: FixedBatches, accum: int, steps: int) -> tuple[list, list]:
+    step = TrainStep(model, optimizer, runtime.grad_scaler(), runtime, batches, accum, 0.5)
+    losses, norms = [], []
+    for _ in range(steps):
+        result = step()
+        loss = result.loss.clone()
+        if dist.is_initialized():
+            dist.all_reduce(loss)
+        losses.append(loss.item() / (dist.get_world_size() if dist.is_initialized() else 1))
+        norms.append(result.grad_norm.item())
+    return losses, norms
+
+
+def resume(out: Path, k: int, rank: int, world: int, options: set[str]) -> tuple[list, dict]:
+    """Two steps, a checkpoint as train.py saves it, a fresh model (other initial weights) that loads it on every
+    rank, and the third step: its loss and the final weights."""
+    model, optimizer, runtime = build(0, options)
+    train(model, optimizer, runtime, FixedBatches(rank, world, k), 2 * k // world, 2)
+    model_state, optimizer_state = full_state(model, optimizer)  # every rank: it gathers
+    if rank == 0:
+        ckpt = {"model": model_state, "optimizer": optimizer_state, "model_args": asdict(model.config), "iter_num": 2}
+        save_iteration(ckpt, out / "ckpt", 2, False, 1)
+    dist.barrier()
+    checkpoint = load_checkpoint(out / "ckpt" / "ckpt.pt")
+    model, optimizer, runtime = build(1, options)
+    load_full_state(model, optimizer, checkpoint["model"], checkpoint["optimizer"])
+    losses, _ = train(model, optimizer, runtime, FixedBatches(rank, world, k, first=2), 2 * k // world, 1)
+    return losses, full_state(model, optimizer)[0]
+
+
+def main(out: Path, k: int, options: set[str]) -> None:
+    ddp = "RANK" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    if ddp:
+        dist.init_process_group("gloo")
+    out.mkdir(parents=True, exist_ok=True)
+    model, optimizer, runtime = build(0, options)
+    compute_dtype = []  # the weights' dtype as the first block's attention sees them in forward
+    model.transformer.h[0].attn.c_attn.register_forward_pre_hook(lambda m, _: compute_dtype.append(m.weight.dtype))
+    losses, norms = train(model, optimizer, runtime, FixedBatches(rank, world, k), 2 * k // world, 2)
+    at_two = copy.deepcopy(full_state(model, optimizer))  # the optimizer state holds the live step counts
+    more_losses, more_norms = train(model, optimizer, runtime, FixedBatches(rank, world, k, 2), 2 * k // world, 1)
+    result = {
+        "losses": losses + more_losses,
+        "grad_norms": norms + more_norms,
+        "model": full_state(model, optimizer)[0],
+        "at_two": {"model": at_two[0], "optimizer": at_two[1]},
+        "compute_dtype": str(compute_dtype[0]),
+        "shard_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+    if ddp:
+        result["resumed_loss"], result["resumed_model"] = resume(out, k, rank, world, options)
+    if rank == 0:
+        torch.save(result, out / "result.pt")
+    if ddp:
+        dist.barrier()  # both ranks leave together: gloo aborts a rank torn down while its peer still works
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), set(sys.argv[3:]))
