@@ -23,13 +23,13 @@ STEPS, B, T, V = 2, 2, 16, 64
 
 
 class FixedBatches:
-    """This rank's share of every step's micro-batches, in order, as a batch stream (with one spare at the end for
-    the step's prefetch)."""
+    """This rank's share of the micro-batches of steps first, first + 1, ... of `steps`, in order, as a batch stream
+    (with one spare at the end for the step's prefetch)."""
 
-    def __init__(self, rank: int, world: int, k: int):
+    def __init__(self, rank: int, world: int, k: int, first: int = 0, steps: int = STEPS):
         g = torch.Generator().manual_seed(1)
-        every = [torch.randint(V, (B, T + 1), generator=g) for _ in range(STEPS * k * 2 + 1)]
-        mine = [every[s * 2 * k + rank * k + i] for s in range(STEPS) for i in range(k * 2 // world)]
+        every = [torch.randint(V, (B, T + 1), generator=g) for _ in range(steps * k * 2 + 1)]
+        mine = [every[s * 2 * k + rank * k + i] for s in range(first, steps) for i in range(k * 2 // world)]
         self.stream = iter(mine + [every[-1]])
 
     def host_batch(self) -> torch.Tensor:

@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import ddp_parity  # noqa: E402
+
 from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.checkpoint import load_checkpoint, save_iteration  # noqa: E402
 from nanogpt_perf.parallel import full_state, load_full_state, wrap_model  # noqa: E402
@@ -30,24 +32,8 @@ from nanogpt_perf.step import TrainStep  # noqa: E402
 STEPS, B, T, V = 3, 2, 16, 64
 
 
-class FixedBatches:
-    """This rank's share of the micro-batches of steps first.., in order, as a batch stream (with one spare at the
-    end for the step's prefetch)."""
-
-    def __init__(self, rank: int, world: int, k: int, first: int = 0):
-        g = torch.Generator().manual_seed(1)
-        every = [torch.randint(V, (B, T + 1), generator=g) for _ in range(STEPS * k * 2 + 1)]
-        mine = [every[s * 2 * k + rank * k + i] for s in range(first, STEPS) for i in range(k * 2 // world)]
-        self.stream = iter(mine + [every[-1]])
-
-    def host_batch(self) -> torch.Tensor:
-        return next(self.stream)
-
-    def to_device(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return window[:, :-1], window[:, 1:]
-
-    def state_dict(self) -> dict:
-        return {}
+def FixedBatches(rank: int, world: int, k: int, first: int = 0) -> ddp_parity.FixedBatches:  # noqa: N802
+    return ddp_parity.FixedBatches(rank, world, k, first, STEPS)
 
 
 def build(seed: int, options: set[str]) -> tuple[torch.nn.Module, torch.optim.Optimizer, Runtime]:
