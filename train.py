@@ -28,7 +28,7 @@ from nanogpt_perf.errors import die
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.parallel import full_state, load_full_state, wrap_model
+from nanogpt_perf.parallel import close, full_state, load_full_state, wrap_model
 from nanogpt_perf.preemption import StopRequest
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.resume import given_on_command, resume_settings, rng_state, set_rng_state
@@ -404,5 +404,4 @@ if timings:
 if master:
     log_file.close()
 if ddp:
-    dist.barrier()  # every rank leaves together: gloo aborts a rank torn down while rank 0 still saves
-    dist.destroy_process_group()
+    close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/parallel.py)

@@ -3,6 +3,7 @@ all-reduced) or FSDP2 (each rank holds 1/world of every parameter, gradient and 
 weights are gathered just before it runs and freed after), and checkpoints of either as the full, plain state dicts
 that one process without torch.distributed loads."""
 
+import gc
 from typing import Any
 
 import torch
@@ -64,6 +65,15 @@ def shard(model: GPT, runtime: Runtime, compile: bool, compile_mode: str) -> nn.
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def close() -> None:
+    """Leave torch.distributed, every rank together (gloo aborts a rank torn down while its peer still works). The
+    garbage is collected first: after FSDP2 training on gloo, what it would free after destroy_process_group
+    aborts the process at exit now and then ('terminate called without an active exception')."""
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def is_fsdp(model: nn.Module) -> bool:

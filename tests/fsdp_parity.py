@@ -25,7 +25,7 @@ import ddp_parity  # noqa: E402
 
 from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.checkpoint import load_checkpoint, save_iteration  # noqa: E402
-from nanogpt_perf.parallel import full_state, load_full_state, wrap_model  # noqa: E402
+from nanogpt_perf.parallel import close, full_state, load_full_state, wrap_model  # noqa: E402
 from nanogpt_perf.runtime import Runtime, resolve_runtime  # noqa: E402
 from nanogpt_perf.step import TrainStep  # noqa: E402
 
@@ -104,8 +104,7 @@ def main(out: Path, k: int, options: set[str]) -> None:
     if rank == 0:
         torch.save(result, out / "result.pt")
     if ddp:
-        dist.barrier()  # both ranks leave together: gloo aborts a rank torn down while its peer still works
-        dist.destroy_process_group()
+        close()
 
 
 if __name__ == "__main__":
