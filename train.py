@@ -22,7 +22,7 @@ import torch.distributed as dist
 from configurator import configure
 from model import GPT
 from nanogpt_perf.batches import TokenBatches
-from nanogpt_perf.checkpoint import load_checkpoint, resume_path, save_iteration, unwrap
+from nanogpt_perf.checkpoint import resume_checkpoint, save_iteration, unwrap
 from nanogpt_perf.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.errors import die
 from nanogpt_perf.gpt2_weights import load_gpt2
@@ -82,7 +82,7 @@ settings = configure(globals())
 # printed); its architecture, vocabulary and data cannot change
 checkpoint = None
 if init_from == "resume":
-    checkpoint = load_checkpoint(resume_path(Path(out_dir), resume_fallback))
+    checkpoint = resume_checkpoint(Path(out_dir), resume_fallback)
     try:
         settings, overrides = resume_settings(checkpoint["config"], settings, given_on_command(sys.argv[1:]))
     except ValueError as e:

@@ -77,12 +77,13 @@ def newest_good(out_dir: Path) -> Path | None:
     return next((p for p in saved_iterations(out_dir) if checkpoint_problem(p) is None), None)
 
 
-def resume_path(out_dir: Path, fallback: bool) -> Path:
-    """out_dir/ckpt.pt when whole; else, when fallback, the newest whole ckpt-NNNNNNN.pt; else one line naming it."""
+def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
+    """out_dir/ckpt.pt when whole; else, when fallback, the newest whole ckpt-NNNNNNN.pt; else one line naming it.
+    Each file's CRCs are checked once, here, before it is loaded."""
     path = out_dir / "ckpt.pt"
     problem = checkpoint_problem(path)
     if problem is None:
-        return path
+        return read_checkpoint(path)
     good = newest_good(out_dir)
     if problem == "missing" and good is None:
         die(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
@@ -91,17 +92,22 @@ def resume_path(out_dir: Path, fallback: bool) -> Path:
     if not fallback:
         die(f"checkpoint {path} is {problem}; the newest whole one is {good}: resume_fallback=True resumes from it")
     print(f"checkpoint {path} is {problem}: resuming from {good}, the newest whole one")
-    return good
+    return read_checkpoint(good)
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """A checkpoint of ours, loaded as plain data (weights_only); one error line for anything else."""
+    """A checkpoint of ours, its CRCs checked, loaded as plain data (weights_only); one error line for anything
+    else."""
     if not path.is_file():
         die(f"no checkpoint at {path} (train one first, or check out_dir)")
-    problem = checkpoint_problem(path)
+    if problem := checkpoint_problem(path):
+        die(f"checkpoint {path} is corrupt or unreadable: {problem}")
+    return read_checkpoint(path, map_location)
+
+
+def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """torch.load of a file whose CRCs were checked, as plain data; one error line if it is not one of ours."""
     try:
-        if problem:
-            raise ValueError(problem)
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as e:
         die(f"checkpoint {path} is corrupt or unreadable: {str(e).splitlines()[0]}")
