@@ -1,20 +1,28 @@
 """
-Time generation with and without the KV cache on a model of a given shape (random weights: speed does not depend
-on what the weights are).
+Time generation on a model of a given shape (random weights: speed does not depend on what the weights are): the
+KV-cache engine (nanogpt_perf/generate.py), the uncached reference, and optionally nanoGPT's own generate on the
+same weights, in interleaved rounds.
 
     python bench_generate.py                                  # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
     python bench_generate.py --batch_size=16 --compile=True --uncached=False --device=cuda
+    python bench_generate.py --nanogpt_dir=../nanoGPT --uncached=False --repeats=3
 
-Both paths produce exactly the same tokens (the tests check it); this measures what the cache saves.
+The engine and the reference produce exactly the same tokens (the tests check it); this measures what it saves.
 """
 
+import importlib.util
+import json
+import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from configurator import configure
 from model import GPT, GPTConfig
-from nanogpt_perf.inference import compile_decode_step, onednn_for_cpu_inference
+from nanogpt_perf.errors import die
+from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
+from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.validation import at_least
@@ -28,15 +36,22 @@ vocab_size = 50304
 prompt_tokens = 16
 max_new_tokens = 500
 batch_size = 1  # sequences generated together from one shared prefill
+top_k = 200
 uncached = True  # also time the uncached reference (slow: the whole context is recomputed for every token)
-compile = False  # torch.compile the cached decode step (compile time reported apart)
-onednn = True  # CPU, float32, not compiled: Linear layers through oneDNN (nanogpt_perf/inference.py)
+compile = False  # torch.compile the cached decode step (build time reported apart)
+cuda_graph = True  # CUDA: capture the decode step as a CUDA graph
+onednn = True  # CPU, float32, not compiled: Linear layers through oneDNN (nanogpt_perf/generate.py)
+nanogpt_dir = ""  # a nanoGPT checkout: also time its model.py's generate on the same weights
+repeats = 1  # rounds of every row, interleaved; the median of each row is reported
+out_json = ""  # the figures as JSON; '' = print only
 device = "auto"
 dtype = "auto"
 seed = 1337
 settings = configure(globals(), rules={"max_new_tokens": at_least(2, " (one decode step at least)")})
 # -----------------------------------------------------------------------------
 
+if nanogpt_dir and not (Path(nanogpt_dir) / "model.py").is_file():
+    die(f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {nanogpt_dir!r}")
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
 torch.manual_seed(seed)
@@ -45,48 +60,89 @@ model = GPT(config).eval().to(runtime.device)
 prompt = torch.randint(vocab_size, (1, prompt_tokens), device=runtime.device)
 print(
     f"model: {model.get_num_params() / 1e6:.1f}M parameters; prompt {prompt_tokens} tokens, {max_new_tokens} new, "
-    f"batch {batch_size}"
+    f"batch {batch_size}, top_k {top_k}"
 )
 
-decode_step = None
-if compile:
-    decode_step, seconds = compile_decode_step(model, batch_size, runtime)
-    print(f"compile time of the decode step: {seconds:.1f} s")
-elif onednn:
+
+def nanogpt_model() -> torch.nn.Module:
+    """nanoGPT's GPT (its model.py, imported from the checkout) with our weights: the same names and shapes."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", Path(nanogpt_dir) / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shape = dict(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    theirs = module.GPT(module.GPTConfig(**shape, dropout=0.0, bias=True))
+    theirs.load_state_dict(model.state_dict())
+    return theirs.eval().to(runtime.device)
+
+
+theirs = nanogpt_model() if nanogpt_dir else None
+if onednn and not compile:
     model = onednn_for_cpu_inference(model, runtime)
+engine = Engine(model, runtime, compile=compile, cuda_graph=cuda_graph)
+sampling = Sampling(top_k=top_k)
+cached_name = "KV cache" + (", compiled" if compile else "") + (", CUDA graph" if engine.graphs else "")
+build_s = engine.decoder(batch_size, prompt_tokens, max_new_tokens, sampling).build_seconds
+print(f"decode step built in {build_s:.1f} s")
 
 
-def time_generation(use_cache: bool) -> tuple[float, float]:
-    """(seconds to the first token, new tokens per second over the whole generation)."""
+def time_engine(use_cache: bool) -> tuple[float, float]:
+    """(seconds to the first token, new tokens per second over the whole generation), each token read on the host
+    as it comes, as sample.py streams them (one sync per token)."""
     generator = torch.Generator(runtime.device).manual_seed(seed)
     runtime.synchronize()
-    t0 = time.perf_counter()
-    first = None
-    with torch.no_grad(), runtime.autocast_ctx():
-        for i, _ in enumerate(
-            model.generate_tokens(
-                prompt,
-                max_new_tokens,
-                generator=generator,
-                top_k=200,
-                num_samples=batch_size,
-                use_cache=use_cache,
-                decode_step=decode_step,
-            )
-        ):
-            if i == 0:
-                runtime.synchronize()
-                first = time.perf_counter() - t0
-    runtime.synchronize()
+    t0, first = time.perf_counter(), None
+    for token in engine.tokens(prompt, max_new_tokens, sampling, generator, batch_size, use_cache):
+        token.view(-1).tolist()
+        first = first or time.perf_counter() - t0
     return first, batch_size * max_new_tokens / (time.perf_counter() - t0)
 
 
-tokens_per_s = {}
-for use_cache in (True, False) if uncached else (True,):
-    name = "KV cache" + (", compiled" if compile else "") if use_cache else "uncached"
-    ttft, tokens_per_s[use_cache] = time_generation(use_cache)
-    print(f"{name:>20}: {tokens_per_s[use_cache]:8.1f} tokens/s, time to first token {ttft * 1000:.1f} ms")
+def time_nanogpt() -> tuple[None, float]:
+    """nanoGPT's generate as its sample.py calls it (it yields nothing before the end: no time to first token)."""
+    torch.manual_seed(seed)
+    runtime.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad(), runtime.autocast_ctx():
+        theirs.generate(prompt.repeat(batch_size, 1), max_new_tokens, temperature=1.0, top_k=top_k)
+    runtime.synchronize()
+    return None, batch_size * max_new_tokens / (time.perf_counter() - t0)
+
+
+rows = {cached_name: lambda: time_engine(True)}
 if uncached:
-    print(f"speedup of the cache: {tokens_per_s[True] / tokens_per_s[False]:.1f}x")
+    rows["uncached"] = lambda: time_engine(False)
+if theirs is not None:
+    rows["nanoGPT generate"] = time_nanogpt
+runs: dict[str, list[tuple]] = {name: [] for name in rows}
+for r in range(repeats):
+    for name, run in rows.items():
+        ttft, rate = run()
+        runs[name].append((ttft, rate))
+        first = "" if ttft is None else f", time to first token {ttft * 1000:.1f} ms"
+        print(f"round {r + 1}: {name:>28}: {rate:9.1f} tokens/s{first}", flush=True)
+
+results = []
+for name, measured in runs.items():
+    rates = [rate for _, rate in measured]
+    firsts = [t for t, _ in measured if t is not None]
+    results.append(
+        {
+            "name": name,
+            "tokens_per_s": statistics.median(rates),
+            "tokens_per_s_runs": rates,
+            "ttft_ms": statistics.median(firsts) * 1000 if firsts else None,
+        }
+    )
+print(f"\nmedian of {repeats} round(s), batch {batch_size}:")
+for row in results:
+    ratios = ", ".join(
+        f"{row['tokens_per_s'] / other['tokens_per_s']:.2f}x {other['name']}" for other in results if other is not row
+    )
+    print(f"{row['name']:>28}: {row['tokens_per_s']:9.1f} tokens/s" + (f" ({ratios})" if ratios else ""))
 mem = peak_memory_bytes(runtime.device)
 print(f"peak memory {(mem or 0) / 2**20:.0f} MiB")
+if out_json:
+    doc = {"kind": "generation", "manifest": run_manifest(settings, runtime), "build_s": build_s, "results": results}
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_json).write_text(json.dumps(doc | {"peak_mem_bytes": mem}, indent=2) + "\n")
+    print(f"wrote {out_json}")

@@ -5,7 +5,6 @@ References: OpenAI's GPT-2 release and the transformers implementation (for the 
 """
 
 import math
-from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,13 @@ SDPA_BACKENDS = {
 }
 # the masked-softmax reference, SDPA choosing its kernel, or SDPA held to one
 ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
+# lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0), ours fused, liger-kernel's fused
+LOSS_IMPLS = ("plain", "fused", "liger")
+# A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
+# and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes no mask there); cuDNN,
+# which SDPA prefers on Hopper, is left out: it builds an execution plan for every new shape it meets. On a CPU,
+# flash takes the mask.
+DECODE_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -40,6 +46,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linears and LayerNorms, as in GPT-2; False is a little better and faster
     attention: str = "sdpa"  # "sdpa", "manual" (the masked-softmax reference), or one of SDPA_BACKENDS
     loss_chunk: int = 0  # rows of the (B*T, n_embd) hidden states per chunk of lm_head + cross-entropy; 0 = unchunked
+    loss_impl: str = "plain"  # one of LOSS_IMPLS: "fused" and "liger" never make the (B*T, vocab) logits
     activation_checkpointing: bool = False  # recompute each block's activations in backward instead of keeping them
 
     def __post_init__(self) -> None:
@@ -47,6 +54,8 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.loss_chunk < 0:
             raise ValueError(f"loss_chunk must be >= 0 (0 = unchunked), not {self.loss_chunk}")
+        if self.loss_impl not in LOSS_IMPLS:
+            raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, not {self.loss_impl!r}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {self.attention!r}")
 
@@ -65,9 +74,9 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None = None, pos: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Causal self-attention over x (B, T, C). With a cache kv = (k, v), each (B, nh, block_size, hs): without
-        pos, a prefill that writes the keys and values of positions 0..T-1; with pos (a 0-d tensor), one decode
-        step for the token at that position, attending to the cache up to it."""
+        """Causal self-attention over x (B, T, C). With a cache kv = (k, v), each (B, nh, L, hs): without pos, a
+        prefill that writes the keys and values of positions 0..T-1; with pos (a 0-d tensor), one decode step for
+        the token at that position, attending to the whole cache masked past it (the same shapes at every pos)."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
@@ -76,7 +85,6 @@ class CausalSelfAttention(nn.Module):
             kv[0][:, :, :T] = k
             kv[1][:, :, :T] = v
         elif kv is not None:
-            # static shapes, so that a compiled decode step never recompiles: attend to the whole cache, masked
             kv[0].index_copy_(2, pos.view(1), k)
             kv[1].index_copy_(2, pos.view(1), v)
             k, v = kv
@@ -88,7 +96,7 @@ class CausalSelfAttention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         dropout_p = self.dropout if self.training else 0.0
         if self.attention != "manual":
-            backend = SDPA_BACKENDS.get(self.attention)
+            backend = DECODE_KERNELS if mask is not None else SDPA_BACKENDS.get(self.attention)
             with sdpa_kernel(backend) if backend else nullcontext():
                 if mask is None:
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
@@ -180,10 +188,16 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
+        if self.config.loss_impl == "fused":
+            return None, fused_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
+        if self.config.loss_impl == "liger":
+            return None, liger_cross_entropy(x, self.lm_head.weight, targets)
         if self.config.loss_chunk:
             return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        loss = F.cross_entropy(
+            logits.view(-1, logits.size(-1)).to(wide(logits.dtype)), targets.reshape(-1), ignore_index=-1
+        )
         return logits, loss
 
     def crop_block_size(self, block_size: int) -> None:
@@ -239,34 +253,16 @@ class GPT(nn.Module):
         return model
 
     # ------------------------------------------------------------------------------------------------------------
-    # generation with a KV cache
-
-    def new_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Preallocated keys and values for every layer: two tensors (n_layer, B, n_head, block_size, head_size),
-        in the autocast dtype when autocast is on, else in the weights' dtype."""
-        cfg = self.config
-        shape = (cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head)
-        device = self.lm_head.weight.device
-        if dtype is None:
-            autocast = torch.is_autocast_enabled(device.type)
-            dtype = torch.get_autocast_dtype(device.type) if autocast else self.lm_head.weight.dtype
-        return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-
-    def prefill(self, idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """Run the context idx (B, T) from position 0, filling the cache; logits (B, V) for the next token."""
-        return self.cached_forward(idx, k_cache, v_cache)
-
-    def decode_step(
-        self, token: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
-        """One token (B, 1) at position pos (a 0-d tensor), attending to the cache; logits (B, V) for the next.
-        Every shape is fixed, so torch.compile builds this once for all positions."""
-        return self.cached_forward(token, k_cache, v_cache, pos)
+    # generation: nanoGPT's loop (the slow reference), and the forward pass against a KV cache on which
+    # nanogpt_perf/generate.py builds its one-shape decoding
 
     def cached_forward(
         self, idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Logits (B, V) after the last token of idx: a prefill from position 0 without pos, else one token at pos."""
+        """Logits (B, V) of the token after idx, keeping every layer's keys and values in the caches, each
+        (n_layer, B, n_head, L, head_size). Without pos: a prefill of idx (B, T) from position 0. With pos (a 0-d
+        tensor on the device): the one token idx (B, 1) at position pos, attending to the whole cache masked past
+        pos, so that every shape is the same at every position."""
         positions = torch.arange(idx.size(1), device=idx.device) if pos is None else pos.view(1)
         x = self.transformer.wte(idx) + self.transformer.wpe(positions)
         for i, block in enumerate(self.transformer.h):
@@ -274,7 +270,7 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x[:, -1, :]))
 
     @torch.no_grad()
-    def generate_tokens(
+    def generate(
         self,
         idx: torch.Tensor,
         max_new_tokens: int,
@@ -282,61 +278,17 @@ class GPT(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
-        num_samples: int = 1,
-        use_cache: bool = True,
         vocab_size: int | None = None,
-        decode_step: Callable | None = None,
-    ) -> Iterator[torch.Tensor]:
-        """Yield the next token of each sequence, (B * num_samples, 1), max_new_tokens times. idx is (B, T) prompts;
-        each is prefilled once and its cache shared by its num_samples sequences, which are rows
-        b * num_samples ... (b + 1) * num_samples - 1. vocab_size leaves out the padded logits beyond the real
-        vocabulary; decode_step may be a compiled self.decode_step. use_cache=False recomputes the whole context
-        for every token: the reference."""
-        bs = self.config.block_size
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, not {num_samples}")
-        if not use_cache:
-            idx = idx.repeat_interleave(num_samples, dim=0)
-            for _ in range(max_new_tokens):
-                logits, _ = self(idx[:, -bs:])
-                token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
-                idx = torch.cat((idx, token), dim=1)
-                yield token
-            return
-        eager = decode_step is None
-        decode_step = decode_step or self.decode_step
-        k_cache, v_cache = self.new_cache(idx.size(0))
-        logits = self.prefill(idx[:, -bs:], k_cache, v_cache)
-        length = min(idx.size(1), bs)  # positions filled in the cache
-        if num_samples > 1:  # each prompt's cache, logits and tokens, repeated for its samples
-            k_cache, v_cache = (c.repeat_interleave(num_samples, dim=1) for c in (k_cache, v_cache))
-            logits, idx = logits.repeat_interleave(num_samples, dim=0), idx.repeat_interleave(num_samples, dim=0)
-        for step in range(max_new_tokens):
-            token = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator)
-            yield token
-            if step == max_new_tokens - 1:
-                break
+    ) -> torch.Tensor:
+        """nanoGPT's generate: idx (B, T) extended by max_new_tokens tokens, each drawn after a forward pass over
+        the whole context (its last block_size tokens). Temperature 0 is greedy, top_p keeps the nucleus and
+        vocab_size leaves a padded vocabulary's tail out. Slow: nanogpt_perf/generate.py's cached decoding gives
+        the same tokens (the tests check it against this) many times faster."""
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size :])
+            token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
             idx = torch.cat((idx, token), dim=1)
-            if length < bs:
-                # a compiled step sees the whole cache, so its shapes never change; eagerly, only the filled part
-                # is read (views: the step still writes into the cache)
-                k, v = (
-                    (k_cache, v_cache)
-                    if not eager
-                    else (k_cache[:, :, :, : length + 1], v_cache[:, :, :, : length + 1])
-                )
-                logits = decode_step(token, torch.tensor(length, device=idx.device), k, v)
-                length += 1
-            else:
-                # The window slides past block_size. A learned absolute position embedding cannot be shifted, so
-                # the keys and values of every kept token change: re-prefill the last block_size tokens. This
-                # gives exactly the tokens of the uncached model, at the cost of a full pass per token from here.
-                logits = self.prefill(idx[:, -bs:], k_cache, v_cache)
-
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
-        """idx (B, T) extended by max_new_tokens; keyword arguments as for generate_tokens."""
-        new = list(self.generate_tokens(idx, max_new_tokens, **kwargs))
-        return torch.cat([idx.repeat_interleave(kwargs.get("num_samples", 1), dim=0), *new], dim=1)
+        return idx
 
 
 def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -353,7 +305,71 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
 
 
 def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(F.linear(x, weight).float(), targets, ignore_index=-1, reduction="sum")
+    logits = F.linear(x, weight)
+    return F.cross_entropy(logits.to(wide(logits.dtype)), targets, ignore_index=-1, reduction="sum")
+
+
+class FusedLinearCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of the logits x @ weight.T (x: (N, C), targets of -1 ignored), with both gradients
+    made in forward, chunk rows at a time: a chunk's logits become its loss and, in place, its gradient
+    softmax - onehot, which two GEMMs turn into the chunk's share of d/dx and d/dweight before the next chunk. So
+    at most one (chunk, vocab) block of fp32 logits exists, and no GEMM is run twice (three, as the plain path,
+    where the checkpointed chunks of loss_chunk run four). Under autocast the GEMMs run in its dtype, as the
+    plain path's do; backward only scales what forward made."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        count = (targets != -1).sum()
+        gemm_dtype = autocast_dtype(x)
+        grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight, dtype=wide(weight.dtype))
+        loss = torch.zeros((), dtype=wide(x.dtype), device=x.device)
+        for xc, tc, gc in zip(x.split(chunk), targets.split(chunk), grad_x.split(chunk), strict=True):
+            logits = F.linear(xc, weight)
+            logits = logits.to(wide(logits.dtype))
+            lse = logits.logsumexp(dim=-1, keepdim=True)
+            valid = (tc != -1).unsqueeze(1)
+            target = tc.clamp(min=0).unsqueeze(1)
+            loss += ((lse - logits.gather(1, target)) * valid).sum()
+            grad = logits.sub_(lse).exp_().scatter_add_(1, target, -valid.to(logits.dtype)).mul_(valid)  # p - onehot
+            grad = grad.to(gemm_dtype)
+            gc.copy_(grad @ weight.to(gemm_dtype))
+            grad_w += grad.t() @ xc.to(gemm_dtype)
+        ctx.save_for_backward(grad_x / count, grad_w.div_(count).to(weight.dtype))
+        return loss / count
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor) -> tuple:
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad_loss, grad_w * grad_loss, None, None
+
+
+def fused_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """FusedLinearCrossEntropy over the rows of x (..., C); chunk 0 picks one whose fp32 logits take about as
+    much memory as x itself (a power of two, as liger-kernel picks it)."""
+    x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+    if chunk <= 0:
+        chunk = 1 << max(0, math.ceil(math.log2(x.size(0) / math.ceil(weight.size(0) / x.size(1)))))
+    return FusedLinearCrossEntropy.apply(x, weight, targets, chunk)
+
+
+def liger_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """liger-kernel's fused linear cross-entropy (Triton, CUDA only; pip install liger-kernel), its inputs in the
+    autocast dtype as the plain path's GEMM would take them."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    dtype = autocast_dtype(x)
+    x, targets = x.reshape(-1, x.size(-1)).to(dtype), targets.reshape(-1)
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=-1)(weight.to(dtype), x, targets)
+
+
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype losses are computed in: float32, or float64 for float64 work."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a GEMM on x runs in: autocast's where it is on, else x's own."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
 def sample_next(
@@ -362,24 +378,39 @@ def sample_next(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per row of logits (B, V): greedy at temperature 0, else sampled after filter_logits."""
+    """One token per row of logits (B, V): greedy at temperature 0, else drawn from the softmax of logits /
+    temperature over the candidates (see candidates). The draw is torch.multinomial's for one sample, argmax(p / q)
+    with q ~ Exp(1), so that with every token a candidate the same generator gives the same token; but without
+    multinomial's checks of p, which read the device (a host sync), and with q drawn for the candidates only.
+    noise is q drawn beforehand, as a CUDA graph that replays the rest needs it."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    values, indices = candidates(logits.float() / temperature, top_k, top_p)
+    probs = values.softmax(dim=-1)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(1, generator=generator)
+    choice = (probs / noise).argmax(dim=-1, keepdim=True)
+    return choice if indices is None else indices.gather(-1, choice)
 
 
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """-inf for every token but the top_k most likely, then but the smallest set of those whose probability
-    reaches top_p (nucleus); the most likely token always survives."""
+def candidates(
+    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logits of the tokens that may be drawn and their ids: the top_k most likely (exactly k, even when the
+    k-th value is tied), then of those the smallest set whose probability reaches top_p (nucleus: the others are
+    -inf; the most likely always stays), sorted most likely first; with neither filter, logits as they are and
+    ids None. No shape depends on the values (no boolean indexing), so this runs on the device without a sync."""
+    nucleus = top_p is not None and top_p < 1.0
     if top_k is not None and top_k < logits.size(-1):
-        values, indices = torch.topk(logits, top_k)  # exactly k survive, even when the k-th value is tied
-        logits = torch.full_like(logits, float("-inf")).scatter_(-1, indices, values)
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
+        values, indices = torch.topk(logits, top_k)
+    elif nucleus:
+        values, indices = logits.sort(dim=-1, descending=True)
+    else:
+        return logits, None
+    if nucleus:
+        probs = values.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each one
-        sorted_logits[before >= top_p] = float("-inf")
-        logits = torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
-    return logits
+        values = values.masked_fill(before >= top_p, float("-inf"))
+    return values, indices

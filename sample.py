@@ -15,8 +15,8 @@ from configurator import configure
 from model import GPT
 from nanogpt_perf.checkpoint import load_checkpoint
 from nanogpt_perf.errors import die
+from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import load_gpt2
-from nanogpt_perf.inference import compile_decode_step, onednn_for_cpu_inference
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.tokenizer import TextStream, Tokenizer
@@ -38,6 +38,7 @@ seed = 1337
 device = "auto"
 dtype = "auto"
 compile = False  # torch.compile the one-token decode step (static shapes: compiled once, timed apart)
+cuda_graph = True  # CUDA: capture the decode step as a CUDA graph, replayed for every token
 settings = configure(globals(), rules={"init_from": init_from_one_of("resume")})  # sampling needs a trained model
 # -----------------------------------------------------------------------------
 
@@ -73,36 +74,27 @@ if model.config.vocab_size < tokenizer.n_vocab:
 print(f"tokenizer: {tokenizer.name}")
 idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
-decode_step = None
-if compile:
-    decode_step, seconds = compile_decode_step(model, num_samples if batched else 1, runtime)
-    print(f"compiled the decode step in {seconds:.1f} s")
-else:
+# the engine: a one-shape decode step (compiled when asked, a CUDA graph on CUDA), built ahead and timed apart
+if not compile:
     model = onednn_for_cpu_inference(model, runtime)
+engine = Engine(model, runtime, compile=compile, cuda_graph=cuda_graph)
+sampling = Sampling(temperature, top_k or None, top_p, tokenizer.n_vocab)
+if kv_cache and (compile or engine.graphs):
+    built = engine.decoder(num_samples if batched else 1, idx.size(1), max_new_tokens, sampling).build_seconds
+    how = ("compiled" if compile else "eager") + (", captured as a CUDA graph" if engine.graphs else "")
+    print(f"built the decode step ({how}) in {built:.1f} s")
 
 first_token_at: float | None = None  # when the first sample's first token was ready
 
 
 def tokens(n: int):
-    """The generator of next tokens, (n, 1) per step, under the run's precision."""
+    """The generator of next tokens, (n, 1) per step."""
     global first_token_at
-    with runtime.autocast_ctx():
-        for token in model.generate_tokens(
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k or None,
-            top_p=top_p,
-            generator=generator,
-            num_samples=n,
-            use_cache=kv_cache,
-            vocab_size=tokenizer.n_vocab,
-            decode_step=decode_step,
-        ):
-            if first_token_at is None:
-                runtime.synchronize()
-                first_token_at = time.perf_counter()
-            yield token
+    for token in engine.tokens(idx, max_new_tokens, sampling, generator, num_samples=n, use_cache=kv_cache):
+        if first_token_at is None:
+            runtime.synchronize()
+            first_token_at = time.perf_counter()
+        yield token
 
 
 def ended(ids: list[int]) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from model import ATTENTION, GPTConfig
+from model import ATTENTION, LOSS_IMPLS, GPTConfig
 from nanogpt_perf.settings import COMPILE_MODES, model_config, round_up
 
 
@@ -73,6 +73,7 @@ def case_settings(case: Case) -> dict[str, Any]:
         "fused": case.fused,
         "grad_clip": case.grad_clip,
         "loss_chunk": m.loss_chunk,
+        "loss_impl": m.loss_impl,
         "activation_checkpointing": m.activation_checkpointing,
     }
 
@@ -171,6 +172,8 @@ SWEEPS: dict[str, type | tuple[str, ...]] = {
     "gradient_accumulation_steps": int,
     "compile_mode": COMPILE_MODES,
     "attention": ATTENTION,
+    "loss_impl": LOSS_IMPLS,
+    "loss_chunk": int,
 }
 
 

@@ -31,6 +31,7 @@ attention = "sdpa"  # 'sdpa' (PyTorch picks), 'manual' (the reference), or SDPA 
 fused_adamw = True  # AdamW's fused kernel, where the device has one
 pad_vocab = 64  # vocab_size rounded up to a multiple of this (50257 -> 50304) for faster matmuls; 1 = off
 loss_chunk = 0  # rows per chunk of a chunked lm_head + cross-entropy that never holds the full logits; 0 = off
+loss_impl = "plain"  # 'plain' (logits, then the loss), 'fused' (lm_head + loss fused, ours) or 'liger' (liger-kernel)
 activation_checkpointing = False  # recompute each block's activations in backward instead of keeping them
 # the data loader (a dataset's batches; bench.py's synthetic tokens have none)
 data_order = "random"  # 'random' windows (nanoGPT's, with replacement) or 'epochs' (each window once an epoch)
@@ -55,6 +56,7 @@ MODEL_SETTINGS = (
     "bias",
     "attention",
     "loss_chunk",
+    "loss_impl",
     "activation_checkpointing",
 )
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -9,6 +9,7 @@ import the configurator, never import torch.
 """
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,12 @@ def a_device(value: str) -> str | None:
     return device_problem(value)
 
 
+def liger_installed(loss_impl: str) -> str | None:
+    if loss_impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        return "plain or fused here: liger needs liger-kernel (pip install liger-kernel; CUDA only)"
+    return None
+
+
 def init_from_one_of(*modes: str) -> Rule:
     """modes (e.g. 'scratch', 'resume'), a GPT-2 on the hub, or an existing folder in transformers' format."""
 
@@ -82,6 +89,7 @@ RULES: dict[str, Rule] = {
     "attention": one_of_names("model", "ATTENTION"),
     "pad_vocab": at_least(1, " (1 = off)"),
     "loss_chunk": at_least(0, " (0 = unchunked)"),
+    "loss_impl": lambda v: one_of_names("model", "LOSS_IMPLS")(v) or liger_installed(v),
     # AdamW and its schedule
     "learning_rate": at_least(0),
     "min_lr": at_least(0),

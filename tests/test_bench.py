@@ -29,18 +29,19 @@ TINY_BENCH = [
 ]
 
 
-def loss_and_grads(config: GPTConfig, ignore: bool = True) -> tuple:
+def loss_and_grads(config: GPTConfig, ignore: bool = True, dtype=torch.float32, autocast: bool = False) -> tuple:
     """The loss, every parameter's gradient, the shapes autograd saved for backward and the logits, from a fixed
-    model and batch."""
+    model and batch (the model in dtype, run under CPU bf16 autocast when asked)."""
     torch.manual_seed(0)
-    model = GPT(config)
+    model = GPT(config).to(dtype)
     g = torch.Generator().manual_seed(1)
     x, y = (torch.randint(config.vocab_size, (4, config.block_size), generator=g) for _ in range(2))
     if ignore:
         y[0, :5] = -1  # ignored targets count in neither the sum nor the mean
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-        logits, loss = model(x, y)
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            logits, loss = model(x, y)
     loss.backward()
     return loss, {name: p.grad for name, p in model.named_parameters()}, saved, logits
 
@@ -56,6 +57,28 @@ def test_chunked_loss_equals_the_plain_loss_and_gradients(chunk):
     kept_logits = lambda shapes: [s for s in shapes if len(s) and s[-1] == SMALL.vocab_size]
     assert sum(s.numel() for s in kept_logits(saved)) >= 4 * 16 * 80  # the plain path keeps all the logits
     assert kept_logits(saved_c) == []  # the chunked one keeps none
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 1000])  # 0 picks one; 7 does not divide B*T = 64; 1000 is one chunk
+def test_fused_loss_equals_the_plain_loss_and_gradients_in_float64(chunk):
+    loss, grads, saved, _ = loss_and_grads(SMALL, dtype=torch.float64)
+    loss_f, grads_f, saved_f, logits_f = loss_and_grads(
+        replace(SMALL, loss_impl="fused", loss_chunk=chunk), dtype=torch.float64
+    )
+    assert loss.dtype == loss_f.dtype == torch.float64
+    assert abs(loss_f.item() - loss.item()) <= 1e-10
+    for name, grad in grads.items():
+        assert (grads_f[name] - grad).abs().max().item() <= 1e-10, name
+    assert logits_f is None and [s for s in saved_f if s[-1:] == (SMALL.vocab_size,)] == []  # no logits kept
+
+
+def test_fused_loss_under_bf16_autocast_is_within_bf16_tolerance_of_the_plain_one():
+    loss, grads, _, _ = loss_and_grads(SMALL, autocast=True)
+    loss_f, grads_f, _, _ = loss_and_grads(replace(SMALL, loss_impl="fused"), autocast=True)
+    assert abs(loss_f.item() - loss.item()) <= 1e-3 * loss.item()
+    for name, grad in grads.items():
+        assert grads_f[name].dtype == grad.dtype == torch.float32
+        assert (grads_f[name] - grad).norm() <= 2e-2 * grad.norm(), name
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.2])

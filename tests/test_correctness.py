@@ -1,6 +1,6 @@
-"""Fixes that must stay fixed: batched prompts with several samples each, checkpoints that carry their tokenizer,
-special-token ids inside the exported vocabulary, meta.pkl read as data only, a peak table whose every entry is
-reachable by the name a driver reports."""
+"""Fixes that must stay fixed: batched prompts with several samples each (the generation engine), checkpoints that
+carry their tokenizer, special-token ids inside the exported vocabulary, meta.pkl read as data only, a peak table
+whose every entry is reachable by the name a driver reports."""
 
 import pickle
 import shutil
@@ -11,7 +11,9 @@ import torch
 from conftest import ROOT, assert_one_line_error, run_script, run_train
 from model import GPT, GPTConfig
 from nanogpt_perf.checkpoint import save_checkpoint
+from nanogpt_perf.generate import Engine, Sampling
 from nanogpt_perf.peak_flops import PEAK_TFLOPS, peak_flops_for_name
+from nanogpt_perf.runtime import resolve_runtime
 
 CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 
@@ -21,11 +23,18 @@ def random_model(seed: int = 0, **overrides) -> GPT:
     return GPT(GPTConfig(**{**CONFIG, **overrides})).double().eval()
 
 
+def generate(model: GPT, idx: torch.Tensor, n: int, num_samples: int = 1, seed: int = 0, **sampling) -> torch.Tensor:
+    """idx extended by n tokens of the generation engine, num_samples sequences per prompt."""
+    engine = Engine(model, resolve_runtime("cpu", "float32"))
+    tokens = engine.tokens(idx, n, Sampling(**sampling), torch.Generator().manual_seed(seed), num_samples)
+    return torch.cat([idx.repeat_interleave(num_samples, dim=0), *tokens], dim=1)
+
+
 def test_batch_of_prompts_with_several_samples_each_equals_repeated_prompts():
     model = random_model()
     idx = torch.randint(64, (2, 5), generator=torch.Generator().manual_seed(1))
-    shared = model.generate(idx, 20, num_samples=3, generator=torch.Generator().manual_seed(7))
-    repeated = model.generate(idx.repeat_interleave(3, dim=0), 20, generator=torch.Generator().manual_seed(7))
+    shared = generate(model, idx, 20, num_samples=3, seed=7)
+    repeated = generate(model, idx.repeat_interleave(3, dim=0), 20, seed=7)
     assert shared.shape == (6, 25) and torch.equal(shared, repeated)
     assert torch.equal(shared[:3, :5], idx[:1].expand(3, 5)) and torch.equal(shared[3:, :5], idx[1:].expand(3, 5))
 
@@ -33,15 +42,15 @@ def test_batch_of_prompts_with_several_samples_each_equals_repeated_prompts():
 def test_greedy_samples_of_a_batch_of_prompts_equal_each_prompt_alone():
     model = random_model(seed=2)
     idx = torch.randint(64, (3, 4), generator=torch.Generator().manual_seed(3))
-    out = model.generate(idx, 15, temperature=0, num_samples=2)
+    out = generate(model, idx, 15, num_samples=2, temperature=0)
     for b in range(3):
-        alone = model.generate(idx[b : b + 1], 15, temperature=0)
+        alone = generate(model, idx[b : b + 1], 15, temperature=0)
         assert torch.equal(out[2 * b], alone[0]) and torch.equal(out[2 * b + 1], alone[0])
 
 
 def test_zero_samples_is_refused():
     with pytest.raises(ValueError, match="num_samples"):
-        random_model().generate(torch.zeros(1, 3, dtype=torch.long), 4, num_samples=0)
+        generate(random_model(), torch.zeros(1, 3, dtype=torch.long), 4, num_samples=0)
 
 
 def test_sample_decodes_after_the_data_folder_is_gone_from_another_directory(tiny_data, tmp_path):

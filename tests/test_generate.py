@@ -4,12 +4,15 @@ import pytest
 import torch
 
 from conftest import run_script
-from model import GPT, GPTConfig, filter_logits
+from model import GPT, GPTConfig, candidates, sample_next
 from nanogpt_perf.checkpoint import save_checkpoint
+from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.tokenizer import TextStream, Tokenizer
 
 CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+CPU = resolve_runtime("cpu", "float32")
 
 
 def sharp_model(seed: int = 0, dtype=torch.float64, **overrides) -> GPT:
@@ -27,77 +30,122 @@ def prompts(B: int, T: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(64, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
+def engine_generate(model, idx, max_new_tokens, num_samples=1, generator=None, engine=None, **sampling) -> torch.Tensor:
+    """idx extended by the engine's tokens, as GPT.generate returns it."""
+    engine = engine or Engine(model, CPU)
+    new = engine.tokens(idx, max_new_tokens, Sampling(**sampling), generator, num_samples)
+    return torch.cat([idx.repeat_interleave(num_samples, dim=0), *new], dim=1)
+
+
+def seeded(seed: int = 5) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])
 def test_cached_greedy_equals_uncached_past_block_size(attention):
     model = sharp_model(attention=attention)
     idx = prompts(3, 5)
-    cached = model.generate(idx, 40, temperature=0)  # 45 tokens: well past block_size 16
-    uncached = model.generate(idx, 40, temperature=0, use_cache=False)
+    cached = engine_generate(model, idx, 40, temperature=0)  # 45 tokens: well past block_size 16
+    uncached = model.generate(idx, 40, temperature=0)
     assert torch.equal(cached, uncached)
     assert len(set(cached[0, 5:].tolist())) > 3  # not a degenerate repetition
 
 
-def test_cached_sampling_equals_uncached_with_the_same_seed():
+@pytest.mark.parametrize("new_tokens", [3, 9, 30])  # a cache shorter than block_size, one that fills it, sliding
+def test_cached_sampling_equals_uncached_with_the_same_seed(new_tokens):
     model = sharp_model(seed=3)
     kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)
-    a = model.generate(prompts(2, 7), 30, generator=torch.Generator().manual_seed(5), **kwargs)
-    b = model.generate(prompts(2, 7), 30, generator=torch.Generator().manual_seed(5), use_cache=False, **kwargs)
+    a = engine_generate(model, prompts(2, 7), new_tokens, generator=seeded(), **kwargs)
+    b = model.generate(prompts(2, 7), new_tokens, generator=seeded(), **kwargs)
     assert torch.equal(a, b)
+
+
+def test_sampling_draws_as_torch_multinomial_does():
+    logits = 3 * torch.randn(3, 1000, generator=seeded(0))
+    g1, g2 = seeded(7), seeded(7)
+    ours = torch.cat([sample_next(logits, generator=g1) for _ in range(200)], dim=1)
+    theirs = torch.cat([torch.multinomial(logits.softmax(dim=-1), 1, generator=g2) for _ in range(200)], dim=1)
+    assert torch.equal(ours, theirs)
+    assert len(set(ours[0].tolist())) > 20  # really sampled
 
 
 def test_cache_logits_match_a_full_forward_in_float32():
     model = sharp_model(dtype=torch.float32)
     idx = prompts(2, 12)
-    k, v = model.new_cache(2, torch.float32)
-    logits = model.prefill(idx[:, :4], k, v)
-    for t in range(4, 12):
-        full, _ = model(idx[:, :t])
-        torch.testing.assert_close(logits, full[:, -1], rtol=1e-4, atol=1e-4)
-        logits = model.decode_step(idx[:, t : t + 1], torch.tensor(t), k, v)
+    k, v = (torch.zeros(2, 2, 4, 16, 8) for _ in range(2))  # (n_layer, B, n_head, L, head_size)
+    with torch.no_grad():
+        logits = model.cached_forward(idx[:, :4], k, v)
+        for t in range(4, 12):
+            full, _ = model(idx[:, :t])
+            torch.testing.assert_close(logits, full[:, -1], rtol=1e-4, atol=1e-4)
+            logits = model.cached_forward(idx[:, t : t + 1], k, v, torch.tensor(t))
 
 
 def test_batched_equals_one_by_one():
     model = sharp_model(seed=2)
     idx = prompts(4, 6)
-    batched = model.generate(idx, 25, temperature=0)
+    engine = Engine(model, CPU)
+    batched = engine_generate(model, idx, 25, engine=engine, temperature=0)
     for i in range(4):
-        assert torch.equal(batched[i : i + 1], model.generate(idx[i : i + 1], 25, temperature=0))
+        assert torch.equal(batched[i : i + 1], engine_generate(model, idx[i : i + 1], 25, engine=engine, temperature=0))
 
 
 def test_shared_prefill_equals_separate_prefills():
     model = sharp_model(seed=4)
     idx = prompts(1, 6)
-    shared = model.generate(idx, 25, num_samples=5, generator=torch.Generator().manual_seed(0))
-    separate = model.generate(idx.repeat(5, 1), 25, generator=torch.Generator().manual_seed(0))
+    shared = engine_generate(model, idx, 25, num_samples=5, generator=seeded(0))
+    separate = engine_generate(model, idx.repeat(5, 1), 25, generator=seeded(0))
     assert shared.shape == (5, 31) and torch.equal(shared, separate)
     assert len({tuple(row) for row in shared[:, 6:].tolist()}) > 1  # the samples differ from each other
+    assert torch.equal(shared, model.generate(idx.repeat(5, 1), 25, generator=seeded(0)))
 
 
 def test_padded_vocabulary_is_never_sampled():
     model = sharp_model()
-    out = model.generate(prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=torch.Generator().manual_seed(0))
+    out = engine_generate(model, prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=seeded(0))
     assert out[:, 3:].max() < 10
+    assert torch.equal(out, model.generate(prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=seeded(0)))
+
+
+def test_one_decoder_per_shape_reused_across_prompts():
+    model = sharp_model()
+    engine = Engine(model, CPU)
+    for seed in range(3):  # the same prompt length and new tokens: one decoder for all
+        idx = prompts(1, 4, seed)
+        assert torch.equal(engine_generate(model, idx, 8, engine=engine, temperature=0), model.generate(idx, 8, 0))
+    assert len(engine.decoders) == 1
+    (decoder,) = engine.decoders.values()
+    assert decoder.cache_len == 11 + 5  # 4 + 8 - 1 positions, rounded up to 64 but never beyond block_size
+
+
+def kept(logits: torch.Tensor, **filters) -> set[int]:
+    """The token ids that candidates() lets be drawn from the one row of logits."""
+    values, indices = candidates(logits, **filters)
+    ids = torch.arange(logits.size(-1)) if indices is None else indices[0]
+    return set(ids[torch.isfinite(values[0])].tolist())
 
 
 def test_top_k_and_top_p_keep_exactly_the_right_candidates():
     probs = torch.tensor([[0.05, 0.4, 0.1, 0.3, 0.15]])
     logits = probs.log()
-    kept = lambda **kw: set(torch.isfinite(filter_logits(logits, **kw))[0].nonzero().view(-1).tolist())  # noqa: E731
-    assert kept(top_k=2) == {1, 3}
-    assert kept(top_p=0.4) == {1}  # 0.4 reaches 0.4
-    assert kept(top_p=0.5) == {1, 3}
-    assert kept(top_p=0.85) == {1, 3, 4}  # 0.4 + 0.3 = 0.7 < 0.85 <= 0.85
-    assert kept(top_p=0.86) == {1, 3, 4, 2}
-    assert kept(top_k=3, top_p=0.99) == {1, 3, 4}
-    assert kept(top_p=1.0) == {0, 1, 2, 3, 4}
-    # ties at the k-th value: still exactly k
-    assert (
-        len(kept_tied := set(torch.isfinite(filter_logits(torch.zeros(1, 6), top_k=4))[0].nonzero().view(-1).tolist()))
-        == 4
-    )
-    assert kept_tied <= set(range(6))
-    renormalised = filter_logits(logits, top_p=0.85).softmax(-1)[0]
-    assert renormalised[1].item() == pytest.approx(0.4 / 0.85)
+    assert kept(logits, top_k=2) == {1, 3}
+    assert kept(logits, top_p=0.4) == {1}  # 0.4 reaches 0.4
+    assert kept(logits, top_p=0.5) == {1, 3}
+    assert kept(logits, top_p=0.85) == {1, 3, 4}  # 0.4 + 0.3 = 0.7 < 0.85 <= 0.85
+    assert kept(logits, top_p=0.86) == {1, 3, 4, 2}
+    assert kept(logits, top_k=3, top_p=0.99) == {1, 3, 4}
+    assert kept(logits, top_p=1.0) == {0, 1, 2, 3, 4}
+    assert len(kept(torch.zeros(1, 6), top_k=4)) == 4  # ties at the k-th value: still exactly k
+    values, indices = candidates(logits, top_p=0.85)
+    assert indices[0, 0] == 1 and values.softmax(-1)[0, 0].item() == pytest.approx(0.4 / 0.85)  # renormalised
+
+
+def test_top_k_draws_follow_the_renormalised_candidates():
+    logits = torch.tensor([[0.05, 0.4, 0.1, 0.3, 0.15]]).log()
+    g = seeded(3)
+    draws = torch.cat([sample_next(logits, top_k=2, generator=g) for _ in range(4000)]).view(-1)
+    assert set(draws.tolist()) == {1, 3}
+    assert (draws == 1).float().mean().item() == pytest.approx(0.4 / 0.7, abs=0.03)
 
 
 def test_streamed_text_equals_decoding_the_whole_sequence():
@@ -215,30 +263,27 @@ def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
 def test_compiled_decode_step_gives_the_same_tokens_without_recompiling():
     import torch._dynamo
 
-    from nanogpt_perf.inference import compile_decode_step
-    from nanogpt_perf.runtime import resolve_runtime
-
     torch._dynamo.reset()
     model = sharp_model(dtype=torch.float32)
-    step, seconds = compile_decode_step(model, 2, resolve_runtime("cpu", "float32"))
-    assert seconds > 0
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    engine = Engine(model, CPU, compile=True)
     idx = prompts(2, 5)
-    compiled = model.generate(idx, 30, temperature=0, decode_step=step)  # 30 positions, past block_size too
+    decoder = engine.decoder(2, 5, 30, Sampling(temperature=0))
+    assert decoder.build_seconds > 0
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = engine_generate(model, idx, 30, engine=engine, temperature=0)  # 30 positions, past block_size too
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # one graph for every position
-    assert torch.equal(compiled, model.generate(idx, 30, temperature=0, use_cache=False))
+    assert torch.equal(compiled, model.generate(idx, 30, temperature=0))
+    sampled = engine_generate(model, idx, 30, engine=engine, generator=seeded(), top_k=10)
+    assert torch.equal(sampled, model.generate(idx, 30, top_k=10, generator=seeded()))
 
 
 def test_onednn_model_generates_the_same_tokens():
-    from nanogpt_perf.inference import onednn_for_cpu_inference
-    from nanogpt_perf.runtime import resolve_runtime
-
     model = sharp_model(dtype=torch.float32)
     idx = prompts(2, 5)
-    reference = model.generate(idx, 30, temperature=0, use_cache=False)
+    reference = model.generate(idx, 30, temperature=0)
     assert onednn_for_cpu_inference(model, resolve_runtime("cpu", "bfloat16")) is model  # float32 work only
     assert type(model.lm_head) is torch.nn.Linear
-    fast = onednn_for_cpu_inference(model, resolve_runtime("cpu", "float32"))
+    fast = onednn_for_cpu_inference(model, CPU)
     assert type(fast.lm_head) is not torch.nn.Linear and fast.lm_head.weight.is_mkldnn
+    assert torch.equal(engine_generate(fast, idx, 30, temperature=0), reference)
     assert torch.equal(fast.generate(idx, 30, temperature=0), reference)
-    assert torch.equal(fast.generate(idx, 30, temperature=0, use_cache=False), reference)

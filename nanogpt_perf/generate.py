@@ -1,0 +1,223 @@
+"""Generation, fast: each prompt prefilled once, then one token at a time against a KV cache, in a decode step whose
+shapes are the same at every position. It compiles once and, on CUDA, is captured once as a CUDA graph that each
+token replays (one launch instead of ~450 kernels). Sampling (temperature, top-k, top-p, the padded vocabulary)
+stays on the device: the only host sync per token is the caller's read of it. GPT.generate (model.py) is the slow
+reference: greedy, or sampled with the same seed, both give the same tokens (tests/test_generate.py)."""
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from model import GPT, sample_next
+from nanogpt_perf.runtime import PTDTYPES, Runtime
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0  # 0 is greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    vocab_size: int | None = None  # tokens from here on are never drawn (a padded vocabulary's tail)
+
+    def draw(self, logits: torch.Tensor, noise: torch.Tensor | None = None, generator=None) -> torch.Tensor:
+        """The next token (B, 1) after logits (B, V); noise as model.sample_next takes it."""
+        return sample_next(logits[:, : self.vocab_size], self.temperature, self.top_k, self.top_p, generator, noise)
+
+    def noise_size(self, vocab_size: int) -> int:
+        """How many exponentials a draw takes per row: one per candidate."""
+        vocab_size = min(vocab_size, self.vocab_size or vocab_size)
+        return min(self.top_k, vocab_size) if self.top_k else vocab_size
+
+
+def cache_length(prompt_len: int, max_new_tokens: int, block_size: int) -> int:
+    """Positions the cache needs: every prompt token and every new one but the last (which is never run), rounded
+    up to a multiple of 64 for the kernels, at most block_size (beyond it the window slides)."""
+    needed = prompt_len + max_new_tokens - 1
+    return min(block_size, -(-needed // 64) * 64)
+
+
+class Decoder:
+    """The decoding state of batch_size sequences, all on the device: a KV cache of cache_len positions per layer,
+    the current token (B, 1) and its position pos (a 0-d tensor). step() runs token at pos against the cache, draws
+    the next token into token with exponential noise drawn just before (what torch.multinomial would draw from the
+    same generator) and advances pos. Nothing in it changes shape or returns to the host, so on CUDA it is captured
+    once as a CUDA graph; the noise is drawn outside the graph, so a graph and an eager step draw alike."""
+
+    def __init__(
+        self,
+        model: GPT,
+        runtime: Runtime,
+        batch_size: int,
+        cache_len: int,
+        sampling: Sampling,
+        compile: bool = False,
+        cuda_graph: bool = True,
+    ):
+        cfg, dev = model.config, runtime.device
+        dtype = PTDTYPES[runtime.dtype] if runtime.autocast else model.lm_head.weight.dtype
+        shape = (cfg.n_layer, batch_size, cfg.n_head, cache_len, cfg.n_embd // cfg.n_head)
+        self.k, self.v = torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev)
+        self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros((), dtype=torch.long, device=dev)
+        self.noise = torch.ones(batch_size, sampling.noise_size(cfg.vocab_size), device=dev)
+        self.model, self.runtime, self.sampling, self.cache_len = model, runtime, sampling, cache_len
+        self.forward = torch.compile(model.cached_forward, dynamic=False) if compile else model.cached_forward
+        self.graph: torch.cuda.CUDAGraph | None = None
+        start = time.perf_counter()
+        if cuda_graph and dev.type == "cuda":
+            self.graph = self.capture()
+        elif compile:
+            self.run_step()  # compiles now, so that generation is timed apart from it
+        runtime.synchronize()
+        self.build_seconds = time.perf_counter() - start
+
+    def run_step(self) -> None:
+        with torch.no_grad():
+            with self.runtime.autocast_ctx():
+                logits = self.forward(self.token, self.k, self.v, self.pos)
+            self.token.copy_(self.sampling.draw(logits, self.noise))
+            self.pos.add_(1)
+
+    def capture(self) -> torch.cuda.CUDAGraph:
+        """run_step as a CUDA graph: warmed up on a side stream first (compilation, cuBLAS workspaces and
+        autotuning happen outside the capture), then recorded once."""
+        stream = torch.cuda.Stream(self.runtime.device)
+        stream.wait_stream(torch.cuda.current_stream(self.runtime.device))
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self.run_step()
+        torch.cuda.current_stream(self.runtime.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.run_step()
+        return graph
+
+    def draw_noise(self, generator: torch.Generator | None) -> None:
+        if self.sampling.temperature > 0:
+            self.noise.exponential_(1, generator=generator)
+
+    def prefill(self, idx: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> None:
+        """Run the prompts idx (B, T) from position 0 into the cache, each prompt's rows repeated for its
+        num_samples sequences (rows b * num_samples ... (b + 1) * num_samples - 1), and draw their first tokens."""
+        B, T = idx.shape
+        with torch.no_grad():
+            with self.runtime.autocast_ctx():
+                logits = self.model.cached_forward(idx, self.k[:, :B], self.v[:, :B])
+            if num_samples > 1:
+                for cache in (self.k, self.v):
+                    cache.copy_(cache[:, :B].repeat_interleave(num_samples, dim=1))
+                logits = logits.repeat_interleave(num_samples, dim=0)
+            self.draw_noise(generator)
+            self.token.copy_(self.sampling.draw(logits, self.noise))
+            self.pos.fill_(T)
+
+    def step(self, generator: torch.Generator | None) -> None:
+        """The next token of every sequence, into token: one graph replay on CUDA."""
+        self.draw_noise(generator)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.run_step()
+
+
+class Engine:
+    """Generation from one model: a Decoder per batch size and cache length, built on first use and kept (a
+    compiled or captured step is built once for every prompt of that shape)."""
+
+    def __init__(self, model: GPT, runtime: Runtime, compile: bool = False, cuda_graph: bool = True):
+        self.model, self.runtime, self.compile = model, runtime, compile
+        self.graphs = cuda_graph and runtime.device_type == "cuda"  # decode steps captured as CUDA graphs
+        self.decoders: dict[tuple, Decoder] = {}
+
+    def decoder(self, batch_size: int, prompt_len: int, max_new_tokens: int, sampling: Sampling) -> Decoder:
+        block_size = self.model.config.block_size
+        cache_len = cache_length(min(prompt_len, block_size), max_new_tokens, block_size)
+        key = (batch_size, cache_len, sampling)
+        if key not in self.decoders:
+            self.decoders[key] = Decoder(
+                self.model, self.runtime, batch_size, cache_len, sampling, self.compile, self.graphs
+            )
+        return self.decoders[key]
+
+    def tokens(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+        num_samples: int = 1,
+        use_cache: bool = True,
+    ) -> Iterator[torch.Tensor]:
+        """Yield the next token of every sequence, (B * num_samples, 1), max_new_tokens times, after the prompts
+        idx (B, T); each prompt is prefilled once and shared by its num_samples sequences (rows b * num_samples
+        ... (b + 1) * num_samples - 1). use_cache=False recomputes the whole context for every token (the
+        reference, GPT.generate)."""
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, not {num_samples}")
+        if not use_cache:
+            idx = idx.repeat_interleave(num_samples, dim=0)
+            yield from self.uncached_tokens(idx, max_new_tokens, sampling, generator)
+            return
+        block_size = self.model.config.block_size
+        idx = idx[:, -block_size:]
+        decoder = self.decoder(idx.size(0) * num_samples, idx.size(1), max_new_tokens, sampling)
+        decoder.prefill(idx, num_samples, generator)
+        slides = idx.size(1) + max_new_tokens - 1 > block_size
+        context = idx.repeat_interleave(num_samples, dim=0) if slides else None  # what a re-prefill needs
+        length = idx.size(1)  # positions filled in the cache
+        for i in range(max_new_tokens):
+            token = decoder.token.clone()
+            yield token
+            if i == max_new_tokens - 1:
+                break
+            if context is not None:
+                context = torch.cat((context, token), dim=1)
+            if length < decoder.cache_len:
+                decoder.step(generator)
+                length += 1
+            else:
+                # The window slides past block_size. A learned absolute position embedding cannot be shifted, so
+                # the keys and values of every kept token change: prefill the last block_size tokens again. This
+                # gives exactly the tokens of the uncached model, at the cost of a full pass per token from here.
+                decoder.prefill(context[:, -block_size:], 1, generator)
+
+    def uncached_tokens(
+        self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling, generator: torch.Generator | None
+    ) -> Iterator[torch.Tensor]:
+        s = sampling
+        for _ in range(max_new_tokens):
+            with self.runtime.autocast_ctx():
+                idx = self.model.generate(idx, 1, s.temperature, s.top_k, s.top_p, generator, s.vocab_size)
+            yield idx[:, -1:]
+
+
+class PackedLinear(torch.nn.Module):
+    """nn.Linear for float32 inference on a CPU, its weight packed once into oneDNN's blocked layout (the ops
+    torch.compile's CPU freezing uses), taking and giving ordinary tensors. Decoding one token reads every weight
+    once, and oneDNN reads its layout about 2x faster than MKL reads nn.Linear's (README)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)  # packed for one row
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def onednn_for_cpu_inference(model: torch.nn.Module, runtime: Runtime) -> torch.nn.Module:
+    """For float32 inference on a CPU, model with every Linear replaced in place by a PackedLinear; elsewhere (or
+    without oneDNN) model as it is. The tied lm_head gets a weight of its own, so the model is for inference
+    only."""
+    ops = torch.ops.mkldnn
+    usable = torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+    float32 = next(model.parameters()).dtype == torch.float32
+    if runtime.device_type != "cpu" or runtime.autocast or not float32 or not usable:
+        return model
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is torch.nn.Linear:
+                setattr(module, name, PackedLinear(child))
+    return model
