@@ -39,8 +39,11 @@ def settings_of(namespace: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def convert(key: str, value: Any, default: Any) -> Any:
-    """value as the type of default, or ConfigError if that would lose or invent information."""
+def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:
+    """value as the type of default (or one of the words the setting also takes, e.g. 'auto'), or ConfigError if
+    that would lose or invent information."""
+    if isinstance(value, str) and value in words:
+        return value
     kind = type(default)
     if kind is bool and isinstance(value, int) and value in (0, 1):  # True, False, 1, 0
         return bool(value)
@@ -52,7 +55,8 @@ def convert(key: str, value: Any, default: Any) -> Any:
         return float(value)
     if kind is str and isinstance(value, str):
         return value
-    raise ConfigError(f"{key} must be {kind.__name__} (default {default!r}), got {value!r}")
+    also = "".join(f" or {w!r}" for w in words)
+    raise ConfigError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {value!r}")
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
@@ -92,9 +96,12 @@ def read_config_file(path: str) -> dict[str, Any]:
     }
 
 
-def apply_overrides(defaults: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-    """Settings after applying config files and --key=value flags in argv, in order."""
-    settings = dict(defaults)
+def apply_overrides(
+    defaults: dict[str, Any], argv: list[str], words: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, Any]:
+    """Settings after applying config files and --key=value flags in argv, in order; words: the words a setting
+    takes besides values of its type."""
+    settings, words = dict(defaults), words or {}
     for arg in argv:
         if arg.startswith("--"):
             key, sep, raw = arg[2:].partition("=")  # the value may itself contain '='
@@ -102,12 +109,12 @@ def apply_overrides(defaults: dict[str, Any], argv: list[str]) -> dict[str, Any]
                 raise ConfigError(f"flag {arg!r} has no value; write --{key}=VALUE")
             if key not in defaults:
                 raise unknown_key(key, defaults, "flags")
-            settings[key] = convert(key, parse_flag(raw, defaults[key]), defaults[key])
+            settings[key] = convert(key, parse_flag(raw, defaults[key]), defaults[key], words.get(key, ()))
         else:
             for key, value in read_config_file(arg).items():
                 if key not in defaults:
                     raise unknown_key(key, defaults, arg)
-                settings[key] = convert(key, value, defaults[key])
+                settings[key] = convert(key, value, defaults[key], words.get(key, ()))
     return settings
 
 
@@ -160,18 +167,22 @@ def help_text(script: Path, defaults: dict[str, Any]) -> str:
 
 
 def configure(
-    namespace: dict[str, Any], argv: list[str] | None = None, rules: dict[str, Rule] | None = None
+    namespace: dict[str, Any],
+    argv: list[str] | None = None,
+    rules: dict[str, Rule] | None = None,
+    words: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
     """Apply sys.argv overrides to the settings in namespace (a script's globals()), check them against
-    validation.RULES (rules replaces some for this script) and return them all. Prints --help or one error line
-    and exits; prints the resolved settings once (on rank 0 under torchrun)."""
+    validation.RULES (rules replaces some for this script) and return them all; words: the words a setting takes
+    besides values of its type (e.g. {'batch_size': ('auto',)}). Prints --help or one error line and exits; prints
+    the resolved settings once (on rank 0 under torchrun)."""
     argv = sys.argv[1:] if argv is None else argv
     defaults = settings_of(namespace)
     if "-h" in argv or "--help" in argv:
         print(help_text(Path(namespace.get("__file__", sys.argv[0])), defaults))
         sys.exit(0)
     try:
-        settings = apply_overrides(defaults, argv)
+        settings = apply_overrides(defaults, argv, words)
     except ConfigError as e:
         die(str(e))
     # a resumed run's base is its checkpoint's settings, not these defaults: the script checks the rules between

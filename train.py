@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from configurator import configure
 from model import GPT
+from nanogpt_perf.autobatch import HOST_BATCH, micro_batch, step_shape
 from nanogpt_perf.batches import TokenBatches
 from nanogpt_perf.checkpoint import resume_checkpoint, save_iteration, unwrap
 from nanogpt_perf.dataset import dataset_vocab_size, prepare_if_missing
@@ -40,7 +41,7 @@ from nanogpt_perf.settings import *  # noqa: F403
 from nanogpt_perf.step import TrainStep
 from nanogpt_perf.timing import DeviceClock
 from nanogpt_perf.tokenizer import tokenizer_spec
-from nanogpt_perf.validation import settings_problem
+from nanogpt_perf.validation import RULES, at_least, or_word, settings_problem
 
 # -----------------------------------------------------------------------------
 # settings of train.py alone: defaults train GPT-2 (124M); config files and --key=value flags override them
@@ -63,7 +64,8 @@ wandb_run_name = "gpt2"
 dataset = "openwebtext"  # as nanoGPT; prepare it first (data/openwebtext/prepare.py), or name another
 data_dir = "data"  # datasets live in data_dir/dataset: train.bin and val.bin, or llm.c shards (*_train_*.bin)
 gradient_accumulation_steps = 5 * 8  # micro-batches per optimizer step, counted across all ranks
-batch_size = 12  # micro-batch size per rank
+batch_size = 12  # micro-batch size per rank, or 'auto': the largest that fits the device (with tokens_per_iter)
+tokens_per_iter = 0  # tokens per optimizer step; when set, gradient_accumulation_steps follows from it; 0 = unset
 max_iters = 600000  # optimizer steps
 # learning rate schedule: linear warmup, then cosine decay to min_lr
 decay_lr = True
@@ -75,19 +77,20 @@ parallelism = "ddp"  # under torchrun: 'ddp' (a whole model per rank) or 'fsdp' 
 backend = "auto"  # DDP backend: 'auto' (nccl on CUDA, gloo on CPU), 'nccl' or 'gloo'
 profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops printed
 max_bad_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (each skipped)
-settings = configure(globals())
+OWN_RULES = {"batch_size": or_word("auto", at_least(1))}  # besides validation.RULES
+settings = configure(globals(), rules=OWN_RULES, words={"batch_size": ("auto",)})
 # -----------------------------------------------------------------------------
 
 # resume: the checkpoint's settings are the base, overridden by the config files and flags given now (each change
 # printed); its architecture, vocabulary and data cannot change
-checkpoint = None
+checkpoint, given = None, given_on_command(sys.argv[1:])
 if init_from == "resume":
     checkpoint = resume_checkpoint(Path(out_dir), resume_fallback)
     try:
-        settings, overrides = resume_settings(checkpoint["config"], settings, given_on_command(sys.argv[1:]))
+        settings, overrides = resume_settings(checkpoint["config"], settings, given)
     except ValueError as e:
         die(str(e))
-    if problem := settings_problem(settings):  # the rules between settings, now that the base is the checkpoint's
+    if problem := settings_problem(settings, RULES | OWN_RULES):  # and those between settings, on the new base
         die(problem)
     globals().update(settings)
     if overrides and os.environ.get("RANK", "0") == "0":
@@ -104,9 +107,6 @@ if ddp:
     if backend == "auto":
         backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(backend=backend)
-    if gradient_accumulation_steps % world_size:
-        die(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by {world_size} ranks")
-    gradient_accumulation_steps //= world_size
 master = rank == 0
 
 
@@ -119,23 +119,49 @@ def print0(*args: object) -> None:
 runtime = resolve_runtime(device, dtype, tf32)
 print0(runtime.describe())
 torch.manual_seed(seed + rank)
+
+# data: prepared on first use (a small dataset); its vocabulary
+data_path = Path(data_dir) / dataset
+if master:
+    prepare_if_missing(data_path)
+if ddp:
+    dist.barrier()
+vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
+print0(f"vocab_size {vocab_size} from {data_path}")
+
+
+def choose_micro_batch(rows: int) -> int:
+    """batch_size='auto' for rows sequences per rank and step: a step tried per candidate on this device (see
+    nanogpt_perf/autobatch.py); under DDP the smallest that any rank found."""
+    chosen = torch.tensor(micro_batch(rows, settings, vocab_size, runtime, print0), device=runtime.device)
+    if ddp:
+        dist.all_reduce(chosen, op=dist.ReduceOp.MIN)
+    cuda = runtime.device_type == "cuda"
+    how = "the largest that fits" if cuda else f"no memory limit to find on {runtime.device_type}: at most {HOST_BATCH}"
+    print0(f"batch_size auto -> {chosen.item()} ({how} and divides {rows} sequences a step)")
+    return int(chosen.item())
+
+
+# the micro-batch and the accumulation (global, then per rank): as set, or with tokens_per_iter the accumulation
+# that makes exactly that many tokens a step, at batch_size or at the largest that fits ('auto', found once)
+try:
+    batch_size, gradient_accumulation_steps = step_shape(settings, given, world_size, choose_micro_batch)
+except ValueError as e:
+    die(str(e))
+settings |= {"batch_size": batch_size, "gradient_accumulation_steps": gradient_accumulation_steps}  # as it runs
+if gradient_accumulation_steps % world_size:
+    die(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by {world_size} ranks")
+gradient_accumulation_steps //= world_size
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
 print0(
     f"tokens per iteration: {tokens_per_iter:,} ({gradient_accumulation_steps} micro-batches x {world_size} ranks"
     f" x {batch_size} x {block_size})"
 )
 
-# data: prepared on first use (a small dataset); batches in data_order, each rank its own share, built ahead by a
-# background thread into pinned buffers (CUDA) and copied without blocking; evaluation reads fixed windows of its
-# own, so the training stream does not depend on eval_interval or eval_iters
-data_path = Path(data_dir) / dataset
-if master:
-    prepare_if_missing(data_path)
-if ddp:
-    dist.barrier()
+# the batches: in data_order, each rank its own share, built ahead by a background thread into pinned buffers
+# (CUDA) and copied without blocking; evaluation reads fixed windows of its own, so the training stream does not
+# depend on eval_interval or eval_iters
 batches = TokenBatches(data_path, batch_size, block_size, runtime.device, seed, rank, world_size, data_order, prefetch)
-vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
-print0(f"vocab_size {vocab_size} from {data_path}")
 
 # model: from scratch (the vocabulary padded to a multiple of pad_vocab), the architecture, weights and progress
 # of out_dir/ckpt.pt, or GPT-2's weights; the memory savers and the attention kernel are GPTConfig fields

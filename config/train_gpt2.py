@@ -9,18 +9,20 @@ wandb_log = False
 wandb_project = "owt"
 wandb_run_name = "gpt2-124M"
 
-# tokens per optimizer step: 12 sequences x 1024 tokens x 40 micro-batches (5 per rank on 8 GPUs, 40 on one)
-# = 491,520, about 0.5M as in GPT-3's table for this size
-batch_size = 12
+# tokens per optimizer step: 491,520 (nanoGPT's 12 sequences x 1024 tokens x 40 micro-batches), about 0.5M as in
+# GPT-3's table for this size. The micro-batch is chosen for the device: the largest that fits and divides the 480
+# sequences of a step among the ranks (an H100 fits 32: 32 x 15 micro-batches); gradient accumulation follows.
+# nanoGPT's own split: --batch_size=12 (tokens_per_iter then gives 40 micro-batches)
+tokens_per_iter = 491520
+batch_size = "auto"
 block_size = 1024
-gradient_accumulation_steps = 5 * 8
 
 # 600,000 steps x 491,520 tokens = 295B tokens: about 33 epochs of OpenWebText's 9B
 max_iters = 600000
 lr_decay_iters = 600000
 
 eval_interval = 1000
-eval_iters = 200  # x 12 x 1024 = 2.5M validation tokens per estimate (per rank)
+eval_iters = 200  # batches of the micro-batch size per rank and estimate
 log_interval = 10
 
 weight_decay = 1e-1

@@ -6,11 +6,11 @@ dataset = "fineweb"
 out_dir = "out-gpt2-fineweb"
 data_order = "epochs"  # each window once: 10B tokens are read once, not sampled with replacement
 
-# tokens per optimizer step: 16 sequences x 1024 tokens x 32 micro-batches (4 per rank on 8 GPUs, 32 on one)
-# = 524,288 (2**19), as llm.c
-batch_size = 16
+# tokens per optimizer step: 524,288 (2**19, 512 sequences of 1024 tokens), as llm.c; the micro-batch is the
+# largest that fits the device (32 x 16 micro-batches on an H100), gradient accumulation follows
+tokens_per_iter = 524288
+batch_size = "auto"
 block_size = 1024
-gradient_accumulation_steps = 4 * 8
 
 # 19,073 steps x 524,288 tokens = 10.0B tokens, one epoch of sample-10BT; llm.c's schedule: a short warmup, a
 # higher peak learning rate, cosine decay to zero
@@ -21,7 +21,7 @@ learning_rate = 6e-4 * 3
 min_lr = 0.0
 
 eval_interval = 250
-eval_iters = 20  # x 16 x 1024 = 0.3M validation tokens per estimate (per rank)
+eval_iters = 20  # batches of the micro-batch size per rank and estimate
 log_interval = 10
 
 weight_decay = 1e-1

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
 from model import GPT
@@ -52,6 +51,8 @@ def sdpa_kernel_that_ran(step: Callable, device: torch.device) -> str:
 
 
 def dynamo_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters  # 1 s to import: only when measuring
+
     return {
         "frames": counters["frames"]["total"],
         "graphs": counters["stats"]["unique_graphs"],

@@ -4,21 +4,17 @@ weights are gathered just before it runs and freed after), and checkpoints of ei
 that one process without torch.distributed loads."""
 
 import gc
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+# FSDP2 and torch.distributed.checkpoint take ~0.7 s to import (DTensor): imported where they are used, so that a
+# run of one process never pays for them
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from model import GPT
 from nanogpt_perf.checkpoint import unwrap
@@ -43,9 +39,11 @@ def wrap_model(model: GPT, parallelism: str, runtime: Runtime, compile: bool, co
     return model
 
 
-def mixed_precision(runtime: Runtime) -> MixedPrecisionPolicy:
+def mixed_precision(runtime: Runtime) -> "MixedPrecisionPolicy":
     """Compute in the run's reduced dtype (weights gathered in it), with fp32 gradient reduction and fp32 shards
     for the optimizer; fp32 runs: no casts at all."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     if not runtime.autocast:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=PTDTYPES[runtime.dtype], reduce_dtype=torch.float32)
@@ -57,6 +55,9 @@ def shard(model: GPT, runtime: Runtime, compile: bool, compile_mode: str) -> nn.
     it, so the whole model is never on one device. With compile, each block is compiled in place before it is
     sharded (FSDP2's recipe, which composes with the model's activation checkpointing around each block), and the
     state dict keeps its plain names."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh(runtime.device_type, (dist.get_world_size(),))
     policy = mixed_precision(runtime)
     for block in model.transformer.h:
@@ -77,11 +78,11 @@ def close() -> None:
 
 
 def is_fsdp(model: nn.Module) -> bool:
+    if not dist.is_initialized():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
     return isinstance(unwrap(model), FSDPModule)
-
-
-# the whole state, gathered shard by shard to rank 0's CPU memory (the other ranks get empty dicts)
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -89,8 +90,11 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     a plain model, DDP or FSDP alike. Under FSDP every rank must call it (it gathers); only rank 0 gets the state."""
     if not is_fsdp(model):
         return unwrap(model).state_dict(), optimizer.state_dict()
-    model_state = get_model_state_dict(model, options=FULL)
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=FULL)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered shard by shard to rank 0's CPU
+    model_state = get_model_state_dict(model, options=full)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=full)
     if dist.get_rank() != 0:
         return {}, {}
     return retie(model, model_state), by_id(optimizer_state, param_names(model, optimizer))
@@ -119,6 +123,8 @@ def load_full_state(
             unwrap(model).load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
         return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     options = StateDictOptions(full_state_dict=True)
     if model_state is not None:
         set_model_state_dict(model, model_state, options=options)

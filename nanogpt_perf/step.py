@@ -6,11 +6,10 @@ from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from nanogpt_perf.batches import TokenBatches
+from nanogpt_perf.parallel import is_fsdp
 from nanogpt_perf.runtime import Runtime
 
 
@@ -41,7 +40,7 @@ class TrainStep:
         self.model, self.optimizer, self.scaler, self.runtime = model, optimizer, scaler, runtime
         self.batches, self.accum, self.grad_clip = batches, gradient_accumulation_steps, grad_clip
         self.ddp = isinstance(model, DistributedDataParallel)
-        self.fsdp = isinstance(model, FSDPModule)
+        self.fsdp = is_fsdp(model)
         self.fetch(None)  # each later batch is fetched during the step before it
 
     def __call__(self, mark: Callable[[str], None] | None = None) -> StepResult:
@@ -64,7 +63,7 @@ class TrainStep:
         self.scaler.unscale_(self.optimizer)  # a no-op without float16; with it, records overflows for step()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)
-        if self.fsdp and isinstance(grad_norm, DTensor):  # the norm of this rank's shards: combined over all ranks
+        if self.fsdp and hasattr(grad_norm, "full_tensor"):  # a DTensor: this rank's shards, combined over all
             grad_norm = grad_norm.full_tensor()
         if self.grad_clip > 0.0:
             torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.grad_clip, grad_norm)

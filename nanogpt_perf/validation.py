@@ -34,6 +34,11 @@ def interval(low: float, high: float, low_open: bool = False, high_open: bool = 
     return lambda v: None if inside(v) else text
 
 
+def or_word(word: str, rule: Rule) -> Rule:
+    """rule, or the word itself (e.g. 'auto')."""
+    return lambda v: None if v == word else (rule(v) and f"{word!r} or {rule(v)}")
+
+
 def one_of(*choices: str) -> Rule:
     return lambda v: None if v in choices else f"one of {', '.join(choices)}"
 
@@ -102,6 +107,7 @@ RULES: dict[str, Rule] = {
     # the work: training, evaluation, checkpoints, benchmarks
     "batch_size": at_least(1),
     "gradient_accumulation_steps": at_least(1),
+    "tokens_per_iter": at_least(0, " (0 = batch_size x gradient_accumulation_steps x block_size)"),
     "max_iters": at_least(0),
     "eval_interval": at_least(1),
     "eval_iters": at_least(1),

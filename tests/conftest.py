@@ -43,6 +43,16 @@ def assert_one_line_error(result, *fragments: str) -> None:
         assert fragment in lines[0]
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked gpu (the CUDA paths: pytest -m gpu) are skipped where there is no CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A data_dir holding a small character-level dataset 'tiny', made by the real prepare script."""

@@ -65,11 +65,11 @@ CASES = {
     "sample-prompt_outside_vocabulary": Case(S, "--start=abc€z", ("start", "not in the model's vocabulary", "€"), CKPT),
     "sample-init_from=scratch": Case(S, "--init_from=scratch", ("init_from must be resume, gpt2", "'scratch'")),
     "sample-dtype": Case(S, "--dtype=fp8", ("dtype must be one of auto, float32, bfloat16, float16, not 'fp8'",)),
-    "sample-device=cuda": Case(S, "--device=cuda", ("device must be one of", "not 'cuda'")),
+    "sample-device=cuda:99": Case(S, "--device=cuda:99", ("device must be one of", "not 'cuda:99'")),
     # bench.py
     "bench-steps=0": Case(B, "--steps=0", ("steps must be >= 1, not 0",)),
     "bench-beta2=1": Case(B, "--beta2=1.0", ("beta2 must be in [0, 1), not 1.0",)),
-    "bench-device=cuda:7": Case(B, "--device=cuda:7", ("device must be one of", "not 'cuda:7'")),
+    "bench-device=cuda:99": Case(B, "--device=cuda:99", ("device must be one of", "not 'cuda:99'")),
     # bench_generate.py
     "bench_generate-max_new_tokens=1": Case(G, "--max_new_tokens=1", ("max_new_tokens must be >= 2",)),
     "bench_generate-n_embd%n_head": Case(G, "--n_embd=100 --n_head=3", ("n_embd=100 is not divisible by n_head=3",)),

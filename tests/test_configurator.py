@@ -111,12 +111,13 @@ class Captured(Exception):
     """What a script passes to configure()."""
 
 
-def defaults_of(script: str, monkeypatch) -> tuple[dict, dict]:
-    """A script's settings as it defines them and the rules it adds, run up to its configure() call."""
+def defaults_of(script: str, monkeypatch) -> tuple[dict, dict, dict]:
+    """A script's settings as it defines them, the rules it adds and the words its settings take besides values of
+    their types, run up to its configure() call."""
     import configurator
 
-    def capture(namespace, argv=None, rules=None):
-        raise Captured(settings_of(namespace), rules or {})
+    def capture(namespace, argv=None, rules=None, words=None):
+        raise Captured(settings_of(namespace), rules or {}, words or {})
 
     monkeypatch.setattr(configurator, "configure", capture)
     with pytest.raises(Captured) as captured:
@@ -128,14 +129,15 @@ def defaults_of(script: str, monkeypatch) -> tuple[dict, dict]:
 def test_every_script_default_is_valid(script, monkeypatch):
     if not (ROOT / script).is_file():
         pytest.skip(f"{script} is not there")
-    settings, rules = defaults_of(script, monkeypatch)
+    settings, rules, _ = defaults_of(script, monkeypatch)
     assert settings and settings_problem(settings, RULES | rules) is None
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.py")))
 def test_every_config_is_valid(config, monkeypatch):
-    defaults, _ = defaults_of("train.py", monkeypatch)
-    assert settings_problem(apply_overrides(defaults, [str(ROOT / "config" / config)])) is None
+    defaults, rules, words = defaults_of("train.py", monkeypatch)
+    settings = apply_overrides(defaults, [str(ROOT / "config" / config)], words)
+    assert settings_problem(settings, RULES | rules) is None
 
 
 @pytest.mark.parametrize(
