@@ -40,7 +40,7 @@ OWT, FW = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
 
 CASES = {
     # train.py: sizes, the schedule, the model's switches, the command line, a config file, a checkpoint to resume
-    "train-batch_size=0": Case(T, "--batch_size=0", ("batch_size must be >= 1, not 0",)),
+    "train-batch_size=0": Case(T, "--batch_size=0", ("batch_size must be 'auto' or >= 1, not 0",)),
     "train-n_layer=-1": Case(T, "--n_layer=-1", ("n_layer must be >= 1, not -1",)),
     "train-eval_iters=0": Case(T, "--eval_iters=0", ("eval_iters must be >= 1, not 0",)),
     "train-dropout=1.5": Case(T, "--dropout=1.5", ("dropout must be in [0, 1), not 1.5",)),
