@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint gpu-dry-run
 
 setup: $(VENV)/.installed
 
@@ -28,3 +28,10 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# every step of scripts/gpu_suite.py on the CPU with a tiny model (under 2 minutes), into a temporary folder that is
+# removed when all went well and kept, with its logs, when not
+gpu-dry-run: setup
+	@dir=$$(mktemp -d /tmp/gpu-dry-run.XXXXXX); \
+	if $(BIN)/python scripts/gpu_suite.py --dry-run --out=$$dir; then rm -rf $$dir; \
+	else echo "gpu-dry-run failed: the logs are in $$dir"; exit 1; fi

