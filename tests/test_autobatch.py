@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import TINY_MODEL, assert_one_line_error, run_script
+from conftest import TINY_MODEL, assert_one_line_error, run_in_process, run_script
 from nanogpt_perf.autobatch import auto_micro_batch, step_shape
 
 
@@ -71,7 +71,14 @@ def test_train_py_chooses_the_micro_batch_and_derives_the_accumulation(tiny_data
     assert "tokens per iteration: 1,024 (4 micro-batches x 1 ranks x 8 x 32)" in result.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["batch_size"] == 8 and manifest["settings"]["gradient_accumulation_steps"] == 4
-    refused = train(tmp_path / "other", "--batch_size=auto")
+    refused = run_in_process(
+        "train.py",
+        *model,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={tmp_path / 'other'}",
+        "--batch_size=auto",
+    )
     assert_one_line_error(refused, "batch_size='auto' needs tokens_per_iter")
     assert not (tmp_path / "other").exists()
 

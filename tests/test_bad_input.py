@@ -1,8 +1,9 @@
 """Every bad input refused cleanly: one 'error: ' line on stderr naming the setting and what would be valid, a
 non-zero exit, no traceback, and every file as it was (no out_dir made, no data prepared, a checkpoint untouched).
 
-Each case runs a script as a user runs it, in a folder of its own, and fails before any model is built or any data
-is read; the runs go side by side (each is mostly Python and torch starting up), each case a test of its own."""
+Each case runs a script in a folder of its own and fails before any model is built or any data is read. The cases
+run inside the test process (conftest.run_in_process: torch is imported once, not 36 times); one case of each script
+is also run as a user runs it, in a process of its own, which must say the same."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
-from conftest import ROOT, assert_one_line_error, run_script
+from conftest import assert_one_line_error, run_in_process, run_script
 
 CHECKPOINT = None  # in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
 
@@ -93,19 +94,18 @@ def contents(folder: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
 
 
-def run_case(case: Case, folder: Path, checkpoint: bytes) -> tuple:
+def run_case(case: Case, folder: Path, checkpoint: bytes, run=run_in_process) -> tuple:
     """(the run, the folder's contents before, after)."""
     for path, text in case.files.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
         (folder / path).write_bytes(checkpoint if text is CHECKPOINT else text.encode())
     before = contents(folder)
     flags = [f.replace("{dir}", str(folder)) for f in f"{COMMON[case.script]} {case.flags}".split()]
-    return run_script(case.script, *flags, timeout=120), before, contents(folder)
+    return run(case.script, *flags), before, contents(folder)
 
 
 @pytest.fixture(scope="module")
-def runs(request, tmp_path_factory) -> dict[str, tuple]:
-    """The run of every case selected in this module, side by side."""
+def checkpoint(tmp_path_factory) -> bytes:
     from model import GPT, GPTConfig
     from nanogpt_perf.checkpoint import save_checkpoint
 
@@ -115,23 +115,31 @@ def runs(request, tmp_path_factory) -> dict[str, tuple]:
     save_checkpoint(
         {"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path
     )
-    checkpoint = path.read_bytes()
-    chosen = [
-        item.callspec.params["name"]
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec")
-    ]
-    chosen = [name for name in chosen if (ROOT / CASES[name].script).is_file()]
-    folders = {name: tmp_path_factory.mktemp("case") for name in chosen}
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        futures = {name: pool.submit(run_case, CASES[name], folders[name], checkpoint) for name in chosen}
-        return {name: future.result() for name, future in futures.items()}
+    return path.read_bytes()
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_refused_with_one_line_and_nothing_written(name: str, runs: dict[str, tuple]):
-    if not (ROOT / CASES[name].script).is_file():
-        pytest.skip(f"{CASES[name].script} is not there")
-    result, before, after = runs[name]
+def test_refused_with_one_line_and_nothing_written(name: str, checkpoint: bytes, tmp_path):
+    result, before, after = run_case(CASES[name], tmp_path, checkpoint)
     assert_one_line_error(result, *CASES[name].names)
     assert after == before
+
+
+def test_a_process_of_its_own_refuses_as_the_run_in_this_one(checkpoint: bytes, tmp_path_factory):
+    """The cases run inside the test process; one case of each script, run as a user runs it, says the same."""
+    names = [
+        "train-config_file_value",
+        "sample-top_p=0",
+        "bench-beta2=1",
+        "export-export_dir_is_a_file",
+        "fineweb-out_dir=''",
+    ]
+    folders = [(tmp_path_factory.mktemp("inside"), tmp_path_factory.mktemp("own")) for _ in names]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        own = list(pool.map(lambda n, f: run_case(CASES[n], f[1], checkpoint, run_script), names, folders))
+    for name, (inside, own_folder), (result, before, after) in zip(names, folders, own, strict=True):
+        reference = run_case(CASES[name], inside, checkpoint)[0]
+        said = (result.returncode, result.stderr.replace(str(own_folder), "{dir}"))
+        assert said == (reference.returncode, reference.stderr.replace(str(inside), "{dir}")), name
+        assert_one_line_error(result, *CASES[name].names)
+        assert after == before

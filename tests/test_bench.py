@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_script
 from model import GPT, GPTConfig
 from nanogpt_perf.batches import SyntheticBatches
 from nanogpt_perf.cases import Case, ladder_cases, largest_fitting, sweep_values
@@ -298,8 +298,10 @@ def test_regression_check_exit_codes(ladder, tmp_path):
     (tmp_path / "gpu.json").write_text(json.dumps(elsewhere))
     result = run_script("bench.py", f"--compare={tmp_path / 'gpu.json'}", f"--baseline={out}")
     assert result.returncode == 2 and "not comparable" in result.stderr and "H100" in result.stderr
-    assert_one_line_error(run_script("bench.py", f"--compare={worse}"), "needs both")
-    assert_one_line_error(run_script("bench.py", f"--compare={worse}", f"--baseline={tmp_path}/no.json"), "no bench")
+    assert_one_line_error(run_in_process("bench.py", f"--compare={worse}"), "needs both")
+    assert_one_line_error(
+        run_in_process("bench.py", f"--compare={worse}", f"--baseline={tmp_path}/no.json"), "no bench"
+    )
 
 
 def test_sweep_and_profile_end_to_end(tmp_path):
@@ -330,7 +332,7 @@ def test_sweep_and_profile_end_to_end(tmp_path):
     ],
 )
 def test_bad_bench_settings_are_one_line(args, message):
-    assert_one_line_error(run_script("bench.py", *TINY_BENCH, *args), message)
+    assert_one_line_error(run_in_process("bench.py", *TINY_BENCH, *args), message)
 
 
 def test_find_max_batch_on_cpu_says_it_is_not_meaningful():

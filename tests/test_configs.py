@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, assert_one_line_error, run_script
+from conftest import ROOT, assert_one_line_error, run_in_process
 
 CONFIGS = {
     "train_gpt2.py": "openwebtext",
@@ -21,7 +21,7 @@ CONFIGS = {
 def test_a_gpt2_config_asks_for_its_unprepared_dataset(tmp_path: Path, config: str, dataset: str):
     (tmp_path / dataset).mkdir()
     (tmp_path / dataset / "prepare.py").write_text("raise SystemExit('must not run unasked')\n")
-    result = run_script("train.py", str(ROOT / "config" / config), f"--data_dir={tmp_path}", "--device=cpu",
+    result = run_in_process("train.py", str(ROOT / "config" / config), f"--data_dir={tmp_path}", "--device=cpu",
                         f"--out_dir={tmp_path / 'out'}")  # fmt: skip
     assert_one_line_error(result, f"dataset {dataset} is not prepared", "prepare.py", "GB of shards")
     assert not (tmp_path / "out").exists()

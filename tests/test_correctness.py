@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import ROOT, assert_one_line_error, run_script, run_train
+from conftest import ROOT, assert_one_line_error, refuse_train, run_in_process, run_script, run_train
 from model import GPT, GPTConfig
 from nanogpt_perf.checkpoint import save_checkpoint
 from nanogpt_perf.generate import Engine, Sampling
@@ -92,7 +92,7 @@ def test_export_writes_special_tokens_only_inside_the_vocabulary(tmp_path, token
 def test_export_refuses_a_tokenizer_larger_than_the_model(tmp_path):
     pytest.importorskip("transformers")
     save_tiny_checkpoint(tmp_path / "out" / "ckpt.pt", {"kind": "gpt2"}, 64)
-    result = run_script("export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}")
+    result = run_in_process("export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}")
     assert_one_line_error(result, "50257", "64")
     assert not (tmp_path / "hf").exists()
 
@@ -114,7 +114,7 @@ def test_a_meta_pkl_that_would_run_code_is_refused_unrun(tiny_data, tmp_path):
     meta = data_dir / "tiny" / "meta.pkl"
     meta.write_bytes(pickle.dumps({"vocab_size": 40, "itos": _Payload(marker)}))
     before = meta.read_bytes()
-    result = run_train(data_dir, tmp_path / "out", "--max_iters=1")
+    result = refuse_train(data_dir, tmp_path / "out", "--max_iters=1")
     assert_one_line_error(result, "meta.pkl", "plain data")
     assert not marker.exists() and meta.read_bytes() == before and not (tmp_path / "out" / "ckpt.pt").exists()
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_train
+from conftest import assert_one_line_error, refuse_train, run_train
 from nanogpt_perf.batches import TokenBatches
 from nanogpt_perf.shards import ShardError, read_shard_header, split_files, write_shard
 from nanogpt_perf.windows import EpochWindows
@@ -85,7 +85,7 @@ def test_a_malformed_shard_is_one_line_naming_the_file(tmp_path, damage, message
     with pytest.raises(ShardError, match=message):
         read_shard_header(bad)
     before = bad.read_bytes()
-    result = run_train(tmp_path / "data", tmp_path / "out", "--max_iters=1")
+    result = refuse_train(tmp_path / "data", tmp_path / "out", "--max_iters=1")
     assert_one_line_error(result, str(bad), message)
     assert bad.read_bytes() == before and not (tmp_path / "out" / "ckpt.pt").exists()
 
@@ -150,5 +150,5 @@ def test_memory_stays_flat_over_many_batches(tmp_path):
 def test_a_partly_prepared_dataset_is_not_trained_on(tmp_path):
     folder = llmc_folder(tmp_path / "data" / "tiny", [3000, 5000])
     (folder / "prepare_state.json").write_text("{}")  # what a killed preparation leaves
-    result = run_train(tmp_path / "data", tmp_path / "out", "--max_iters=1")
+    result = refuse_train(tmp_path / "data", tmp_path / "out", "--max_iters=1")
     assert_one_line_error(result, "only partly prepared", "prepare.py")

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_train
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_train
 from model import GPT
 
 SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
@@ -94,7 +94,7 @@ def test_a_corrupt_checkpoint_names_the_newest_good_one_and_falls_back_only_when
     newest.write_bytes(data)
     shutil.copyfile(newest, out / "ckpt.pt")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    refused = run_train(tiny_data, out, *SCHEDULE, "--init_from=resume", "--max_iters=8")
+    refused = refuse_train(tiny_data, out, *SCHEDULE, "--init_from=resume", "--max_iters=8")
     assert_one_line_error(refused, "ckpt.pt is corrupt", "ckpt-0000005.pt", "resume_fallback=True")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     resumed = run_train(tiny_data, out, *SCHEDULE, "--init_from=resume", "--max_iters=8", "--resume_fallback=True")
@@ -107,7 +107,7 @@ def test_a_truncated_checkpoint_is_detected(saved_every_step, tiny_data, tmp_pat
     out = tmp_path / "out"
     shutil.copytree(saved_every_step, out)
     (out / "ckpt.pt").write_bytes((out / "ckpt.pt").read_bytes()[:5000])
-    result = run_train(tiny_data, out, "--init_from=resume")
+    result = refuse_train(tiny_data, out, "--init_from=resume")
     assert_one_line_error(result, "ckpt.pt is truncated", "ckpt-0000006.pt")
 
 

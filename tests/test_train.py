@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import ROOT, assert_one_line_error, run_script, run_train
+from conftest import ROOT, assert_one_line_error, refuse_train, run_in_process, run_script, run_train
 
 
 @pytest.fixture(scope="module")
@@ -89,31 +89,31 @@ def test_resume_continues_from_the_checkpoint(trained, tmp_path):
 
 
 def test_unknown_key_is_one_line(tmp_path):
-    assert_one_line_error(run_script("train.py", "--batchsize=4"), "batchsize", "did you mean 'batch_size'")
+    assert_one_line_error(run_in_process("train.py", "--batchsize=4"), "batchsize", "did you mean 'batch_size'")
     cfg = tmp_path / "cfg.py"
     cfg.write_text("n_layers = 3\n")
-    assert_one_line_error(run_script("train.py", str(cfg)), "n_layers", "cfg.py", "'n_layer'")
+    assert_one_line_error(run_in_process("train.py", str(cfg)), "n_layers", "cfg.py", "'n_layer'")
 
 
 def test_wrong_type_is_one_line():
-    assert_one_line_error(run_script("train.py", "--max_iters=ten"), "max_iters must be int")
-    assert_one_line_error(run_script("sample.py", "--top_k=2.5"), "top_k must be int")
+    assert_one_line_error(run_in_process("train.py", "--max_iters=ten"), "max_iters must be int")
+    assert_one_line_error(run_in_process("sample.py", "--top_k=2.5"), "top_k must be int")
 
 
 def test_missing_config_file_is_one_line():
-    assert_one_line_error(run_script("train.py", "config/nope.py"), "config/nope.py not found")
+    assert_one_line_error(run_in_process("train.py", "config/nope.py"), "config/nope.py not found")
 
 
 def test_missing_dataset_is_one_line(tmp_path):
     assert_one_line_error(
-        run_script("train.py", f"--data_dir={tmp_path}", "--dataset=owt", "--device=cpu"), "dataset 'owt' not found"
+        run_in_process("train.py", f"--data_dir={tmp_path}", "--dataset=owt", "--device=cpu"), "dataset 'owt' not found"
     )
 
 
 def test_resume_without_checkpoint_is_one_line(tiny_data, tmp_path):
-    result = run_train(tiny_data, tmp_path, "--init_from=resume")
+    result = refuse_train(tiny_data, tmp_path, "--init_from=resume")
     assert_one_line_error(result, "no checkpoint at")
-    assert_one_line_error(run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "no checkpoint at")
+    assert_one_line_error(run_in_process("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "no checkpoint at")
 
 
 @pytest.mark.parametrize("flag", ["--block_size=64", "--n_layer=3", "--pad_vocab=128", "--dataset=other"])
@@ -121,7 +121,7 @@ def test_resuming_with_another_architecture_or_data_is_refused_and_changes_nothi
     out, _, data_dir = trained
     shutil.copytree(out, tmp_path / "out")
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
-    result = run_train(data_dir, tmp_path / "out", "--init_from=resume", flag)
+    result = refuse_train(data_dir, tmp_path / "out", "--init_from=resume", flag)
     key, value = flag[2:].split("=")
     assert_one_line_error(result, f"cannot resume with {key}={value!r}" if key == "dataset" else f"{key}={value}")
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
@@ -129,12 +129,12 @@ def test_resuming_with_another_architecture_or_data_is_refused_and_changes_nothi
 
 def test_corrupt_checkpoint_is_one_line_and_left_alone(tmp_path):
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
-    assert_one_line_error(run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "corrupt")
+    assert_one_line_error(run_in_process("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "corrupt")
     assert (tmp_path / "ckpt.pt").read_bytes() == b"not a checkpoint"
 
 
 def test_n_embd_not_divisible_by_n_head_is_one_line(tiny_data, tmp_path):
-    result = run_train(
+    result = refuse_train(
         tiny_data,
         tmp_path,
         "--n_embd=30",
