@@ -12,7 +12,8 @@ where the time goes.
 
 Each timed iteration is bracketed by device synchronisations; burn_in iterations (the first includes compilation,
 allocator and kernel warm-up) are timed apart and left out of the median. What is timed is the training step that
-train.py runs (nanogpt_perf/step.py), built from the same settings; the measuring lives in nanogpt_perf/measure.py.
+train.py runs (nanogpt_perf/train/step.py), built from the same settings; the measuring lives in
+nanogpt_perf/bench/measure.py.
 """
 
 import os
@@ -21,14 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from configurator import configure
-from nanogpt_perf.batches import SyntheticBatches, TokenBatches
-from nanogpt_perf.cases import case_from_settings, ladder_cases, largest_fitting, sweep_values
-from nanogpt_perf.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.bench.cases import case_from_settings, ladder_cases, largest_fitting, sweep_values
+from nanogpt_perf.bench.measure import add_speedups, run_case
+from nanogpt_perf.bench.regression import compare_results, comparison_table, load_results, machine_difference, verdict
+from nanogpt_perf.bench.report import beside, report, write_outputs
+from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.data.loader import SyntheticBatches, TokenBatches
 from nanogpt_perf.errors import die
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.measure import add_speedups, run_case
-from nanogpt_perf.regression import compare_results, comparison_table, load_results, machine_difference, verdict
-from nanogpt_perf.report import beside, report, write_outputs
 from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with train.py (one name, default and meaning each;

@@ -7,7 +7,7 @@ A setting is any module-level name of type bool, int, float or str defined befor
 A config file is Python: its top-level assignments are overrides (imports and helpers in it are ignored).
 Unknown keys are errors that suggest the closest known key; values convert to the setting's type only where
 that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> False for a bool). The final values
-are then checked against their valid ranges (nanogpt_perf/validation.py). Every mistake is one error line.
+are then checked against their valid ranges (nanogpt_perf/rules.py). Every mistake is one error line.
 """
 
 import ast
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import die
-from nanogpt_perf.validation import RULES, Rule, settings_problem
+from nanogpt_perf.rules import RULES, Rule, settings_problem
 
 SETTING_TYPES = (bool, int, float, str)
 

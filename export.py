@@ -9,10 +9,10 @@ from pathlib import Path
 
 from configurator import configure
 from model import GPT
-from nanogpt_perf.checkpoint import load_checkpoint
+from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import die
 from nanogpt_perf.gpt2_weights import to_hf_state_dict
-from nanogpt_perf.tokenizer import Tokenizer
+from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # where ckpt.pt is

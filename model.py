@@ -247,7 +247,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict[str, Any]) -> "GPT":
-        """The model saved in one of our checkpoints (as nanogpt_perf.checkpoint.load_checkpoint reads it)."""
+        """The model saved in one of our checkpoints (as nanogpt_perf.train.checkpoint.load_checkpoint reads it)."""
         model = cls(GPTConfig(**checkpoint["model_args"]))
         model.load_state_dict(checkpoint["model"])
         return model

@@ -13,14 +13,14 @@ import torch
 
 from configurator import configure
 from model import GPT
-from nanogpt_perf.checkpoint import load_checkpoint
+from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import die
 from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.rules import init_from_one_of
 from nanogpt_perf.runtime import resolve_runtime
-from nanogpt_perf.tokenizer import TextStream, Tokenizer
-from nanogpt_perf.validation import init_from_one_of
+from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder

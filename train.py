@@ -21,27 +21,27 @@ import torch.distributed as dist
 
 from configurator import configure
 from model import GPT
-from nanogpt_perf.autobatch import HOST_BATCH, micro_batch, step_shape
-from nanogpt_perf.batches import TokenBatches
-from nanogpt_perf.checkpoint import resume_checkpoint, save_iteration, unwrap
-from nanogpt_perf.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.bench.autobatch import HOST_BATCH, micro_batch, step_shape
+from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.data.tokenizer import tokenizer_spec
 from nanogpt_perf.errors import die
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.parallel import close, full_state, load_full_state, wrap_model
-from nanogpt_perf.preemption import StopRequest
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.resume import given_on_command, resume_settings, rng_state, set_rng_state
+from nanogpt_perf.rules import RULES, at_least, or_word, settings_problem
 from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with bench.py (one name, default and meaning each;
 # `python train.py --help` lists them), overridden by config files and flags like the settings below
 from nanogpt_perf.settings import *  # noqa: F403
-from nanogpt_perf.step import TrainStep
 from nanogpt_perf.timing import DeviceClock
-from nanogpt_perf.tokenizer import tokenizer_spec
-from nanogpt_perf.validation import RULES, at_least, or_word, settings_problem
+from nanogpt_perf.train.checkpoint import resume_checkpoint, save_iteration, unwrap
+from nanogpt_perf.train.parallel import close, full_state, load_full_state, wrap_model
+from nanogpt_perf.train.preemption import StopRequest
+from nanogpt_perf.train.resume import given_on_command, resume_settings, rng_state, set_rng_state
+from nanogpt_perf.train.step import TrainStep
 
 # -----------------------------------------------------------------------------
 # settings of train.py alone: defaults train GPT-2 (124M); config files and --key=value flags override them
@@ -132,7 +132,7 @@ print0(f"vocab_size {vocab_size} from {data_path}")
 
 def choose_micro_batch(rows: int) -> int:
     """batch_size='auto' for rows sequences per rank and step: a step tried per candidate on this device (see
-    nanogpt_perf/autobatch.py); under DDP the smallest that any rank found."""
+    nanogpt_perf/bench/autobatch.py); under DDP the smallest that any rank found."""
     chosen = torch.tensor(micro_batch(rows, settings, vocab_size, runtime, print0), device=runtime.device)
     if ddp:
         dist.all_reduce(chosen, op=dist.ReduceOp.MIN)
@@ -430,4 +430,4 @@ if timings:
 if master:
     log_file.close()
 if ddp:
-    close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/parallel.py)
+    close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/train/parallel.py)

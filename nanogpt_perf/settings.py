@@ -68,6 +68,6 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:
-    """The GPTConfig that the settings s describe (checked by configure: nanogpt_perf/validation.py), for a
+    """The GPTConfig that the settings s describe (checked by configure: nanogpt_perf/rules.py), for a
     vocabulary of vocab_size tokens (the dataset's, padded to a multiple of pad_vocab)."""
     return GPTConfig(vocab_size=round_up(vocab_size, s["pad_vocab"]), **{k: s[k] for k in MODEL_SETTINGS})

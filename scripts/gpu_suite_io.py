@@ -1,5 +1,5 @@
 """What scripts/gpu_suite.py reads and writes: the offline corpus and nanoGPT's copy of its tokens, the figures
-out of each sub-run's output (train.py's log.jsonl, bench.py's and bench_generate.py's JSON, nanoGPT's printed
+out of each sub-run's output (train.py's log.jsonl, bench.py's and benchmarks/generate.py's JSON, nanoGPT's printed
 lines), and the suite's own results.json, results.csv, results.png, logs archive and summary table, rebuilt from all
 the rows so far after every part."""
 
@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 from data.tiny_shakespeare import markdown_play_to_text  # noqa: E402
-from nanogpt_perf.shards import split_files  # noqa: E402
+from nanogpt_perf.data.shards import split_files  # noqa: E402
 
 FIGURES = ("ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes")
 COLUMNS = ("part", "group", "name", "status", "reason", *FIGURES, "ratio", "note", "log")
@@ -202,7 +202,7 @@ def nanogpt_bench_ms(stdout: Path) -> float:
 
 
 def generation_rows(path: Path, part: str, name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """bench_generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) with the ratio of
+    """benchmarks/generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) with the ratio of
     ours to it (the same run, the same weights); and the run's manifest."""
     doc = json.loads(path.read_text())
     rows = []

@@ -19,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
-from nanogpt_perf.checkpoint import checkpoint_problem  # noqa: E402
+from nanogpt_perf.train.checkpoint import checkpoint_problem  # noqa: E402
 
 # -----------------------------------------------------------------------------
 kills = 20

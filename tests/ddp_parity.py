@@ -1,6 +1,6 @@
-"""Run two optimizer steps of nanogpt_perf.step.TrainStep on a tiny GPT over fixed micro-batches and save the losses,
-gradient norms and weights: under torchrun, rank r takes its share of each step's micro-batches; alone, one process
-takes them all. tests/test_step.py checks that the two agree.
+"""Run two optimizer steps of nanogpt_perf.train.step.TrainStep on a tiny GPT over fixed micro-batches and save the
+losses, gradient norms and weights: under torchrun, rank r takes its share of each step's micro-batches; alone, one
+process takes them all. tests/test_step.py checks that the two agree.
 
     python tests/ddp_parity.py OUT.pt K                                          # 1 process, 2K micro-batches a step
     torchrun --standalone --nproc_per_node=2 tests/ddp_parity.py OUT.pt K        # 2 ranks, K micro-batches each
@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.runtime import resolve_runtime  # noqa: E402
-from nanogpt_perf.step import TrainStep  # noqa: E402
+from nanogpt_perf.train.step import TrainStep  # noqa: E402
 
 STEPS, B, T, V = 2, 2, 16, 64
 

@@ -1,6 +1,6 @@
-"""Run three optimizer steps of nanogpt_perf.step.TrainStep on a tiny GPT over fixed micro-batches and save the
+"""Run three optimizer steps of nanogpt_perf.train.step.TrainStep on a tiny GPT over fixed micro-batches and save the
 losses, gradient norms and weights: alone, one process takes every micro-batch of a step; under torchrun, the model
-is sharded with FSDP2 (nanogpt_perf.parallel.wrap_model) and rank r takes its share. Under torchrun the ranks also
+is sharded with FSDP2 (nanogpt_perf.train.parallel.wrap_model) and rank r takes its share. Under torchrun the ranks also
 stop after two steps, save the full state with full_state in train.py's checkpoint layout, load it into a fresh FSDP
 model with load_full_state and take the third step. tests/test_fsdp.py checks that everything agrees.
 
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ddp_parity  # noqa: E402
 
 from model import GPT, GPTConfig  # noqa: E402
-from nanogpt_perf.checkpoint import load_checkpoint, save_iteration  # noqa: E402
-from nanogpt_perf.parallel import close, full_state, load_full_state, wrap_model  # noqa: E402
 from nanogpt_perf.runtime import Runtime, resolve_runtime  # noqa: E402
-from nanogpt_perf.step import TrainStep  # noqa: E402
+from nanogpt_perf.train.checkpoint import load_checkpoint, save_iteration  # noqa: E402
+from nanogpt_perf.train.parallel import close, full_state, load_full_state, wrap_model  # noqa: E402
+from nanogpt_perf.train.step import TrainStep  # noqa: E402
 
 STEPS, B, T, V = 3, 2, 16, 64
 

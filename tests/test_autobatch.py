@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import TINY_MODEL, assert_one_line_error, run_in_process, run_script
-from nanogpt_perf.autobatch import auto_micro_batch, step_shape
+from nanogpt_perf.bench.autobatch import auto_micro_batch, step_shape
 
 
 def probed(rows: int, limit: int) -> tuple[int, list[int]]:
@@ -85,7 +85,7 @@ def test_train_py_chooses_the_micro_batch_and_derives_the_accumulation(tiny_data
 
 def test_a_probe_runs_one_step_of_the_settings_as_set():
     import nanogpt_perf.settings as shared
-    from nanogpt_perf.autobatch import step_fits
+    from nanogpt_perf.bench.autobatch import step_fits
     from nanogpt_perf.runtime import resolve_runtime
 
     settings = {k: getattr(shared, k) for k in shared.__all__ if k != "model_config"}

@@ -30,13 +30,13 @@ COMMON = {
     "sample.py": "--out_dir={dir}/out --device=cpu --start=abc",
     "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
     "bench.py": "--out_json={dir}/bench.json --device=cpu --compile=false",
-    "bench_generate.py": "--device=cpu",
+    "benchmarks/generate.py": "--device=cpu",
     "data/openwebtext/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
     "data/fineweb/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
 }
 CKPT = {"out/ckpt.pt": CHECKPOINT}
 DOCS = {"docs.txt": "some text"}
-T, S, B, G = "train.py", "sample.py", "bench.py", "bench_generate.py"
+T, S, B, G = "train.py", "sample.py", "bench.py", "benchmarks/generate.py"
 OWT, FW = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
 
 CASES = {
@@ -71,7 +71,7 @@ CASES = {
     "bench-steps=0": Case(B, "--steps=0", ("steps must be >= 1, not 0",)),
     "bench-beta2=1": Case(B, "--beta2=1.0", ("beta2 must be in [0, 1), not 1.0",)),
     "bench-device=cuda:99": Case(B, "--device=cuda:99", ("device must be one of", "not 'cuda:99'")),
-    # bench_generate.py
+    # benchmarks/generate.py
     "bench_generate-max_new_tokens=1": Case(G, "--max_new_tokens=1", ("max_new_tokens must be >= 2",)),
     "bench_generate-n_embd%n_head": Case(G, "--n_embd=100 --n_head=3", ("n_embd=100 is not divisible by n_head=3",)),
     "bench_generate-device=tpu": Case(G, "--device=tpu", ("device must be one of auto, cpu", "not 'tpu'")),
@@ -107,7 +107,7 @@ def run_case(case: Case, folder: Path, checkpoint: bytes, run=run_in_process) ->
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> bytes:
     from model import GPT, GPTConfig
-    from nanogpt_perf.checkpoint import save_checkpoint
+    from nanogpt_perf.train.checkpoint import save_checkpoint
 
     model_args = dict(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
     tokenizer = {"kind": "characters", "itos": list("abcdefgh ")}

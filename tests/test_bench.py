@@ -10,11 +10,11 @@ import torch
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_script
 from model import GPT, GPTConfig
-from nanogpt_perf.batches import SyntheticBatches
-from nanogpt_perf.cases import Case, ladder_cases, largest_fitting, sweep_values
+from nanogpt_perf.bench.cases import Case, ladder_cases, largest_fitting, sweep_values
+from nanogpt_perf.bench.measure import FIGURES, run_case
+from nanogpt_perf.bench.regression import compare_results, verdict
+from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.manifest import git_state, gpu_driver_version
-from nanogpt_perf.measure import FIGURES, run_case
-from nanogpt_perf.regression import compare_results, verdict
 from nanogpt_perf.timing import PHASES
 
 SMALL = GPTConfig(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0)

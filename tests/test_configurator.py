@@ -6,7 +6,7 @@ import pytest
 
 from configurator import ConfigError, apply_overrides, configure, settings_of
 from conftest import ROOT
-from nanogpt_perf.validation import RULES, at_least, settings_problem
+from nanogpt_perf.rules import RULES, at_least, settings_problem
 
 DEFAULTS = {"max_iters": 100, "learning_rate": 6e-4, "compile": True, "out_dir": "out", "wandb_run_name": "gpt2"}
 
@@ -91,15 +91,15 @@ def test_missing_config_file():
         apply_overrides(DEFAULTS, ["config/does_not_exist.py"])
 
 
-# the range checks (nanogpt_perf/validation.py), applied by configure() to the final values
+# the range checks (nanogpt_perf/rules.py), applied by configure() to the final values
 
 SCRIPTS = [
     "train.py",
     "bench.py",
     "sample.py",
     "export.py",
-    "bench_generate.py",
-    "bench_loader.py",
+    "benchmarks/generate.py",
+    "benchmarks/loader.py",
     "scripts/soak.py",
     "scripts/preemption_check.py",
     "data/openwebtext/prepare.py",

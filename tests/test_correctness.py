@@ -10,10 +10,10 @@ import torch
 
 from conftest import ROOT, assert_one_line_error, refuse_train, run_in_process, run_script, run_train
 from model import GPT, GPTConfig
-from nanogpt_perf.checkpoint import save_checkpoint
 from nanogpt_perf.generate import Engine, Sampling
 from nanogpt_perf.peak_flops import PEAK_TFLOPS, peak_flops_for_name
 from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.train.checkpoint import save_checkpoint
 
 CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 

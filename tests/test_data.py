@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from data.tiny_shakespeare import markdown_play_to_text
-from nanogpt_perf.batches import TokenBatches
+from nanogpt_perf.data.loader import TokenBatches
 
 # Markdown ends a line inside a speech with two spaces
 PLAY = "\n".join(
@@ -53,7 +53,7 @@ def test_char_prepare_on_local_input(tmp_path):
 
 def test_bpe_prepare_on_local_input(tmp_path):
     from data.shakespeare.prepare import prepare
-    from nanogpt_perf.tokenizer import gpt2_encoding
+    from nanogpt_perf.data.tokenizer import gpt2_encoding
 
     text = "Hello world, said the king.\n" * 50
     (tmp_path / "input.txt").write_text(text)
@@ -63,7 +63,7 @@ def test_bpe_prepare_on_local_input(tmp_path):
 
 
 def test_gpt2_encoding_matches_the_published_ids():
-    from nanogpt_perf.tokenizer import gpt2_encoding
+    from nanogpt_perf.data.tokenizer import gpt2_encoding
 
     enc = gpt2_encoding()
     assert enc.encode_ordinary("Hello world,") == [15496, 995, 11]

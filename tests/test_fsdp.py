@@ -1,6 +1,6 @@
-"""FSDP2 (nanogpt_perf.parallel) through the shared TrainStep: 2 sharded gloo ranks against one process with all the
-micro-batches, with activation checkpointing, compile and bf16 mixed precision; checkpoints of the full state that
-resume exactly and load into a plain GPT without torch.distributed."""
+"""FSDP2 (nanogpt_perf.train.parallel) through the shared TrainStep: 2 sharded gloo ranks against one process with all
+the micro-batches, with activation checkpointing, compile and bf16 mixed precision; checkpoints of the full state
+that resume exactly and load into a plain GPT without torch.distributed."""
 
 from pathlib import Path
 
@@ -11,9 +11,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import run_script
 from model import GPT, GPTConfig
-from nanogpt_perf.checkpoint import load_checkpoint
-from nanogpt_perf.parallel import full_state, load_full_state, wrap_model
 from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.train.checkpoint import load_checkpoint
+from nanogpt_perf.train.parallel import full_state, load_full_state, wrap_model
 
 K = 2  # micro-batches per rank and step; the single process takes 2K
 

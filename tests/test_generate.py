@@ -5,11 +5,11 @@ import torch
 
 from conftest import run_script
 from model import GPT, GPTConfig, candidates, sample_next
-from nanogpt_perf.checkpoint import save_checkpoint
+from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.runtime import resolve_runtime
-from nanogpt_perf.tokenizer import TextStream, Tokenizer
+from nanogpt_perf.train.checkpoint import save_checkpoint
 
 CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 CPU = resolve_runtime("cpu", "float32")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, refuse_train, run_train
-from nanogpt_perf.batches import TokenBatches
-from nanogpt_perf.shards import ShardError, read_shard_header, split_files, write_shard
-from nanogpt_perf.windows import EpochWindows
+from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.data.order import EpochWindows
+from nanogpt_perf.data.shards import ShardError, read_shard_header, split_files, write_shard
 
 CPU = torch.device("cpu")
 

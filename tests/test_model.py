@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, sample_next
-from nanogpt_perf.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from nanogpt_perf.peak_flops import peak_flops_for_name
+from nanogpt_perf.train.checkpoint import load_checkpoint, save_checkpoint, unwrap
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 

@@ -1,6 +1,6 @@
-"""The web-scale preparation (data/openwebtext and data/fineweb over nanogpt_perf/corpus.py), offline: local JSONL,
-Parquet and text files through the real scripts, checked against tiktoken run here; a killed preparation resumes to
-the same bytes; 1 and 2 processes agree; bad inputs get one line."""
+"""The web-scale preparation (data/openwebtext and data/fineweb over nanogpt_perf/data/preparation.py), offline: local
+JSONL, Parquet and text files through the real scripts, checked against tiktoken run here; a killed preparation
+resumes to the same bytes; 1 and 2 processes agree; bad inputs get one line."""
 
 import importlib.util
 import itertools
@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, assert_one_line_error, run_script
-from nanogpt_perf.shards import split_files
-from nanogpt_perf.tokenizer import gpt2_encoding
+from nanogpt_perf.data.shards import split_files
+from nanogpt_perf.data.tokenizer import gpt2_encoding
 
 OPENWEBTEXT, FINEWEB = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
 EOT = 50256

@@ -7,7 +7,7 @@ sample-10BT is about 10B tokens, 20 GB of shards, streamed from the hub (tokenis
     python data/fineweb/prepare.py --input=docs.jsonl,more.parquet --out_dir=data/mine   # local files
 
 Run again after a kill, it resumes where it stopped (prepare_state.json) and ends with the same shards;
-prepare.json describes a finished preparation. See nanogpt_perf/corpus.py.
+prepare.json describes a finished preparation. See nanogpt_perf/data/preparation.py.
 """
 
 import sys
@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf`
 from configurator import configure  # noqa: E402
-from nanogpt_perf.corpus import Source, default_processes, local_source, prepare  # noqa: E402
-from nanogpt_perf.validation import one_of  # noqa: E402
+from nanogpt_perf.data.preparation import Source, default_processes, local_source, prepare  # noqa: E402
+from nanogpt_perf.rules import one_of  # noqa: E402
 
 SAMPLES = ("10BT", "100BT", "350BT")
 

@@ -7,7 +7,7 @@ the validation split, as in llm.c), then openwebtext_train_000001.bin, ... About
     python data/openwebtext/prepare.py --input=docs.jsonl,more.parquet --out_dir=data/mine   # local files
 
 Run again after a kill, it resumes where it stopped (prepare_state.json) and ends with the same shards;
-prepare.json describes a finished preparation. See nanogpt_perf/corpus.py.
+prepare.json describes a finished preparation. See nanogpt_perf/data/preparation.py.
 """
 
 import sys
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf`
 from configurator import configure  # noqa: E402
-from nanogpt_perf.corpus import Source, default_processes, local_source, prepare  # noqa: E402
+from nanogpt_perf.data.preparation import Source, default_processes, local_source, prepare  # noqa: E402
 
 # -----------------------------------------------------------------------------
 input = ""  # comma-separated local files (.txt: one document each, .jsonl, .json, .parquet: a `text` field) to use

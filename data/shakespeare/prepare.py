@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf` and `data.*`
 from data.tiny_shakespeare import load_text, save_dataset, split  # noqa: E402
-from nanogpt_perf.tokenizer import gpt2_encoding  # noqa: E402
+from nanogpt_perf.data.tokenizer import gpt2_encoding  # noqa: E402
 
 
 def prepare(folder: Path) -> dict:

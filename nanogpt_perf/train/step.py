@@ -8,9 +8,9 @@ from typing import NamedTuple
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from nanogpt_perf.batches import TokenBatches
-from nanogpt_perf.parallel import is_fsdp
+from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.runtime import Runtime
+from nanogpt_perf.train.parallel import is_fsdp
 
 
 class StepResult(NamedTuple):

@@ -3,9 +3,9 @@ Time generation on a model of a given shape (random weights: speed does not depe
 KV-cache engine (nanogpt_perf/generate.py), the uncached reference, and optionally nanoGPT's own generate on the
 same weights, in interleaved rounds.
 
-    python bench_generate.py                                  # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
-    python bench_generate.py --batch_size=16 --compile=True --uncached=False --device=cuda
-    python bench_generate.py --nanogpt_dir=../nanoGPT --uncached=False --repeats=3
+    python benchmarks/generate.py                                  # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
+    python benchmarks/generate.py --batch_size=16 --compile=True --uncached=False --device=cuda
+    python benchmarks/generate.py --nanogpt_dir=../nanoGPT --uncached=False --repeats=3
 
 The engine and the reference produce exactly the same tokens (the tests check it); this measures what it saves.
 """
@@ -13,10 +13,13 @@ The engine and the reference produce exactly the same tokens (the tests check it
 import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
 from configurator import configure
 from model import GPT, GPTConfig
@@ -24,8 +27,8 @@ from nanogpt_perf.errors import die
 from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.rules import at_least
 from nanogpt_perf.runtime import resolve_runtime
-from nanogpt_perf.validation import at_least
 
 # -----------------------------------------------------------------------------
 n_layer = 12

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from nanogpt_perf.data.shards import ShardError, read_shard_header, shard_name, write_shard
+from nanogpt_perf.data.tokenizer import gpt2_encoding
 from nanogpt_perf.errors import die
-from nanogpt_perf.shards import ShardError, read_shard_header, shard_name, write_shard
-from nanogpt_perf.tokenizer import gpt2_encoding
 
 EOT = 50256  # GPT-2's <|endoftext|>
 CHUNK = 128  # documents per task sent to a worker

@@ -5,7 +5,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.dataset import read_meta
+from nanogpt_perf.data.dataset import read_meta
 from nanogpt_perf.errors import die
 
 GPT2_BPE_HASHES = {  # the official SHA-256 of GPT-2's BPE files, as tiktoken checks them

@@ -3,13 +3,14 @@ Time the loader alone: batches per second that train.py's training step can take
 and the process's memory over a long run. An H100 training GPT-2 (124M) takes about 30 batches of 16 x 1024 a
 second; the loader should never be what it waits for.
 
-    python bench_loader.py                                    # 20 synthetic shards of 10M tokens in a temp folder
-    python bench_loader.py --data=data/fineweb --batches=10000 --device=cuda
+    python benchmarks/loader.py                                    # 20 synthetic shards of 10M tokens in a temp folder
+    python benchmarks/loader.py --data=data/fineweb --batches=10000 --device=cuda
 
 Each order runs `repeats` times, interleaved; the figure is the median.
 """
 
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,11 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+
 from configurator import configure
-from nanogpt_perf.batches import TokenBatches
+from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.data.shards import shard_name, write_shard
 from nanogpt_perf.errors import die
 from nanogpt_perf.runtime import resolve_device
-from nanogpt_perf.shards import shard_name, write_shard
 
 # -----------------------------------------------------------------------------
 data = ""  # a dataset folder (train.bin or llm.c shards); '' = synthetic shards written to a temp folder

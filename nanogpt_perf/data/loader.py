@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from nanogpt_perf.data.order import RandomWindows, Window, window_order
+from nanogpt_perf.data.shards import ShardError, TokenFile, split_files
 from nanogpt_perf.errors import die
-from nanogpt_perf.shards import ShardError, TokenFile, split_files
-from nanogpt_perf.windows import RandomWindows, Window, window_order
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from nanogpt_perf.batches import SyntheticBatches
-from nanogpt_perf.cases import case_from_settings
+from nanogpt_perf.bench.cases import case_from_settings
+from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.runtime import Runtime
 
 HOST_BATCH = 8
@@ -34,7 +34,7 @@ def step_fits(settings: dict[str, Any], vocab_size: int, runtime: Runtime, log: 
     """fits(batch_size): whether one training step with these settings runs at that micro-batch on this device
     (one accumulation step: more accumulate into the same gradients). A failure other than memory is an error."""
 
-    from nanogpt_perf.measure import run_case  # bench.py's lab (and torch._dynamo): imported only to probe
+    from nanogpt_perf.bench.measure import run_case  # bench.py's lab (and torch._dynamo): imported only to probe
 
     def fits(batch_size: int) -> bool:
         given = settings | {"batch_size": batch_size, "gradient_accumulation_steps": 1, "dtype": runtime.dtype}

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nanogpt_perf.data.shards import has_tokens
 from nanogpt_perf.errors import die
-from nanogpt_perf.shards import has_tokens
 
 # Datasets too large to prepare unasked on first use: what preparing them takes
 WEB_SCALE = {

@@ -1,4 +1,4 @@
-"""Time one Case honestly: burn-in iterations apart, every timed iteration of nanogpt_perf.step.TrainStep (the
+"""Time one Case honestly: burn-in iterations apart, every timed iteration of nanogpt_perf.train.step.TrainStep (the
 step train.py runs) between device synchronisations, its phases, compile time and recompilations, memory, and
 the SDPA kernel that actually ran."""
 
@@ -14,13 +14,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from model import GPT
-from nanogpt_perf.batches import TokenBatches
-from nanogpt_perf.cases import Case, case_settings
+from nanogpt_perf.bench.cases import Case, case_settings
+from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.memory import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import Runtime, resolve_runtime
-from nanogpt_perf.step import TrainStep
 from nanogpt_perf.timing import PHASES, PhaseClock
+from nanogpt_perf.train.step import TrainStep
 
 BatchSource = Callable[[int, int, torch.device], TokenBatches]  # (batch_size, block_size, device) -> batches
 

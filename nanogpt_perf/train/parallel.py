@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from model import GPT
-from nanogpt_perf.checkpoint import unwrap
 from nanogpt_perf.runtime import PTDTYPES, Runtime
+from nanogpt_perf.train.checkpoint import unwrap
 
 PARALLELISMS = ("ddp", "fsdp")
 

@@ -2,8 +2,8 @@
 Time the web-scale preparation (data/openwebtext/prepare.py, run as a user runs it) on a local corpus with 1 and
 with 2 tokenising processes, the runs interleaved so that a change in the machine's load touches both alike.
 
-    python bench_prepare.py                                   # the King James Bible and Shakespeare's plays, 10 times
-    python bench_prepare.py --input=docs.jsonl --process_counts=1,2,4 --repeats=5
+    python benchmarks/prepare.py                 # the King James Bible and Shakespeare's plays, 10 times
+    python benchmarks/prepare.py --input=docs.jsonl --process_counts=1,2,4 --repeats=5
 
 tokens/s is the tokens over the preparation's elapsed time in its prepare.json: from its start (worker processes
 started, the input opened) to the last shard written; Python's own start and imports are not counted.
@@ -19,6 +19,8 @@ import tempfile
 from itertools import groupby
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+
 from configurator import configure
 from data.tiny_shakespeare import markdown_play_to_text
 from nanogpt_perf.errors import die
@@ -32,7 +34,7 @@ shard_size = 10_000_000  # tokens per shard
 # -----------------------------------------------------------------------------
 settings = configure(globals())
 
-SCRIPT = Path(__file__).resolve().parent / "data" / "openwebtext" / "prepare.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "data" / "openwebtext" / "prepare.py"
 
 
 def package_data(package: str) -> Path:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.windows import DATA_ORDERS
+from nanogpt_perf.data.order import DATA_ORDERS
 
 Rule = Callable[[Any], str | None]  # None for a valid value, else what would be valid, e.g. '>= 1'
 
@@ -122,7 +122,7 @@ RULES: dict[str, Rule] = {
     "seed": at_least(0),
     # data
     "data_order": one_of(*DATA_ORDERS),
-    "parallelism": one_of_names("nanogpt_perf.parallel", "PARALLELISMS"),
+    "parallelism": one_of_names("nanogpt_perf.train.parallel", "PARALLELISMS"),
     "orders": list_of(*DATA_ORDERS),
     "prefetch": at_least(1, " (batches built ahead)"),
     "shard_size": at_least(1),

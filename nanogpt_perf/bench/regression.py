@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nanogpt_perf.bench.report import fmt, markdown_table
 from nanogpt_perf.errors import die
-from nanogpt_perf.report import fmt, markdown_table
 
 # each compared figure, and whether a higher value is better
 METRICS = {

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.measure import FIGURES
+from nanogpt_perf.bench.measure import FIGURES
 from nanogpt_perf.timing import PHASES
 
 

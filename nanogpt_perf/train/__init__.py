@@ -1,0 +1,1 @@
+"""Training: the step, data parallelism, checkpoints, exact resumption, preemption, the progress of a run."""
