@@ -30,6 +30,7 @@ from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import SyntheticBatches, TokenBatches
 from nanogpt_perf.errors import die
 from nanogpt_perf.manifest import run_manifest
+from nanogpt_perf.rules import a_path, at_least, interval
 from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with train.py (one name, default and meaning each;
@@ -60,7 +61,17 @@ memory_snapshot = False  # CUDA: a memory snapshot of the timed steps beside out
 compare = ""  # a bench output (JSON)
 baseline = ""  # the bench output to compare it with
 tolerance_pct = 5.0  # how much worse a figure may be, in percent
-settings = configure(globals())
+# the valid values of bench.py's own settings, beside the shared ones' (nanogpt_perf/settings.py)
+RULES = SHARED_RULES | {
+    "batch_size": at_least(1),
+    "gradient_accumulation_steps": at_least(1),
+    "data_dir": a_path,
+    "vocab_size": interval(1, 2**16),  # tokens are uint16, as in the datasets
+    "burn_in": at_least(1, " (the first iteration compiles)"),
+    "steps": at_least(1),
+    "tolerance_pct": at_least(0),
+}
+settings = configure(globals(), rules=RULES, cross=SHARED_CROSS)
 # -----------------------------------------------------------------------------
 
 if compare or baseline:
@@ -79,8 +90,6 @@ if compare or baseline:
 
 if "RANK" in os.environ:
     die("bench.py times one process on one device: run it without torchrun (all-reduce time is not measured)")
-if steps < 1 or burn_in < 1:
-    die(f"steps and burn_in must be >= 1 (got steps={steps}, burn_in={burn_in}); the first iteration compiles")
 modes = [name for name, on in (("ladder", ladder), ("sweep", sweep), ("find_max_batch", find_max_batch)) if on]
 if len(modes) > 1:
     die(f"choose one of ladder, sweep and find_max_batch, not {' and '.join(modes)}")
@@ -104,8 +113,6 @@ if dataset:
     vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
     batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed, data_order=data_order, prefetch=prefetch)
 else:
-    if not 1 <= vocab_size <= 2**16:
-        die(f"vocab_size must be in [1, 65536] (tokens are uint16, as in the datasets), not {vocab_size}")
     batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
 try:
     case = case_from_settings(settings, "as set", vocab_size)

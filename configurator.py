@@ -7,7 +7,7 @@ A setting is any module-level name of type bool, int, float or str defined befor
 A config file is Python: its top-level assignments are overrides (imports and helpers in it are ignored).
 Unknown keys are errors that suggest the closest known key; values convert to the setting's type only where
 that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> False for a bool). The final values
-are then checked against their valid ranges (nanogpt_perf/rules.py). Every mistake is one error line.
+are then checked against the rules the script gives (nanogpt_perf/rules.py). Every mistake is one error line.
 """
 
 import ast
@@ -18,11 +18,12 @@ import os
 import sys
 import tokenize
 import types
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import die
-from nanogpt_perf.rules import RULES, Rule, settings_problem
+from nanogpt_perf.rules import CrossRule, Rule, settings_problem, unruled
 
 SETTING_TYPES = (bool, int, float, str)
 
@@ -96,12 +97,13 @@ def read_config_file(path: str) -> dict[str, Any]:
     }
 
 
-def apply_overrides(
+def read_overrides(
     defaults: dict[str, Any], argv: list[str], words: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, Any]:
-    """Settings after applying config files and --key=value flags in argv, in order; words: the words a setting
-    takes besides values of its type."""
-    settings, words = dict(defaults), words or {}
+    """What the config files and --key=value flags in argv set, in order (a later one wins), each value converted
+    to its setting's type; words: the words a setting takes besides values of its type."""
+    given: dict[str, Any] = {}
+    words = words or {}
     for arg in argv:
         if arg.startswith("--"):
             key, sep, raw = arg[2:].partition("=")  # the value may itself contain '='
@@ -109,13 +111,20 @@ def apply_overrides(
                 raise ConfigError(f"flag {arg!r} has no value; write --{key}=VALUE")
             if key not in defaults:
                 raise unknown_key(key, defaults, "flags")
-            settings[key] = convert(key, parse_flag(raw, defaults[key]), defaults[key], words.get(key, ()))
+            given[key] = convert(key, parse_flag(raw, defaults[key]), defaults[key], words.get(key, ()))
         else:
             for key, value in read_config_file(arg).items():
                 if key not in defaults:
                     raise unknown_key(key, defaults, arg)
-                settings[key] = convert(key, value, defaults[key], words.get(key, ()))
-    return settings
+                given[key] = convert(key, value, defaults[key], words.get(key, ()))
+    return given
+
+
+def apply_overrides(
+    defaults: dict[str, Any], argv: list[str], words: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, Any]:
+    """Settings after applying config files and --key=value flags in argv, in order."""
+    return defaults | read_overrides(defaults, argv, words)
 
 
 def described_assignments(path: Path) -> dict[str, str]:
@@ -170,30 +179,44 @@ def configure(
     namespace: dict[str, Any],
     argv: list[str] | None = None,
     rules: dict[str, Rule] | None = None,
+    cross: Iterable[CrossRule] = (),
     words: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
-    """Apply sys.argv overrides to the settings in namespace (a script's globals()), check them against
-    validation.RULES (rules replaces some for this script) and return them all; words: the words a setting takes
-    besides values of its type (e.g. {'batch_size': ('auto',)}). Prints --help or one error line and exits; prints
-    the resolved settings once (on rank 0 under torchrun)."""
+    """Apply sys.argv's config files and flags to the settings in namespace (a script's globals()), check them
+    against rules (each int or float setting must have one) and the rules between settings, cross, and return
+    them all; words: the words a setting takes besides values of its type (e.g. {'batch_size': ('auto',)}).
+    Prints --help or one error line and exits; prints the resolved settings once (on rank 0 under torchrun)."""
+    return configure_command(namespace, argv, rules, cross, words)[0]
+
+
+def configure_command(
+    namespace: dict[str, Any],
+    argv: list[str] | None = None,
+    rules: dict[str, Rule] | None = None,
+    cross: Iterable[CrossRule] = (),
+    words: dict[str, tuple[str, ...]] | None = None,
+) -> tuple[dict[str, Any], set[str]]:
+    """configure, and the settings this command's config files and flags gave (whatever their values)."""
     argv = sys.argv[1:] if argv is None else argv
-    defaults = settings_of(namespace)
+    defaults, rules = settings_of(namespace), rules or {}
+    if missing := unruled(defaults, defaults, rules):
+        raise TypeError(f"no rule for the setting(s) {', '.join(missing)}: add one to configure()'s rules")
     if "-h" in argv or "--help" in argv:
         print(help_text(Path(namespace.get("__file__", sys.argv[0])), defaults))
         sys.exit(0)
     try:
-        settings = apply_overrides(defaults, argv, words)
+        given = read_overrides(defaults, argv, words)
     except ConfigError as e:
         die(str(e))
+    settings = defaults | given
     # a resumed run's base is its checkpoint's settings, not these defaults: the script checks the rules between
     # settings once it has merged them
-    problem = settings_problem(settings, RULES | (rules or {}), cross=settings.get("init_from") != "resume")
+    problem = settings_problem(settings, rules, cross if settings.get("init_from") != "resume" else ())
     if problem:
         die(problem)
     namespace.update(settings)
     if os.environ.get("RANK", "0") == "0":
-        changed = {k: v for k, v in settings.items() if v != defaults[k]}
         print("settings: " + ", ".join(f"{k}={v!r}" for k, v in settings.items()))
-        if changed:
+        if changed := {k: v for k, v in settings.items() if v != defaults[k]}:
             print("overridden: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
-    return settings
+    return settings, set(given)

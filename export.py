@@ -12,12 +12,13 @@ from model import GPT
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import die
 from nanogpt_perf.gpt2_weights import to_hf_state_dict
+from nanogpt_perf.rules import a_path
 from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # where ckpt.pt is
 export_dir = "out-hf"  # the transformers folder to write
-settings = configure(globals())
+settings = configure(globals(), rules={"out_dir": a_path, "export_dir": a_path})
 # -----------------------------------------------------------------------------
 
 if Path(export_dir).exists() and not Path(export_dir).is_dir():

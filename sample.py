@@ -16,10 +16,10 @@ from model import GPT
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import die
 from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
-from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.rules import init_from_one_of
-from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, one_of
+from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
 from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -39,7 +39,21 @@ device = "auto"
 dtype = "auto"
 compile = False  # torch.compile the one-token decode step (static shapes: compiled once, timed apart)
 cuda_graph = True  # CUDA: capture the decode step as a CUDA graph, replayed for every token
-settings = configure(globals(), rules={"init_from": init_from_one_of("resume")})  # sampling needs a trained model
+settings = configure(
+    globals(),
+    rules={
+        "init_from": init_from_one_of("resume", *HF_HUB_NAMES),  # sampling needs a trained model: no 'scratch'
+        "out_dir": a_path,
+        "num_samples": at_least(1),
+        "max_new_tokens": at_least(1),
+        "temperature": at_least(0, " (0 = greedy)"),
+        "top_k": at_least(0, " (0 = all)"),
+        "top_p": interval(0, 1, low_open=True),
+        "seed": at_least(0),
+        "device": device_problem,
+        "dtype": one_of("auto", *PTDTYPES),
+    },
+)
 # -----------------------------------------------------------------------------
 
 runtime = resolve_runtime(device, dtype)

@@ -19,18 +19,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from configurator import configure
+from configurator import configure_command
 from model import GPT
 from nanogpt_perf.bench.autobatch import HOST_BATCH, micro_batch, step_shape
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.tokenizer import tokenizer_spec
 from nanogpt_perf.errors import die
-from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import RULES, at_least, or_word, settings_problem
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, not_above, one_of, or_word, settings_problem
 from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with bench.py (one name, default and meaning each;
@@ -38,9 +38,9 @@ from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.settings import *  # noqa: F403
 from nanogpt_perf.timing import DeviceClock
 from nanogpt_perf.train.checkpoint import resume_checkpoint, save_iteration, unwrap
-from nanogpt_perf.train.parallel import close, full_state, load_full_state, wrap_model
+from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, load_full_state, wrap_model
 from nanogpt_perf.train.preemption import StopRequest
-from nanogpt_perf.train.resume import given_on_command, resume_settings, rng_state, set_rng_state
+from nanogpt_perf.train.resume import resume_settings, rng_state, set_rng_state
 from nanogpt_perf.train.step import TrainStep
 
 # -----------------------------------------------------------------------------
@@ -77,20 +77,45 @@ parallelism = "ddp"  # under torchrun: 'ddp' (a whole model per rank) or 'fsdp' 
 backend = "auto"  # DDP backend: 'auto' (nccl on CUDA, gloo on CPU), 'nccl' or 'gloo'
 profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops printed
 max_bad_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (each skipped)
-OWN_RULES = {"batch_size": or_word("auto", at_least(1))}  # besides validation.RULES
-settings = configure(globals(), rules=OWN_RULES, words={"batch_size": ("auto",)})
+# the valid values of train.py's own settings, beside the shared ones' (nanogpt_perf/settings.py)
+RULES = SHARED_RULES | {
+    "out_dir": a_path,
+    "eval_interval": at_least(1),
+    "log_interval": at_least(1),
+    "eval_iters": at_least(1),
+    "save_interval": at_least(0, " (0 = at evals only)"),
+    "keep_last": at_least(1),
+    "init_from": init_from_one_of("scratch", "resume", *HF_HUB_NAMES),
+    "data_dir": a_path,
+    "gradient_accumulation_steps": at_least(1),
+    "batch_size": or_word("auto", at_least(1)),
+    "tokens_per_iter": at_least(0, " (0 = batch_size x gradient_accumulation_steps x block_size)"),
+    "max_iters": at_least(0),
+    "warmup_iters": at_least(0),
+    "lr_decay_iters": at_least(0),
+    "min_lr": at_least(0),
+    "parallelism": one_of(*PARALLELISMS),
+    "backend": one_of("auto", "nccl", "gloo"),
+    "max_bad_steps": at_least(1),
+}
+CROSS = (
+    *SHARED_CROSS,
+    not_above("warmup_iters", "lr_decay_iters", "decay_lr"),
+    not_above("min_lr", "learning_rate", "decay_lr"),
+)
+settings, given = configure_command(globals(), rules=RULES, cross=CROSS, words={"batch_size": ("auto",)})
 # -----------------------------------------------------------------------------
 
 # resume: the checkpoint's settings are the base, overridden by the config files and flags given now (each change
 # printed); its architecture, vocabulary and data cannot change
-checkpoint, given = None, given_on_command(sys.argv[1:])
+checkpoint = None
 if init_from == "resume":
     checkpoint = resume_checkpoint(Path(out_dir), resume_fallback)
     try:
         settings, overrides = resume_settings(checkpoint["config"], settings, given)
     except ValueError as e:
         die(str(e))
-    if problem := settings_problem(settings, RULES | OWN_RULES):  # and those between settings, on the new base
+    if problem := settings_problem(settings, RULES, CROSS):  # and those between settings, on the new base
         die(problem)
     globals().update(settings)
     if overrides and os.environ.get("RANK", "0") == "0":

@@ -27,8 +27,9 @@ from nanogpt_perf.errors import die
 from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.rules import at_least
-from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.rules import at_least, one_of
+from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
+from nanogpt_perf.settings import heads_divide_width
 
 # -----------------------------------------------------------------------------
 n_layer = 12
@@ -50,7 +51,20 @@ out_json = ""  # the figures as JSON; '' = print only
 device = "auto"
 dtype = "auto"
 seed = 1337
-settings = configure(globals(), rules={"max_new_tokens": at_least(2, " (one decode step at least)")})
+settings = configure(
+    globals(),
+    rules={
+        **{k: at_least(1) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "prompt_tokens")},
+        "max_new_tokens": at_least(2, " (one decode step at least)"),
+        "batch_size": at_least(1),
+        "top_k": at_least(0, " (0 = all)"),
+        "repeats": at_least(1),
+        "device": device_problem,
+        "dtype": one_of("auto", *PTDTYPES),
+        "seed": at_least(0),
+    },
+    cross=[heads_divide_width],
+)
 # -----------------------------------------------------------------------------
 
 if nanogpt_dir and not (Path(nanogpt_dir) / "model.py").is_file():

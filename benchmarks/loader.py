@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from configurator import configure
 from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.data.shards import shard_name, write_shard
-from nanogpt_perf.errors import die
-from nanogpt_perf.runtime import resolve_device
+from nanogpt_perf.rules import above, above_setting, at_least, list_of
+from nanogpt_perf.runtime import device_problem, resolve_device
 
 # -----------------------------------------------------------------------------
 data = ""  # a dataset folder (train.bin or llm.c shards); '' = synthetic shards written to a temp folder
@@ -36,7 +37,20 @@ batches = 10_000  # per run; memory is read after 100 and after all of them
 orders = "random,epochs"
 repeats = 3
 device = "cpu"
-settings = configure(globals())
+settings = configure(
+    globals(),
+    rules={
+        "shards": at_least(2, " (the first is val)"),
+        "shard_tokens": at_least(1),
+        "batch_size": at_least(1),
+        "block_size": at_least(1),
+        "batches": above(100, " (memory is read after 100)"),
+        "orders": list_of(*DATA_ORDERS),
+        "repeats": at_least(1),
+        "device": device_problem,
+    },
+    cross=[above_setting("shard_tokens", "block_size")],  # a window is block_size + 1 tokens
+)
 # -----------------------------------------------------------------------------
 
 
@@ -67,8 +81,6 @@ def run(path: Path, order: str) -> tuple[float, float, float]:
     return rate, rss_100, resident_mb()
 
 
-if batches <= 100:
-    die(f"batches must be > 100 (memory is read after 100), not {batches}")
 with tempfile.TemporaryDirectory() as tmp:
     path = Path(data) if data else synthetic_shards(Path(tmp))
     names = [o.strip() for o in orders.split(",")]

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure
 from data.tiny_shakespeare import markdown_play_to_text
 from nanogpt_perf.errors import die
+from nanogpt_perf.rules import at_least
 
 # -----------------------------------------------------------------------------
 input = ""  # a local corpus (as data/openwebtext/prepare.py's --input); '' = the Bible and the plays as JSONL
@@ -32,7 +33,10 @@ process_counts = "1,2"  # the numbers of tokenising processes compared, comma-se
 repeats = 3  # runs of each process count
 shard_size = 10_000_000  # tokens per shard
 # -----------------------------------------------------------------------------
-settings = configure(globals())
+settings = configure(
+    globals(),
+    rules={"copies": at_least(1), "repeats": at_least(1), "shard_size": at_least(1)},
+)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "openwebtext" / "prepare.py"
 
@@ -76,8 +80,8 @@ try:
     counts = [int(p) for p in process_counts.split(",")]
 except ValueError:
     die(f"process_counts must be comma-separated integers, not {process_counts!r}")
-if copies < 1 or min(counts) < 1:
-    die("copies and every process count must be >= 1")
+if min(counts) < 1:
+    die(f"process_counts must all be >= 1, not {process_counts!r}")
 with tempfile.TemporaryDirectory() as tmp:
     corpus = input or str(default_corpus(Path(tmp)))
     rates: dict[int, list[float]] = {n: [] for n in counts}

@@ -1,10 +1,15 @@
 """The settings train.py and bench.py share: the model's shape, AdamW and every performance switch, each with one
-name, one default and one meaning (the comment beside it is what --help prints), and the one mapping from settings
-to a GPTConfig. Both scripts import these names, so that config files and --key=value flags override them there."""
+name, one default, one meaning (the comment beside it is what --help prints) and one rule for its valid values, and
+the one mapping from settings to a GPTConfig. Both scripts import these names, so that config files and --key=value
+flags override them there, and pass SHARED_RULES to configure() beside the rules of their own settings."""
 
+import importlib.util
 from typing import Any
 
-from model import GPTConfig
+from model import ATTENTION, LOSS_IMPLS, GPTConfig
+from nanogpt_perf.data.order import DATA_ORDERS
+from nanogpt_perf.rules import CrossRule, Rule, at_least, interval, one_of
+from nanogpt_perf.runtime import PTDTYPES, device_problem
 
 GPT2_VOCAB_SIZE = 50257  # the vocabulary of GPT-2's BPE, for a dataset with no meta.pkl and for synthetic tokens
 
@@ -40,9 +45,11 @@ peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 = look it up in nanogpt_
 seed = 1337
 
 # what `from nanogpt_perf.settings import *` gives a script: the settings above, which its configure() overrides,
-# and the mapping to a GPTConfig with its default vocabulary
+# their rules, and the mapping to a GPTConfig with its default vocabulary
 __all__ = [
     *(k for k, v in dict(globals()).items() if not k.startswith("_") and type(v) in (bool, int, float, str)),
+    "SHARED_RULES",
+    "SHARED_CROSS",
     "model_config",
 ]
 
@@ -62,12 +69,49 @@ MODEL_SETTINGS = (
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def liger_installed(loss_impl: str) -> str | None:
+    if loss_impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        return "plain or fused here: liger needs liger-kernel (pip install -e '.[liger]'; CUDA only)"
+    return None
+
+
+def heads_divide_width(s: dict[str, Any]) -> str | None:
+    return f"n_embd={s['n_embd']} is not divisible by n_head={s['n_head']}" if s["n_embd"] % s["n_head"] else None
+
+
+# the valid values of each shared setting (the switches and bias take any boolean)
+SHARED_RULES: dict[str, Rule] = {
+    "n_layer": at_least(1),
+    "n_head": at_least(1),
+    "n_embd": at_least(1),
+    "block_size": at_least(1),
+    "dropout": interval(0, 1, high_open=True),
+    "learning_rate": at_least(0),
+    "weight_decay": at_least(0),
+    "beta1": interval(0, 1, high_open=True),
+    "beta2": interval(0, 1, high_open=True),
+    "grad_clip": at_least(0, " (0 = off)"),
+    "device": device_problem,
+    "dtype": one_of("auto", *PTDTYPES),
+    "compile_mode": one_of(*COMPILE_MODES),
+    "attention": one_of(*ATTENTION),
+    "pad_vocab": at_least(1, " (1 = off)"),
+    "loss_chunk": at_least(0, " (0 = unchunked)"),
+    "loss_impl": lambda v: one_of(*LOSS_IMPLS)(v) or liger_installed(v),
+    "data_order": one_of(*DATA_ORDERS),
+    "prefetch": at_least(1, " (batches built ahead)"),
+    "peak_flops": at_least(0, " (0 = look it up)"),
+    "seed": at_least(0),
+}
+SHARED_CROSS: tuple[CrossRule, ...] = (heads_divide_width,)
+
+
 def round_up(n: int, multiple: int) -> int:
     """n rounded up to a multiple, e.g. a vocab of 50257 padded to 50304 (a multiple of 64) for faster matmuls."""
     return -(-n // multiple) * multiple
 
 
 def model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:
-    """The GPTConfig that the settings s describe (checked by configure: nanogpt_perf/rules.py), for a
+    """The GPTConfig that the settings s describe (checked by configure against SHARED_RULES), for a
     vocabulary of vocab_size tokens (the dataset's, padded to a multiple of pad_vocab)."""
     return GPTConfig(vocab_size=round_up(vocab_size, s["pad_vocab"]), **{k: s[k] for k in MODEL_SETTINGS})

@@ -18,13 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
+from nanogpt_perf.rules import at_least  # noqa: E402
 
 # -----------------------------------------------------------------------------
 max_iters = 400
 signal_at = 150  # send SIGTERM once this iteration has been logged
 n_embd = 128
 dataset = "shakespeare_char"
-settings = configure(globals())
+settings = configure(globals(), rules={"max_iters": at_least(2), "signal_at": at_least(1), "n_embd": at_least(4)})
 # -----------------------------------------------------------------------------
 
 TRAIN = [

@@ -19,6 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
+from nanogpt_perf.rules import above, at_least  # noqa: E402
 from nanogpt_perf.train.checkpoint import checkpoint_problem  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -27,7 +28,9 @@ max_iters = 3000
 longest = 4.0  # seconds: each run is killed at a uniform random moment between 1 s (starting up) and this
 seed = 0  # of the kill times
 dataset = "shakespeare_char"
-settings = configure(globals())
+settings = configure(
+    globals(), rules={"kills": at_least(1), "max_iters": at_least(1), "longest": above(1.0), "seed": at_least(0)}
+)
 # -----------------------------------------------------------------------------
 
 TRAIN = [

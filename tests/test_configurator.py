@@ -1,12 +1,13 @@
 import runpy
 import subprocess
 import sys
+from typing import NamedTuple
 
 import pytest
 
-from configurator import ConfigError, apply_overrides, configure, settings_of
+from configurator import ConfigError, apply_overrides, configure, configure_command, settings_of
 from conftest import ROOT
-from nanogpt_perf.rules import RULES, at_least, settings_problem
+from nanogpt_perf.rules import at_least, not_above, settings_problem, unruled
 
 DEFAULTS = {"max_iters": 100, "learning_rate": 6e-4, "compile": True, "out_dir": "out", "wandb_run_name": "gpt2"}
 
@@ -111,93 +112,135 @@ class Captured(Exception):
     """What a script passes to configure()."""
 
 
-def defaults_of(script: str, monkeypatch) -> tuple[dict, dict, dict]:
-    """A script's settings as it defines them, the rules it adds and the words its settings take besides values of
-    their types, run up to its configure() call."""
+class Script(NamedTuple):
+    settings: dict
+    rules: dict
+    cross: tuple
+    words: dict
+
+
+def defaults_of(script: str, monkeypatch) -> Script:
+    """A script's settings as it defines them, its rules, its rules between settings and the words its settings
+    take besides values of their types, run up to its configure() call."""
     import configurator
 
-    def capture(namespace, argv=None, rules=None, words=None):
-        raise Captured(settings_of(namespace), rules or {}, words or {})
+    def capture(namespace, argv=None, rules=None, cross=(), words=None):
+        raise Captured(Script(settings_of(namespace), rules or {}, tuple(cross), words or {}))
 
     monkeypatch.setattr(configurator, "configure", capture)
+    monkeypatch.setattr(configurator, "configure_command", capture)
     with pytest.raises(Captured) as captured:
         runpy.run_path(str(ROOT / script), run_name="__main__")
-    return captured.value.args
+    return captured.value.args[0]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_every_script_default_is_valid(script, monkeypatch):
+def test_every_script_default_is_valid_and_every_number_has_a_rule(script, monkeypatch):
     if not (ROOT / script).is_file():
         pytest.skip(f"{script} is not there")
-    settings, rules, _ = defaults_of(script, monkeypatch)
-    assert settings and settings_problem(settings, RULES | rules) is None
+    settings, rules, cross, _ = defaults_of(script, monkeypatch)
+    assert settings and settings_problem(settings, rules, cross) is None
+    assert unruled(settings, settings, rules) == []
+    assert set(rules) <= set(settings)  # no rule for a setting the script does not have
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.py")))
 def test_every_config_is_valid(config, monkeypatch):
-    defaults, rules, words = defaults_of("train.py", monkeypatch)
+    defaults, rules, cross, words = defaults_of("train.py", monkeypatch)
     settings = apply_overrides(defaults, [str(ROOT / "config" / config)], words)
-    assert settings_problem(settings, RULES | rules) is None
+    assert settings_problem(settings, rules, cross) is None
 
 
 @pytest.mark.parametrize(
-    "settings, message",
+    "script, settings, message",
     [
-        ({"batch_size": 0}, "batch_size must be >= 1, not 0"),
-        ({"n_head": -2}, "n_head must be >= 1, not -2"),
-        ({"dropout": 1.0}, "dropout must be in [0, 1), not 1.0"),
-        ({"beta1": -0.1}, "beta1 must be in [0, 1), not -0.1"),
-        ({"top_p": 0.0}, "top_p must be in (0, 1], not 0.0"),
-        ({"top_p": 1.01}, "top_p must be in (0, 1], not 1.01"),
-        ({"temperature": -0.5}, "temperature must be >= 0 (0 = greedy), not -0.5"),
-        ({"top_k": -1}, "top_k must be >= 0 (0 = all), not -1"),
-        ({"weight_decay": -1e-3}, "weight_decay must be >= 0, not -0.001"),
-        ({"grad_clip": -1.0}, "grad_clip must be >= 0 (0 = off), not -1.0"),
-        ({"loss_chunk": -1}, "loss_chunk must be >= 0 (0 = unchunked), not -1"),
-        ({"prefetch": 0}, "prefetch must be >= 1 (batches built ahead), not 0"),
-        ({"log_interval": 0}, "log_interval must be >= 1, not 0"),
-        ({"save_interval": -1}, "save_interval must be >= 0 (0 = at evals only), not -1"),
-        ({"max_bad_steps": 0}, "max_bad_steps must be >= 1, not 0"),
-        ({"batches": 100}, "batches must be > 100 (memory is read after 100), not 100"),
+        ("bench.py", {"batch_size": 0}, "batch_size must be >= 1, not 0"),
+        ("train.py", {"n_head": -2}, "n_head must be >= 1, not -2"),
+        ("train.py", {"dropout": 1.0}, "dropout must be in [0, 1), not 1.0"),
+        ("train.py", {"beta1": -0.1}, "beta1 must be in [0, 1), not -0.1"),
+        ("sample.py", {"top_p": 0.0}, "top_p must be in (0, 1], not 0.0"),
+        ("sample.py", {"top_p": 1.01}, "top_p must be in (0, 1], not 1.01"),
+        ("sample.py", {"temperature": -0.5}, "temperature must be >= 0 (0 = greedy), not -0.5"),
+        ("sample.py", {"top_k": -1}, "top_k must be >= 0 (0 = all), not -1"),
+        ("train.py", {"weight_decay": -1e-3}, "weight_decay must be >= 0, not -0.001"),
+        ("train.py", {"grad_clip": -1.0}, "grad_clip must be >= 0 (0 = off), not -1.0"),
+        ("train.py", {"loss_chunk": -1}, "loss_chunk must be >= 0 (0 = unchunked), not -1"),
+        ("train.py", {"prefetch": 0}, "prefetch must be >= 1 (batches built ahead), not 0"),
+        ("train.py", {"log_interval": 0}, "log_interval must be >= 1, not 0"),
+        ("train.py", {"save_interval": -1}, "save_interval must be >= 0 (0 = at evals only), not -1"),
+        ("train.py", {"max_bad_steps": 0}, "max_bad_steps must be >= 1, not 0"),
+        ("benchmarks/loader.py", {"batches": 100}, "batches must be > 100 (memory is read after 100), not 100"),
         (
+            "benchmarks/loader.py",
             {"orders": "random,shuffled"},
             "orders must be a comma-separated list of random, epochs, not 'random,shuffled'",
         ),
-        ({"backend": "mpi"}, "backend must be one of auto, nccl, gloo, not 'mpi'"),
-        ({"compile_mode": "fast"}, "compile_mode must be one of default, reduce-overhead, max-autotune"),
-        ({"attention": "flash2"}, "attention must be one of manual, sdpa, flash, efficient, cudnn, math, not 'flash2'"),
-        ({"dtype": "half"}, "dtype must be one of auto, float32, bfloat16, float16, not 'half'"),
-        ({"device": "tpu"}, "device must be one of auto, cpu"),
-        ({"device": "cuda:99"}, "not 'cuda:99'"),
-        ({"init_from": "gpt-3"}, "init_from must be scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a"),
-        ({"out_dir": ""}, "out_dir must be a path, not ''"),
-        ({"n_embd": 30, "n_head": 4}, "n_embd=30 is not divisible by n_head=4"),
-        ({"decay_lr": True, "warmup_iters": 11, "lr_decay_iters": 10}, "warmup_iters must be <= lr_decay_iters (10)"),
-        ({"decay_lr": True, "min_lr": 1.0, "learning_rate": 0.1}, "min_lr must be <= learning_rate (0.1)"),
-        ({"shard_tokens": 64, "block_size": 64}, "shard_tokens must be > block_size (64), not 64"),
+        ("train.py", {"backend": "mpi"}, "backend must be one of auto, nccl, gloo, not 'mpi'"),
+        ("train.py", {"compile_mode": "fast"}, "compile_mode must be one of default, reduce-overhead, max-autotune"),
+        (
+            "train.py",
+            {"attention": "flash2"},
+            "attention must be one of manual, sdpa, flash, efficient, cudnn, math, not 'flash2'",
+        ),
+        ("sample.py", {"dtype": "half"}, "dtype must be one of auto, float32, bfloat16, float16, not 'half'"),
+        ("train.py", {"device": "tpu"}, "device must be one of auto, cpu"),
+        ("train.py", {"device": "cuda:99"}, "not 'cuda:99'"),
+        (
+            "train.py",
+            {"init_from": "gpt-3"},
+            "init_from must be scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a",
+        ),
+        ("train.py", {"out_dir": ""}, "out_dir must be a path, not ''"),
+        ("train.py", {"n_embd": 30, "n_head": 4}, "n_embd=30 is not divisible by n_head=4"),
+        (
+            "train.py",
+            {"decay_lr": True, "warmup_iters": 11, "lr_decay_iters": 10},
+            "warmup_iters must be <= lr_decay_iters (10)",
+        ),
+        (
+            "train.py",
+            {"decay_lr": True, "min_lr": 1.0, "learning_rate": 0.1},
+            "min_lr must be <= learning_rate (0.1)",
+        ),
+        (
+            "benchmarks/loader.py",
+            {"shard_tokens": 64, "block_size": 64},
+            "shard_tokens must be > block_size (64), not 64",
+        ),
     ],
 )
-def test_a_value_out_of_range_names_the_setting_and_the_range(settings, message):
-    assert message in settings_problem(settings)
+def test_a_value_out_of_range_names_the_setting_and_the_range(script, settings, message, monkeypatch):
+    defaults, rules, cross, _ = defaults_of(script, monkeypatch)
+    assert message in settings_problem(defaults | settings, rules, cross)
 
 
-def test_rules_between_settings_apply_only_where_they_matter():
-    assert settings_problem({"decay_lr": False, "warmup_iters": 11, "lr_decay_iters": 10, "min_lr": 1.0}) is None
-    assert settings_problem({"decay_lr": True, "warmup_iters": 10, "lr_decay_iters": 10}) is None
-    assert settings_problem({"warmup_iters": 11, "lr_decay_iters": 10}) is None  # no decay_lr: not a schedule
-    assert settings_problem({"decay_lr": True, "warmup_iters": 11, "lr_decay_iters": 10}, cross=False) is None
-    assert settings_problem({"init_from": str(ROOT)}) is None  # an existing folder
+def test_rules_between_settings_apply_only_where_they_matter(monkeypatch):
+    train, bench = defaults_of("train.py", monkeypatch), defaults_of("bench.py", monkeypatch)
+    check = lambda script, settings, cross=None: settings_problem(  # noqa: E731
+        script.settings | settings, script.rules, script.cross if cross is None else cross
+    )
+    assert check(train, {"decay_lr": False, "warmup_iters": 11, "lr_decay_iters": 10, "min_lr": 1.0}) is None
+    assert check(train, {"decay_lr": True, "warmup_iters": 10, "lr_decay_iters": 10}) is None
+    assert check(bench, {"warmup_iters": 11, "lr_decay_iters": 10}) is None  # no decay_lr: not a schedule
+    assert check(train, {"decay_lr": True, "warmup_iters": 11, "lr_decay_iters": 10}, cross=()) is None
+    assert check(train, {"init_from": str(ROOT)}) is None  # an existing folder
 
 
 def test_configure_checks_the_final_values_once(capsys):
     namespace = {"batch_size": 4, "decay_lr": True, "warmup_iters": 100, "lr_decay_iters": 1000, "init_from": "scratch"}
+    rules = {k: at_least(1) for k in ("batch_size", "warmup_iters", "lr_decay_iters")}
+    cross = [not_above("warmup_iters", "lr_decay_iters", "decay_lr")]
+    run = lambda argv: configure(dict(namespace), argv, rules, cross)  # noqa: E731
     with pytest.raises(SystemExit, match=r"^error: batch_size must be >= 1, not 0$"):
-        configure(dict(namespace), ["--batch_size=8", "--batch_size=0"])
+        run(["--batch_size=8", "--batch_size=0"])
     with pytest.raises(SystemExit, match=r"^error: warmup_iters must be <= lr_decay_iters \(1000\)"):
-        configure(dict(namespace), ["--warmup_iters=2000"])
-    assert configure(dict(namespace), ["--warmup_iters=2000", "--lr_decay_iters=3000"])["warmup_iters"] == 2000
+        run(["--warmup_iters=2000"])
+    assert run(["--warmup_iters=2000", "--lr_decay_iters=3000"])["warmup_iters"] == 2000
     # resumed: the base is the checkpoint's settings, which the script merges and checks itself
-    assert configure(dict(namespace), ["--init_from=resume", "--lr_decay_iters=10"])["lr_decay_iters"] == 10
+    assert run(["--init_from=resume", "--lr_decay_iters=10"])["lr_decay_iters"] == 10
+    with pytest.raises(TypeError, match="no rule for the setting"):
+        configure(dict(namespace), [], {})  # a number without a rule: a mistake of the script's, not the user's
+    assert configure_command(dict(namespace), ["--batch_size=8", "--batch_size=9"], rules)[1] == {"batch_size"}
     with pytest.raises(SystemExit, match=r"^error: max_new_tokens must be >= 2 \(at least two\), not 1$"):
         configure(
             {"max_new_tokens": 500}, ["--max_new_tokens=1"], rules={"max_new_tokens": at_least(2, " (at least two)")}

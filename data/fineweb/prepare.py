@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf`
 from configurator import configure  # noqa: E402
-from nanogpt_perf.data.preparation import Source, default_processes, local_source, prepare  # noqa: E402
+from nanogpt_perf.data.preparation import RULES, Source, default_processes, local_source, prepare  # noqa: E402
 from nanogpt_perf.rules import one_of  # noqa: E402
 
 SAMPLES = ("10BT", "100BT", "350BT")
@@ -29,6 +29,6 @@ processes = default_processes()  # tokenising processes; 1 tokenises in this one
 # -----------------------------------------------------------------------------
 
 if __name__ == "__main__":  # the worker processes import this file too: only the parent prepares
-    settings = configure(globals(), rules={"sample": one_of(*SAMPLES)})
+    settings = configure(globals(), rules=RULES | {"sample": one_of(*SAMPLES)})
     hub = Source(repo="HuggingFaceFW/fineweb-edu", config=f"sample-{sample}")
     prepare(local_source(input) if input else hub, Path(out_dir), "edu_fineweb", shard_size, processes)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf`
 from configurator import configure  # noqa: E402
-from nanogpt_perf.data.preparation import Source, default_processes, local_source, prepare  # noqa: E402
+from nanogpt_perf.data.preparation import RULES, Source, default_processes, local_source, prepare  # noqa: E402
 
 # -----------------------------------------------------------------------------
 input = ""  # comma-separated local files (.txt: one document each, .jsonl, .json, .parquet: a `text` field) to use
@@ -25,7 +25,7 @@ processes = default_processes()  # tokenising processes; 1 tokenises in this one
 # -----------------------------------------------------------------------------
 
 if __name__ == "__main__":  # the worker processes import this file too: only the parent prepares
-    settings = configure(globals())
+    settings = configure(globals(), rules=RULES)
     # datasets >= 4 runs no loading scripts, the default revision's way in: the hub's own Parquet conversion instead
     hub = Source(repo="Skylion007/openwebtext", revision="refs/convert/parquet", documents=8_013_769)
     prepare(local_source(input) if input else hub, Path(out_dir), "openwebtext", shard_size, processes)

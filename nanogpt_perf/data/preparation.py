@@ -25,6 +25,7 @@ import numpy as np
 from nanogpt_perf.data.shards import ShardError, read_shard_header, shard_name, write_shard
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 from nanogpt_perf.errors import die
+from nanogpt_perf.rules import Rule, a_path, at_least
 
 EOT = 50256  # GPT-2's <|endoftext|>
 CHUNK = 128  # documents per task sent to a worker
@@ -32,6 +33,13 @@ STATE_FILE = "prepare_state.json"
 RECORD_FILE = "prepare.json"
 INPUT_KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 MAX_SHARD_SIZE = 2**31 - 1  # the header holds the token count as an int32
+
+# the valid values of the settings every preparation script has
+RULES: dict[str, Rule] = {
+    "out_dir": a_path,
+    "shard_size": lambda v: at_least(1)(v) or (None if v <= MAX_SHARD_SIZE else f"<= {MAX_SHARD_SIZE:,} (an int32)"),
+    "processes": at_least(1),
+}
 
 
 class CorpusError(ValueError):
@@ -349,10 +357,6 @@ def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
 def prepare(source: Source, out_dir: Path, name: str, shard_size: int, processes: int) -> dict[str, Any]:
     """Prepare (or resume preparing) source's documents as shards NAME_*.bin in out_dir; returns the record that
     prepare.json holds. A folder already prepared alike is left as it is."""
-    if processes < 1:
-        die(f"processes must be >= 1, got {processes}")
-    if not 1 <= shard_size <= MAX_SHARD_SIZE:
-        die(f"shard_size must be between 1 and {MAX_SHARD_SIZE:,} tokens (llm.c's int32 count), got {shard_size:,}")
     out_dir.mkdir(parents=True, exist_ok=True)
     ident = identity(source, name, shard_size)
     if (record := finished(out_dir, ident)) is not None:

@@ -7,8 +7,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from configurator import read_config_file
-
 # settings a resumed run cannot change: the architecture, the vocabulary and the data it was trained on
 FIXED_ON_RESUME = ("n_layer", "n_head", "n_embd", "bias", "block_size", "pad_vocab", "dataset", "data_dir")
 # settings that say how this command runs, not what the run is: always taken from the command
@@ -49,11 +47,3 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def given_on_command(argv: list[str]) -> set[str]:
-    """The settings that this command's config files and --key=value flags set (whatever their values)."""
-    given = set()
-    for arg in argv:
-        given |= {arg[2:].partition("=")[0]} if arg.startswith("--") else set(read_config_file(arg))
-    return given
