@@ -6,7 +6,7 @@ References: OpenAI's GPT-2 release and the transformers implementation (for the 
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -14,8 +14,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
-
-from nanogpt_perf.peak_flops import device_peak_flops
 
 # SDPA held to one kernel (a kernel the device lacks is an error when it runs), by its name in the settings
 SDPA_BACKENDS = {
@@ -28,6 +26,9 @@ SDPA_BACKENDS = {
 ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
 # lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0), ours fused, liger-kernel's fused
 LOSS_IMPLS = ("plain", "fused", "liger")
+# the GPTConfig fields that fix the shapes of the weights: what a checkpoint's weights cannot do without
+ARCHITECTURE = ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size")
+A100_BF16_PEAK_FLOPS = 312e12  # nanoGPT's MFU yardstick
 # A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
 # and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes no mask there); cuDNN,
 # which SDPA prefers on Hopper, is left out: it builds an execution plan for every new shape it meets. On a CPU,
@@ -224,31 +225,29 @@ class GPT(nn.Module):
                 pass
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
 
-    def estimate_mfu(
-        self,
-        fwdbwd_per_iter: int,
-        dt: float,
-        precision: str = "bf16",
-        peak_flops: float | None = None,
-        seq_len: int | None = None,
-    ) -> float | None:
-        """Model FLOPs utilisation: achieved FLOP/s over the peak of this device at this precision.
-
-        FLOPs per token follow the PaLM paper (appendix B): 6N for the weights plus 12*L*H*Q*T for attention,
-        at the sequence length T actually run. peak_flops (FLOP/s) overrides the table; None is returned when
-        the peak is unknown, rather than guessing one."""
-        peak = peak_flops or device_peak_flops(next(self.parameters()).device, precision)
-        if not peak:
-            return None
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """FLOPs of a forward and backward pass per token, as the PaLM paper counts them (appendix B): 6N for the
+        weights plus 12*L*H*Q*T for attention, at the sequence length T actually run."""
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, seq_len or cfg.block_size
-        flops_per_token = 6 * self.get_num_params() + 12 * L * H * Q * T
-        return flops_per_token * T * fwdbwd_per_iter / dt / peak
+        return 6 * self.get_num_params() + 12 * L * H * Q * T
+
+    def estimate_mfu(
+        self, fwdbwd_per_iter: int, dt: float, peak_flops: float = A100_BF16_PEAK_FLOPS, seq_len: int | None = None
+    ) -> float:
+        """Model FLOPs utilisation: the FLOP/s achieved by fwdbwd_per_iter sequences an iteration of dt seconds,
+        over peak_flops (FLOP/s). The default is nanoGPT's yardstick, an A100's bf16 peak, whatever the device:
+        nanogpt_perf.peak_flops.mfu passes the peak of the device actually used, or says it is unknown."""
+        T = seq_len or self.config.block_size
+        return self.flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: dict[str, Any]) -> "GPT":
-        """The model saved in one of our checkpoints (as nanogpt_perf.train.checkpoint.load_checkpoint reads it)."""
-        model = cls(GPTConfig(**checkpoint["model_args"]))
+    def from_checkpoint(cls, checkpoint: dict[str, Any], config: GPTConfig | None = None) -> "GPT":
+        """The model saved in a checkpoint (its model_args and model): with config, that config but for the
+        architecture, which is the checkpoint's (the kernels, dropout and memory savers are free to change)."""
+        saved = checkpoint["model_args"]
+        config = replace(config, **{k: saved[k] for k in ARCHITECTURE}) if config else GPTConfig(**saved)
+        model = cls(config)
         model.load_state_dict(checkpoint["model"])
         return model
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_atomically
 
 Points = tuple[list[float], list[float]]  # iters, values
 Curves = dict[str, Points]  # one run's series, by log key
@@ -182,7 +183,7 @@ def draw(runs: dict[str, list[Curves]], path: Path) -> None:
     colours = [Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))]
     fig.legend(colours, list(runs), loc="outside lower center", ncols=min(len(runs), 5), fontsize=9)
     fig.suptitle(", ".join(runs))
-    fig.savefig(path, dpi=DPI)
+    write_atomically(path, lambda f: fig.savefig(f, dpi=DPI, format="png"))
     plt.close(fig)
 
 

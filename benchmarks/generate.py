@@ -11,7 +11,6 @@ The engine and the reference produce exactly the same tokens (the tests check it
 """
 
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
@@ -160,6 +160,5 @@ mem = peak_memory_bytes(runtime.device)
 print(f"peak memory {(mem or 0) / 2**20:.0f} MiB")
 if out_json:
     doc = {"kind": "generation", "manifest": run_manifest(settings, runtime), "build_s": build_s, "results": results}
-    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_json).write_text(json.dumps(doc | {"peak_mem_bytes": mem}, indent=2) + "\n")
+    write_json(Path(out_json), doc | {"peak_mem_bytes": mem})
     print(f"wrote {out_json}")

@@ -2,6 +2,8 @@
 
 import torch
 
+from model import GPT
+
 # Dense (no structured sparsity) tensor-core peaks in TFLOP/s, with fp32 accumulation for bf16 and fp16 (what
 # PyTorch's matmuls use), from the vendor's data sheets and whitepapers named beside each entry. "fp32" is the
 # non-tensor rate. Matched against the device's name in order, so that more specific names come first: "h100 nvl"
@@ -36,6 +38,15 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("v100", {"fp16": 125.0, "fp32": 15.7}),
     ("t4", {"fp16": 65.0, "fp32": 8.1}),
 ]
+
+
+def mfu(
+    model: GPT, fwdbwd_per_iter: int, dt: float, device: torch.device, precision: str, peak_flops: float | None = None
+) -> float | None:
+    """The model FLOPs utilisation of an iteration of dt seconds against the peak of this device at this precision
+    (peak_flops, FLOP/s, overrides the table); None when the peak is unknown, rather than guessing one."""
+    peak = peak_flops or device_peak_flops(device, precision)
+    return model.estimate_mfu(fwdbwd_per_iter, dt, peak) if peak else None
 
 
 def device_peak_flops(device: torch.device | str, precision: str) -> float | None:

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, sample_next
-from nanogpt_perf.peak_flops import peak_flops_for_name
-from nanogpt_perf.train.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from nanogpt_perf.peak_flops import mfu, peak_flops_for_name
+from nanogpt_perf.train.checkpoint import load_checkpoint, save_checkpoint
+from nanogpt_perf.train.parallel import unwrap
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 
@@ -98,7 +99,7 @@ def test_estimate_mfu_counts_the_flops_that_pytorch_counts(shape):
 
 
 def test_mfu_is_unavailable_rather_than_invented():
-    assert small_model().estimate_mfu(10, 0.5) is None  # CPU: no peak in the table
+    assert mfu(small_model(), 10, 0.5, torch.device("cpu"), "fp32") is None  # CPU: no peak in the table
     assert peak_flops_for_name("Some Future GPU", "bf16") is None
     assert peak_flops_for_name("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4e12)
     assert peak_flops_for_name("NVIDIA H100 PCIe", "bf16") == pytest.approx(756e12)

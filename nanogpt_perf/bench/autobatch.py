@@ -10,6 +10,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from nanogpt_perf.bench.cases import case_from_settings
 from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.runtime import Runtime
@@ -55,10 +58,19 @@ def step_fits(settings: dict[str, Any], vocab_size: int, runtime: Runtime, log: 
 
 
 def micro_batch(rows: int, settings: dict[str, Any], vocab_size: int, runtime: Runtime, log: Callable) -> int:
-    """The micro-batch batch_size='auto' means for rows sequences per rank and step on this runtime's device."""
+    """The micro-batch batch_size='auto' means for rows sequences per rank and step on this runtime's device;
+    under torch.distributed the smallest that any rank found. log(line) says how it was chosen."""
     if runtime.device_type != "cuda":
-        return largest_divisor(rows, HOST_BATCH)
-    return auto_micro_batch(rows, step_fits(settings, vocab_size, runtime, log))
+        chosen = largest_divisor(rows, HOST_BATCH)
+        how = f"no memory limit to find on {runtime.device_type}: at most {HOST_BATCH}"
+    else:
+        chosen, how = auto_micro_batch(rows, step_fits(settings, vocab_size, runtime, log)), "the largest that fits"
+    if dist.is_initialized():
+        agreed = torch.tensor(chosen, device=runtime.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        chosen = int(agreed.item())
+    log(f"batch_size auto -> {chosen} ({how} and divides {rows} sequences a step)")
+    return chosen
 
 
 def step_shape(s: dict[str, Any], given: set[str], world_size: int, choose: Callable[[int], int]) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from model import GPT
 from nanogpt_perf.bench.cases import Case, case_settings
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.memory import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
+from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import Runtime, resolve_runtime
 from nanogpt_perf.timing import PHASES, PhaseClock
@@ -170,6 +171,7 @@ def measure(
     step.batches.stop()  # the loader's thread
     timed = times[burn_in:]
     median = statistics.median(timed)
+    sequences = case.batch_size * case.gradient_accumulation_steps  # forward and backward passes an iteration
     compiled = lambda value: value if case.compile else None
     return result(
         case,
@@ -180,9 +182,7 @@ def measure(
         ms_min=min(timed),
         ms_max=max(timed),
         tokens_per_s=case.tokens_per_iter / median * 1000,
-        mfu=model.estimate_mfu(
-            case.batch_size * case.gradient_accumulation_steps, median / 1000, runtime.precision, peak_flops
-        ),
+        mfu=mfu(model, sequences, median / 1000, runtime.device, runtime.precision, peak_flops),
         peak_mem_bytes=peak_mem,
         peak_reserved_bytes=peak_reserved,
         first_iter_ms=times[0],

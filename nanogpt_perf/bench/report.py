@@ -1,11 +1,12 @@
 """What bench.py prints and writes: the results and where-the-time-goes tables, JSON, CSV and a bar chart."""
 
 import csv
-import json
+import io
 from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.bench.measure import FIGURES
+from nanogpt_perf.files import write_atomically, write_json, write_text
 from nanogpt_perf.timing import PHASES
 
 
@@ -91,20 +92,20 @@ CSV_MANIFEST = ("git_commit", "git_dirty", "torch", "cuda", "device_name")
 
 def write_outputs(out_json: Path, doc: dict[str, Any]) -> list[str]:
     """out_json, and a CSV and a PNG bar chart beside it; returns one line per file (or why there is no chart)."""
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out_json, doc)
     csv_path = out_json.with_suffix(".csv")
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.writer(f)
-        settings, figures = list(doc["results"][0]["settings"]), [k for k in FIGURES if k != "phases_ms"]
-        writer.writerow(["name", "status", "reason", *settings, *figures, *(f"{p}_ms" for p in PHASES), *CSV_MANIFEST])
-        for r in doc["results"]:
-            phases = r["phases_ms"] or {}
-            writer.writerow(
-                [r["name"], r["status"], r["reason"], *(r["settings"][k] for k in settings), *(r[k] for k in figures)]
-                + [phases.get(p) for p in PHASES]
-                + [doc["manifest"][k] for k in CSV_MANIFEST]
-            )
+    rows = io.StringIO(newline="")
+    writer = csv.writer(rows)
+    settings, figures = list(doc["results"][0]["settings"]), [k for k in FIGURES if k != "phases_ms"]
+    writer.writerow(["name", "status", "reason", *settings, *figures, *(f"{p}_ms" for p in PHASES), *CSV_MANIFEST])
+    for r in doc["results"]:
+        phases = r["phases_ms"] or {}
+        writer.writerow(
+            [r["name"], r["status"], r["reason"], *(r["settings"][k] for k in settings), *(r[k] for k in figures)]
+            + [phases.get(p) for p in PHASES]
+            + [doc["manifest"][k] for k in CSV_MANIFEST]
+        )
+    write_text(csv_path, rows.getvalue())
     return [f"wrote {out_json}", f"wrote {csv_path}", write_chart(out_json.with_suffix(".png"), doc)]
 
 
@@ -132,6 +133,6 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
     dirty = "+dirty" if m["git_dirty"] else ""
     ax.set_title(f"{doc['kind']}: {m['device_name']}, torch {m['torch']}, {m['git_commit'][:10]}{dirty}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_atomically(path, lambda f: fig.savefig(f, dpi=120, format="png"))
     plt.close(fig)
     return f"wrote {path}"

@@ -25,6 +25,7 @@ import numpy as np
 from nanogpt_perf.data.shards import ShardError, read_shard_header, shard_name, write_shard
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_json
 from nanogpt_perf.rules import Rule, a_path, at_least
 
 EOT = 50256  # GPT-2's <|endoftext|>
@@ -284,16 +285,6 @@ class ShardWriter:
         )
         self.filled = 0
         write_json(self.out_dir / STATE_FILE, self.state)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomically, as the shards are written: a kill leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -5,11 +5,12 @@
 - nanoGPT's single files train.bin and val.bin: uint16 tokens, no header.
 """
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from nanogpt_perf.files import write_atomically
 
 MAGIC, VERSION = 20240520, 1
 HEADER_INTS = 256
@@ -42,13 +43,7 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
         raise ShardError(f"{path}: token id {int(tokens.max())} does not fit in uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = MAGIC, VERSION, tokens.size
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype("<u2", copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: f.write(header.tobytes() + tokens.astype("<u2", copy=False).tobytes()))
 
 
 def read_shard_header(path: Path) -> TokenFile:

@@ -15,17 +15,13 @@ from typing import Any
 import torch
 
 from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_atomically
+from nanogpt_perf.train.parallel import load_full_state
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     """Write atomically: a crash mid-write leaves the previous checkpoint intact, never a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: torch.save(checkpoint, f))
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -117,7 +113,49 @@ def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     return checkpoint
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain model under DDP and torch.compile wrappers, whose state dict has no _orig_mod./module. prefixes."""
-    model = getattr(model, "module", model)  # DistributedDataParallel
-    return getattr(model, "_orig_mod", model)  # torch.compile
+def training_state(**state: Any) -> dict[str, Any]:
+    """What a training checkpoint holds, as plain data (loadable with weights_only): model (the plain state dict),
+    optimizer, scaler, model_args (the GPTConfig), iter_num, best_val_loss, config (every setting), tokenizer (so
+    that sample.py and export.py need no data folder) and ranks (each rank's generators and loader position). A
+    checkpoint of nanoGPT's has the first six of these but the scaler."""
+    missing = set(CHECKPOINT_KEYS) - set(state)
+    if missing or set(state) - set(CHECKPOINT_KEYS):
+        raise TypeError(f"a training checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}")
+    return {k: state[k] for k in CHECKPOINT_KEYS}
+
+
+CHECKPOINT_KEYS = (
+    "model",
+    "optimizer",
+    "scaler",
+    "model_args",
+    "iter_num",
+    "best_val_loss",
+    "config",
+    "tokenizer",
+    "ranks",
+)
+
+
+def restore_training(
+    checkpoint: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler,
+    batches,
+    rank: int,
+    world_size: int,
+) -> tuple[int, float, dict[str, Any] | None]:
+    """Put back what training_state saved beyond the weights (loaded into the model before it was wrapped): the
+    optimizer (sharded again under FSDP), the GradScaler, this rank's loader position; returns the iteration, the
+    best val loss and this rank's random generators (to restore last, once everything that draws at start has)."""
+    load_full_state(model, optimizer, None, checkpoint["optimizer"])
+    if checkpoint.get("scaler"):
+        scaler.load_state_dict(checkpoint["scaler"])
+    ranks = checkpoint.get("ranks") or [None]
+    if len(ranks) != world_size:
+        die(f"the checkpoint was saved by {len(ranks)} ranks: resume it with {len(ranks)} (nproc_per_node)")
+    mine = ranks[rank]
+    if mine:
+        batches.load_state_dict(mine["data"])  # before the step fetches its first batch
+    return checkpoint["iter_num"], checkpoint["best_val_loss"], mine["rng"] if mine else None

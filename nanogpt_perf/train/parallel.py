@@ -4,6 +4,8 @@ weights are gathered just before it runs and freed after), and checkpoints of ei
 that one process without torch.distributed loads."""
 
 import gc
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,9 +20,48 @@ if TYPE_CHECKING:
 
 from model import GPT
 from nanogpt_perf.runtime import PTDTYPES, Runtime
-from nanogpt_perf.train.checkpoint import unwrap
 
 PARALLELISMS = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: str = "auto"  # the device setting, made this rank's own GPU under torchrun
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+def start_ranks(device: str, backend: str) -> Ranks:
+    """Under torchrun (which sets RANK): join the process group, each rank on its own GPU (cuda:LOCAL_RANK) where
+    there are GPUs; backend 'auto' is nccl on CUDA, gloo elsewhere. One process: Ranks() with the device as set."""
+    if "RANK" not in os.environ:
+        return Ranks(device=device)
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    if backend == "auto":
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend=backend)
+    return Ranks(rank, local_rank, world_size, device)
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """The mean of value over every rank (each rank the same answer); value itself in one process."""
+    if dist.is_initialized():
+        value = value.clone()
+        dist.all_reduce(value)  # a sum: gloo has no average
+        return value.item() / dist.get_world_size()
+    return value.item()
 
 
 def wrap_model(model: GPT, parallelism: str, runtime: Runtime, compile: bool, compile_mode: str) -> nn.Module:
@@ -75,6 +116,12 @@ def close() -> None:
     dist.barrier()
     gc.collect()
     dist.destroy_process_group()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model under DDP and torch.compile wrappers, whose state dict has no _orig_mod./module. prefixes."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    return getattr(model, "_orig_mod", model)  # torch.compile
 
 
 def is_fsdp(model: nn.Module) -> bool:

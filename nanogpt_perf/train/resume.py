@@ -7,8 +7,11 @@ from typing import Any
 import numpy as np
 import torch
 
-# settings a resumed run cannot change: the architecture, the vocabulary and the data it was trained on
-FIXED_ON_RESUME = ("n_layer", "n_head", "n_embd", "bias", "block_size", "pad_vocab", "dataset", "data_dir")
+from model import ARCHITECTURE
+
+# settings a resumed run cannot change: the architecture (the vocabulary through pad_vocab and the data, which give
+# vocab_size), and the data it was trained on
+FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), "pad_vocab", "dataset", "data_dir")
 # settings that say how this command runs, not what the run is: always taken from the command
 PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend")
 

@@ -1,0 +1,139 @@
+"""How a run reports its progress: the timing of each logging window, the ETA, and the records that go to stdout,
+out_dir/log.jsonl and wandb (rank 0 only).
+
+A window is timed between device synchronisations and leaves out evals and checkpoint writes (restart() after
+them); within it a clock on the device's timeline times the training steps alone, so that what the loop adds
+around them (logging, the schedule, Python) is a figure of its own. The first step, which compiles, is reported
+alone and left out of the run's closing median and of the ETA."""
+
+import json
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.errors import die
+from nanogpt_perf.runtime import Runtime
+from nanogpt_perf.timing import DeviceClock
+
+
+def hms(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}" if minutes >= 60 else f"{minutes}:{s:02d}"
+
+
+class Progress:
+    def __init__(self, runtime: Runtime, start_iter: int, max_iters: int, tokens_per_iter: int):
+        self.runtime, self.clock = runtime, DeviceClock(runtime)
+        self.start_iter, self.max_iters, self.tokens_per_iter = start_iter, max_iters, tokens_per_iter
+        self.run_start, self.steady_since = time.perf_counter(), None  # (time, iter) after the first step
+        self.windows: list[tuple[float, float, float]] = []  # (ms/iter, step ms, data wait ms), first step aside
+        self.restart()
+
+    def elapsed(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.run_start
+
+    def restart(self) -> None:
+        """A new window from now: what happened since the last one closed (an eval, a checkpoint) is left out."""
+        self.window_start, self.steps, self.spans = time.perf_counter(), 0, []
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Time one training step on the device's clock."""
+        t0 = self.clock.now()
+        yield
+        self.spans.append((t0, self.clock.now()))
+        self.steps += 1
+
+    def window(self, iter_num: int, wait_seconds: float) -> dict[str, float]:
+        """Close the window that ends at iter_num (waiting for the device first): its figures per iteration, with
+        wait_seconds the steps spent waiting for data, the time since the run started and the ETA."""
+        self.runtime.synchronize()
+        now = time.perf_counter()
+        dt = (now - self.window_start) / self.steps
+        step_ms = sum(self.clock.ms(a, b) for a, b in self.spans) / self.steps
+        wait_ms = wait_seconds * 1000 / self.steps
+        if iter_num > self.start_iter + 1:
+            self.windows.append((dt * 1000, step_ms, wait_ms))
+        self.steady_since = self.steady_since or (now, iter_num)
+        since, at = self.steady_since
+        rate = (now - since) / (iter_num - at) if iter_num > at else dt
+        self.window_start, self.steps, self.spans = now, 0, []  # this window's logging counts in the next
+        return {
+            "ms_per_iter": dt * 1000,
+            "step_ms": step_ms,
+            "data_wait_ms": wait_ms,
+            "tokens_per_s": self.tokens_per_iter / dt,
+            "elapsed_s": now - self.run_start,
+            "eta_s": rate * (self.max_iters - iter_num),
+        }
+
+    def summary(self) -> str | None:
+        """The run's closing line: the median window, the step's share, the data wait's and the loop's."""
+        if not self.windows:
+            return None
+        ms, in_step, wait = (statistics.median(w[i] for w in self.windows) for i in range(3))
+        around = statistics.median(t - s for t, s, _ in self.windows)
+        return (
+            f"timing: median {ms:.2f} ms/iter over {len(self.windows)} logging windows (the first step left out, "
+            f"{self.tokens_per_iter / ms * 1000:,.0f} tok/s): the training step {in_step:.2f} ms (of which waiting "
+            f"for data {wait:.3f} ms, {wait / in_step:.1%}), the loop around it {around:.2f} ms (logging, the "
+            "schedule, Python)"
+        )
+
+
+class RunLog:
+    """The records of a run: printed, appended to out_dir/log.jsonl and sent to wandb when asked; on rank 0 only
+    (master=False: nothing at all)."""
+
+    def __init__(self, out_dir: Path, master: bool, wandb_run: dict[str, Any] | None):
+        self.file = open(out_dir / "log.jsonl", "a") if master else None
+        self.wandb = None
+        if master and wandb_run is not None:
+            try:
+                import wandb
+            except ImportError:
+                die("wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)")
+            wandb.init(**wandb_run)
+            self.wandb = wandb
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file is None:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb:
+            self.wandb.log(record, step=record["iter"])
+
+    def eval(self, iter_num: int, losses: dict[str, float], lr: float, elapsed_s: float) -> None:
+        if self.file is not None:
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
+        record = {"train_loss": losses["train"], "val_loss": losses["val"], "lr": lr, "elapsed_s": elapsed_s}
+        self.write({"iter": iter_num, **record})
+
+    def step(self, iter_num: int, figures: dict[str, Any], first: bool) -> None:
+        """A logging window's line: figures has step_loss, lr, grad_norm, mfu, peak_mem_bytes and Progress's."""
+        self.write({"iter": iter_num, **figures})
+        if self.file is None:
+            return
+        f, mfu = figures, figures["mfu"]
+        print(
+            f"iter {iter_num}: step loss {f['step_loss']:.4f}, {f['ms_per_iter']:.2f} ms/iter, "
+            f"{f['tokens_per_s']:,.0f} tok/s, MFU {'n/a' if mfu is None else f'{mfu * 100:.2f}%'}, "
+            f"peak mem {(f['peak_mem_bytes'] or 0) / 2**20:.0f} MiB, grad norm {f['grad_norm']:.3f}, "
+            f"data wait {f['data_wait_ms']:.2f} ms, elapsed {hms(f['elapsed_s'])}, ETA {hms(f['eta_s'])}"
+            + (" (first step: includes compilation and warm-up)" if first else ""),
+            flush=True,
+        )
+
+    def skipped(self, iter_num: int, loss: float, grad_norm: float, in_a_row: int) -> None:
+        if self.file is not None:
+            print(f"iter {iter_num}: non-finite loss or gradient norm, update skipped ({in_a_row} in a row)")
+        self.write({"iter": iter_num, "skipped": True, "loss": loss, "grad_norm": grad_norm})
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()

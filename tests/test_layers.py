@@ -1,0 +1,75 @@
+"""The house's layout: imports point down through the layers, never up or round in a circle, and none hides in a
+string. model.py stands alone; the package's core (errors, files, rules, the runtime and what measures it) imports
+only the model; data sits on the core; the shared settings on data; training and generation on those; the
+performance lab, which times the training step, on top; the scripts above it all."""
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+# from the bottom up; a module is in the layer of the longest prefix of its name listed here
+LAYERS = {
+    "model": 0,
+    "nanogpt_perf": 1,  # the core: errors, files, rules, runtime, timing, memory, peak_flops, manifest, ...
+    "configurator": 2,  # the core's rules and errors, over the settings of any script
+    "nanogpt_perf.data": 2,
+    "nanogpt_perf.settings": 3,
+    "nanogpt_perf.train": 4,
+    "nanogpt_perf.generate": 4,
+    "nanogpt_perf.bench": 5,
+}
+LIBRARY = [ROOT / "model.py", ROOT / "configurator.py", *sorted((ROOT / "nanogpt_perf").rglob("*.py"))]
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def layer(module: str) -> tuple[str, int]:
+    """(the layer's prefix, its height) of a module of the project."""
+    prefix = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return prefix, LAYERS[prefix]
+
+
+def project_imports(path: Path) -> set[str]:
+    """The modules of the project that a file imports, wherever in the file (function bodies too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+        names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        found |= {n for n in names if n.split(".")[0] in ("model", "configurator", "nanogpt_perf")}
+    return found
+
+
+GRAPH = {module_name(p): project_imports(p) for p in LIBRARY}
+
+
+def test_imports_point_down_or_stay_in_their_own_layer():
+    upward = []
+    for module, imports in GRAPH.items():
+        own, height = layer(module)
+        for imported in imports:
+            theirs, their_height = layer(imported)
+            if their_height > height or (their_height == height and theirs != own):
+                upward.append(f"{module} -> {imported}")
+    assert upward == []
+    assert GRAPH["model"] == set()  # the whole GPT in one file, with nothing of the package
+
+
+def test_there_are_no_circular_imports():
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, " -> ".join((*path, module))
+        for imported in GRAPH.get(module, ()):
+            visit(imported, (*path, module))
+
+    for module in GRAPH:
+        visit(module, ())
+
+
+def test_no_import_hides_in_a_string():
+    sources = [*LIBRARY, *ROOT.glob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "data").rglob("*.py")]
+    hidden = [
+        str(p.relative_to(ROOT)) for p in sources if "import_module(" in p.read_text() or "__import__(" in p.read_text()
+    ]
+    assert hidden == []
