@@ -37,7 +37,7 @@ kv_cache = True  # False recomputes the whole context for every token (the slow 
 seed = 1337
 device = "auto"
 dtype = "auto"
-compile = False  # torch.compile the one-token decode step (static shapes: compiled once, timed apart)
+compile = False  # torch.compile the model as generation runs it: its one-shape decode step (compiled once, timed apart)
 cuda_graph = True  # CUDA: capture the decode step as a CUDA graph, replayed for every token
 settings = configure(
     globals(),
