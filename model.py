@@ -209,10 +209,16 @@ class GPT(nn.Module):
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def configure_optimizers(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = True
+        self,
+        weight_decay: float,
+        learning_rate: float,
+        betas: tuple[float, float],
+        device_type: str | None = None,
+        fused: bool = True,
     ) -> torch.optim.AdamW:
-        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused (when asked) where the device
-        supports it."""
+        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused (when asked) wherever the device
+        has the kernel, a CPU included. device_type is nanoGPT's argument, taken and not needed: the optimizer
+        finds out itself whether the parameters' device has a fused kernel."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -243,12 +249,33 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict[str, Any], config: GPTConfig | None = None) -> "GPT":
-        """The model saved in a checkpoint (its model_args and model): with config, that config but for the
-        architecture, which is the checkpoint's (the kernels, dropout and memory savers are free to change)."""
-        saved = checkpoint["model_args"]
+        """The model saved in a checkpoint, ours or nanoGPT's (its model_args and model, whose names may carry
+        torch.compile's _orig_mod. prefix): with config, that config but for the architecture, which is the
+        checkpoint's (the kernels, dropout and memory savers are free to change)."""
+        saved = {k: v for k, v in checkpoint["model_args"].items() if k in GPTConfig.__dataclass_fields__}
         config = replace(config, **{k: saved[k] for k in ARCHITECTURE}) if config else GPTConfig(**saved)
         model = cls(config)
-        model.load_state_dict(checkpoint["model"])
+        model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()})
+        return model
+
+    @classmethod
+    def from_pretrained(cls, model_type: str, override_args: dict[str, Any] | None = None) -> "GPT":
+        """OpenAI's GPT-2 weights, as nanoGPT loads them: model_type is gpt2, gpt2-medium, gpt2-large or gpt2-xl
+        (the Hugging Face hub, with a network) or a local folder in transformers' format. Needs transformers (pip
+        install -e ".[hf]"). override_args: GPTConfig fields that leave the weights as they are (nanoGPT's
+        dropout; also the attention kernel, the loss and the memory savers)."""
+        from transformers import GPT2LMHeadModel
+
+        override_args = override_args or {}
+        if fixed := set(override_args) & set(ARCHITECTURE):
+            raise ValueError(f"{', '.join(sorted(fixed))} cannot be overridden: GPT-2's weights fix them")
+        hf = GPT2LMHeadModel.from_pretrained(model_type)
+        c = hf.config
+        if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"{model_type} uses {c.activation_function}, not GPT-2's tanh GELU")
+        shape = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions, bias=True)
+        model = cls(GPTConfig(vocab_size=c.vocab_size, **shape, **override_args))
+        model.load_state_dict(from_hf_state_dict(hf.state_dict()))
         return model
 
     # ------------------------------------------------------------------------------------------------------------
@@ -340,6 +367,23 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: torch.Tensor) -> tuple:
         grad_x, grad_w = ctx.saved_tensors
         return grad_x * grad_loss, grad_w * grad_loss, None, None
+
+
+# transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's
+HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' GPT-2 weights under this model's names (the same names, Conv1D weights transposed)."""
+    state = {}
+    for name, p in hf_state.items():
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # transformers' causal-mask buffers, not weights
+        if not name.startswith(("transformer.", "lm_head.")):
+            name = "transformer." + name  # saved from GPT2Model rather than GPT2LMHeadModel
+        state[name] = p.t() if name.endswith(HF_TRANSPOSED) else p
+    state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
+    return state
 
 
 def fused_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:

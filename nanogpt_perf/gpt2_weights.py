@@ -1,6 +1,7 @@
-"""GPT-2 weights in and out: OpenAI's GPT-2 from the Hugging Face hub or a local transformers folder, and our
-model's weights in transformers' GPT2LMHeadModel layout (for export.py)."""
+"""GPT-2 weights in and out: GPT.from_pretrained with one clear line for what goes wrong (for train.py and
+sample.py), and our model's weights in transformers' GPT2LMHeadModel layout (for export.py)."""
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -8,68 +9,46 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from model import GPT, GPTConfig
+from model import GPT, HF_TRANSPOSED
 
-# transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's
-HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 def load_gpt2(name_or_path: str, **overrides: Any) -> GPT:
-    """GPT-2 from the Hugging Face hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or from a local folder in
-    transformers' format (config.json with model.safetensors or pytorch_model.bin). overrides: GPTConfig fields
-    that leave the weights as they are (dropout, attention, loss_chunk, activation_checkpointing)."""
+    """GPT.from_pretrained, with one line (ValueError) for what can go wrong: a name that is neither a folder nor
+    a GPT-2 on the hub, a folder that is not a transformers GPT-2, no transformers, no network for the hub.
+    overrides: GPTConfig fields that leave the weights as they are (dropout, attention, the loss, the savers)."""
     folder = Path(name_or_path)
-    if not folder.is_dir():
-        folder = download_hf_model(name_or_path)
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} has no config.json: not a model folder in transformers' format")
-    hf = json.loads((folder / "config.json").read_text())
-    if hf.get("model_type") != "gpt2" or hf.get("activation_function") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"{folder} is not a GPT-2 model with GPT-2's tanh GELU")
-    shape = dict(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True)
-    model = GPT(GPTConfig(block_size=hf["n_positions"], vocab_size=hf["vocab_size"], **shape, **overrides))
-    model.load_state_dict(from_hf_state_dict(read_hf_weights(folder)))
-    return model
-
-
-def download_hf_model(name: str) -> Path:
-    if name not in HF_HUB_NAMES:
-        raise ValueError(f"{name!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
+    if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
+        raise ValueError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
+    if folder.is_dir():
+        problem = hf_folder_problem(folder)
+        if problem:
+            raise ValueError(f"{folder} is not a GPT-2 folder in transformers' format: {problem}")
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(f"loading {name_or_path} needs transformers: pip install -e '.[hf]'")
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise ValueError(f"loading {name} from the hub needs transformers: pip install transformers") from e
+        return GPT.from_pretrained(name_or_path, overrides)
+    except Exception as e:  # no network, hub down, unreadable weights: one line, not transformers' traceback
+        how = "" if folder.is_dir() else " from the Hugging Face hub"
+        raise ValueError(f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}") from e
+
+
+def hf_folder_problem(folder: Path) -> str | None:
+    """What a folder lacks to be a GPT-2 in transformers' format, or None."""
     try:
-        return Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"]))
-    except Exception as e:  # no network, hub down, ...: say so in one line
-        raise ValueError(
-            f"cannot download {name} from the Hugging Face hub ({type(e).__name__}); "
-            "pass a local folder in transformers' format instead"
-        ) from e
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"no readable config.json ({type(e).__name__})"
+    if not isinstance(config, dict) or config.get("model_type") != "gpt2":
+        return "config.json does not describe a GPT-2 (model_type gpt2)"
+    if not any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+        return "neither model.safetensors nor pytorch_model.bin"
+    return None
 
 
-def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        return load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
-
-
-def from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' GPT-2 weights under this model's names (the same names, Conv1D weights transposed)."""
-    state = {}
-    for name, p in hf_state.items():
-        if name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # transformers' causal-mask buffers, not weights
-        if not name.startswith(("transformer.", "lm_head.")):
-            name = "transformer." + name  # saved from GPT2Model rather than GPT2LMHeadModel
-        state[name] = p.t() if name.endswith(HF_TRANSPOSED) else p
-    state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
-    return state
+def first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def to_hf_state_dict(model: GPT, vocab_size: int) -> dict[str, torch.Tensor]:

@@ -370,4 +370,13 @@ def test_train_with_memory_savers_profile_and_manifest(tiny_data, tmp_path):
     assert manifest["device"] == "cpu" and manifest["world_size"] == 1 and len(manifest["git_commit"]) == 40
     assert (tmp_path / "trace.json").is_file() and "Self CPU" in result.stdout
     checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    assert checkpoint["model_args"]["loss_chunk"] == 100
+    assert checkpoint["config"]["loss_chunk"] == 100  # a setting: model_args holds what nanoGPT's GPTConfig takes
+    assert set(checkpoint["model_args"]) == {
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "block_size",
+        "bias",
+        "vocab_size",
+        "dropout",
+    }

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, assert_one_line_error, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_script
 from nanogpt_perf.data.shards import split_files
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 
@@ -46,7 +46,8 @@ def expected_tokens(enc, documents: list[str]) -> np.ndarray:
 
 
 def prepare(script: str, inputs: list[Path], out_dir: Path, *flags: str) -> subprocess.CompletedProcess:
-    return run_script(script, "--input=" + ",".join(map(str, inputs)), f"--out_dir={out_dir}", *flags)
+    """The script over local files; splits of 9 tokens at least (block_size=8): the shards here are tiny."""
+    return run_script(script, "--input=" + ",".join(map(str, inputs)), f"--out_dir={out_dir}", "--block_size=8", *flags)
 
 
 def shards_of(folder: Path, name: str, shard_size: int) -> np.ndarray:
@@ -238,3 +239,42 @@ def test_bad_input_is_one_line(case, tmp_path):
         path.write_text(text)
     result = prepare(FINEWEB, [path], tmp_path / "out", *filter(None, [flag]))
     assert_one_line_error(result, fragment)
+
+
+def test_a_corpus_smaller_than_a_shard_gets_a_training_and_a_validation_split(enc, tmp_path):
+    documents = DOCUMENTS * 20  # about 6,000 tokens, in one shard of 100,000
+    path = write_documents("jsonl", documents, tmp_path / "in")[0]
+    data = tmp_path / "data"
+    result = prepare(OPENWEBTEXT, [path], data / "small", "--shard_size=100000")
+    assert result.returncode == 0, result.stderr
+    val, train = (np.concatenate([f.tokens() for f in split_files(data / "small", s)]) for s in ("val", "train"))
+    expected = expected_tokens(enc, documents)
+    assert val.size == expected.size // 10 and np.array_equal(np.concatenate([val, train]), expected)
+    assert json.loads((data / "small" / "prepare.json").read_text())["val_size"] == val.size
+    chosen = prepare(OPENWEBTEXT, [path], data / "chosen", "--shard_size=100000", "--val_tokens=1000")
+    assert chosen.returncode == 0 and split_files(data / "chosen", "val")[0].n_tokens == 1000
+    flags = (f"--data_dir={data}", "--dataset=small", f"--out_dir={tmp_path / 'out'}", "--max_iters=2")
+    trained = run_script("train.py", *TINY_MODEL, *flags, "--eval_iters=1")
+    assert trained.returncode == 0, trained.stderr
+    assert "vocab_size 50257" in trained.stdout and "step 2:" in trained.stdout
+
+
+def test_a_corpus_too_small_for_one_block_is_refused_and_leaves_nothing(tmp_path):
+    path = write_documents("jsonl", DOCUMENTS, tmp_path / "in")[0]  # about 300 tokens
+    result = prepare(OPENWEBTEXT, [path], tmp_path / "out", "--block_size=1024")
+    assert_one_line_error(result, "the corpus has", "too few for a validation and a training split", "block_size=1024")
+    assert not (tmp_path / "out").exists()
+    everything = prepare(OPENWEBTEXT, [path], tmp_path / "all", "--val_tokens=100000")
+    assert_one_line_error(everything, "the validation split takes all of it")
+
+
+def test_prepared_but_without_training_shards_is_told_apart_from_not_prepared(tmp_path):
+    path = write_documents("jsonl", DOCUMENTS * 20, tmp_path / "in")[0]
+    data = tmp_path / "data"
+    assert prepare(OPENWEBTEXT, [path], data / "small", "--shard_size=100000").returncode == 0
+    for shard in split_files(data / "small", "train"):
+        shard.path.unlink()
+    result = refuse_train(data, tmp_path / "out", "--dataset=small")
+    assert_one_line_error(result, "dataset small is prepared but has no training shards", "--val_tokens")
+    (data / "bare").mkdir()
+    assert_one_line_error(refuse_train(data, tmp_path / "out", "--dataset=bare"), "dataset 'bare' not found")

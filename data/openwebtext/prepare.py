@@ -22,10 +22,13 @@ input = ""  # comma-separated local files (.txt: one document each, .jsonl, .jso
 out_dir = str(Path(__file__).resolve().parent)  # where the shards go
 shard_size = 100_000_000  # tokens per shard, as llm.c
 processes = default_processes()  # tokenising processes; 1 tokenises in this one
+val_tokens = 0  # tokens of the validation split: 0 = the first shard, or a tenth of a corpus that fits in one
+block_size = 1024  # the context it will train with: each split must hold block_size + 1 tokens
 # -----------------------------------------------------------------------------
 
 if __name__ == "__main__":  # the worker processes import this file too: only the parent prepares
     settings = configure(globals(), rules=RULES)
     # datasets >= 4 runs no loading scripts, the default revision's way in: the hub's own Parquet conversion instead
     hub = Source(repo="Skylion007/openwebtext", revision="refs/convert/parquet", documents=8_013_769)
-    prepare(local_source(input) if input else hub, Path(out_dir), "openwebtext", shard_size, processes)
+    source = local_source(input) if input else hub
+    prepare(source, Path(out_dir), "openwebtext", shard_size, processes, val_tokens, block_size)

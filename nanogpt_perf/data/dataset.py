@@ -24,6 +24,11 @@ def prepare_if_missing(data_path: Path) -> None:
         die(f"dataset {data_path.name} is only partly prepared: run python {data_path / 'prepare.py'} again to finish")
     if has_tokens(data_path):
         return
+    if (data_path / "prepare.json").is_file():  # prepared, but every token went to the validation split
+        die(
+            f"dataset {data_path.name} is prepared but has no training shards ({data_path / 'prepare.json'}): its "
+            f"corpus fit in the validation split; prepare it again with a smaller --val_tokens, or more text"
+        )
     script = data_path / "prepare.py"
     if not script.is_file():
         die(f"dataset {data_path.name!r} not found: no train.bin or *_train_*.bin shards in {data_path}, no {script}")

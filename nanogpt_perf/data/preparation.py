@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +41,10 @@ RULES: dict[str, Rule] = {
     "out_dir": a_path,
     "shard_size": lambda v: at_least(1)(v) or (None if v <= MAX_SHARD_SIZE else f"<= {MAX_SHARD_SIZE:,} (an int32)"),
     "processes": at_least(1),
+    "val_tokens": at_least(0, " (0 = the first shard, or a tenth of a corpus that fits in one)"),
+    "block_size": at_least(1),
 }
+SMALL_VAL_SHARE = 10  # a corpus that fits in one shard: a tenth of it is the validation split
 
 
 class CorpusError(ValueError):
@@ -86,9 +90,10 @@ def default_processes() -> int:
     return max(1, min(cpus, 16))
 
 
-def identity(source: Source, name: str, shard_size: int) -> dict[str, Any]:
+def identity(source: Source, name: str, shard_size: int, val_tokens: int = 0) -> dict[str, Any]:
     """What a preparation is made of: a folder resumes or counts as done only for the same."""
     return {
+        "val_tokens": val_tokens,
         "name": name,
         "source": "hub" if source.repo else "local",
         "dataset": source.repo,
@@ -236,13 +241,15 @@ def ordered_map(processes: int):
 
 
 class ShardWriter:
-    """Packs the token stream into shards of exactly shard_size tokens. After each shard it saves the state: the
-    documents wholly in written shards, and how many tokens of the next one are (it may straddle two shards)."""
+    """Packs the token stream into shards: the first (validation) of val_tokens tokens, or shard_size, the others
+    of exactly shard_size. After each shard it saves the state: the documents wholly in written shards, and how
+    many tokens of the next one are (it may straddle two shards)."""
 
     def __init__(self, out_dir: Path, state: dict[str, Any], started: float):
         self.out_dir, self.state = out_dir, state
-        self.size, self.name = state["identity"]["shard_size"], state["identity"]["name"]
-        self.buffer = np.empty(self.size, dtype=np.uint16)
+        ident = state["identity"]
+        self.shard_size, self.val_tokens, self.name = ident["shard_size"], ident["val_tokens"], ident["name"]
+        self.buffer = np.empty(max(self.shard_size, self.val_tokens), dtype=np.uint16)
         self.filled = 0
         self.documents = state["documents"]  # the documents before the next chunk
         self.drop = state["partial_tokens"]  # the next document's tokens already in a written shard, on a resume
@@ -255,6 +262,11 @@ class ShardWriter:
     def progress(self) -> str:
         rate = (self.tokens - self.tokens_before) / (time.perf_counter() - self.started)  # this run's
         return f"{self.tokens / 1e6:,.1f}M tokens, {rate / 1e6:.2f}M tokens/s"
+
+    @property
+    def size(self) -> int:
+        """The size of the shard being filled."""
+        return (self.val_tokens or self.shard_size) if self.state["shards"] == 0 else self.shard_size
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """A chunk's tokens, `lengths` those of each of its documents."""
@@ -270,8 +282,22 @@ class ShardWriter:
         self.documents += lengths.size
 
     def finish(self) -> None:
-        if self.filled:
+        if self.state["shards"] == 0 and not self.val_tokens and self.filled:
+            self.split_small()
+        elif self.filled:
             self.write(self.documents, 0)
+
+    def split_small(self) -> None:
+        """A corpus that fits in the first shard: its first tenth the validation split, the rest the training one,
+        both written before the state says so (a kill in between prepares again from the start)."""
+        val = self.filled // SMALL_VAL_SHARE
+        write_shard(self.out_dir / shard_file(self.name, 0), self.buffer[:val])
+        write_shard(self.out_dir / shard_file(self.name, 1), self.buffer[val : self.filled])
+        elapsed = round(self.elapsed_before + time.perf_counter() - self.started, 3)
+        self.state.update(documents=self.documents, partial_tokens=0, shards=2, val_size=val, elapsed_s=elapsed)
+        self.state["tokens"] += self.filled
+        self.filled = 0
+        write_json(self.out_dir / STATE_FILE, self.state)
 
     def write(self, documents: int, partial_tokens: int) -> None:
         index = self.state["shards"]
@@ -298,15 +324,17 @@ def shard_file(name: str, index: int) -> str:
     return shard_name(name, "val" if index == 0 else "train", index)  # the first shard is the validation split
 
 
-def check_shards(out_dir: Path, names: list[str], shard_size: int) -> None:
-    """Each shard whole, and full but the last (the preparation's end)."""
+def check_shards(out_dir: Path, names: list[str], shard_size: int, val_size: int) -> None:
+    """Each shard whole, and full but the last (the preparation's end): val_size tokens the first, shard_size the
+    others."""
     for i, file in enumerate(names):
         try:
             n_tokens = read_shard_header(out_dir / file).n_tokens
         except (OSError, ShardError) as e:
             die(f"{file} is missing or damaged ({first_line(e)}): remove {out_dir} to prepare again")
-        if n_tokens != shard_size and i < len(names) - 1:
-            die(f"{out_dir / file} holds {n_tokens:,} tokens, not {shard_size:,}: remove {out_dir} to prepare again")
+        size = val_size if i == 0 else shard_size
+        if n_tokens != size and i < len(names) - 1:
+            die(f"{out_dir / file} holds {n_tokens:,} tokens, not {size:,}: remove {out_dir} to prepare again")
 
 
 def finished(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
@@ -314,10 +342,11 @@ def finished(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     if not (out_dir / RECORD_FILE).is_file():
         return None
     record = read_json(out_dir / RECORD_FILE)
+    record = {"val_tokens": 0, "val_size": record.get("shard_size")} | record  # prepared before val_tokens existed
     if {k: record.get(k) for k in ident} != ident:
         differ = ", ".join(k for k in ident if record.get(k) != ident[k])
         die(f"{out_dir} holds a finished preparation with another {differ}: remove it or choose another out_dir")
-    check_shards(out_dir, record["shard_names"], ident["shard_size"])
+    check_shards(out_dir, record["shard_names"], ident["shard_size"], record["val_size"])
     (out_dir / STATE_FILE).unlink(missing_ok=True)  # killed between writing prepare.json and removing the state
     return record
 
@@ -331,11 +360,13 @@ def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
             die(f"{out_dir} holds shards ({mine[0].name}, ...) but no {STATE_FILE}: remove them first")
         return None
     state = read_json(out_dir / STATE_FILE)
+    state = {"val_size": ident["shard_size"]} | state  # started before val_tokens existed
+    state["identity"] = {"val_tokens": 0} | state.get("identity", {})
     if state.get("identity") != ident:
         differ = ", ".join(k for k in ident if state.get("identity", {}).get(k) != ident[k])
         die(f"{out_dir} holds an unfinished preparation with another {differ}: run it as it was, or remove the folder")
     written = [shard_file(ident["name"], i) for i in range(state["shards"])]
-    check_shards(out_dir, written, ident["shard_size"])
+    check_shards(out_dir, written, ident["shard_size"], state["val_size"])
     for path in [*mine, *out_dir.glob(STATE_FILE + ".tmp")]:
         if path.name not in written:  # a shard after the last save (made again), a temporary file
             path.unlink()
@@ -345,11 +376,15 @@ def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------- the preparation
 
 
-def prepare(source: Source, out_dir: Path, name: str, shard_size: int, processes: int) -> dict[str, Any]:
+def prepare(
+    source: Source, out_dir: Path, name: str, shard_size: int, processes: int, val_tokens: int = 0, block_size: int = 1
+) -> dict[str, Any]:
     """Prepare (or resume preparing) source's documents as shards NAME_*.bin in out_dir; returns the record that
-    prepare.json holds. A folder already prepared alike is left as it is."""
+    prepare.json holds. A folder already prepared alike is left as it is. Each split must hold a window of
+    block_size + 1 tokens, or the preparation is refused (and what it wrote removed)."""
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    ident = identity(source, name, shard_size)
+    ident = identity(source, name, shard_size, val_tokens)
     if (record := finished(out_dir, ident)) is not None:
         print(f"{out_dir} is already prepared ({record['shards']} shards, {record['tokens']:,} tokens): nothing to do")
         return record
@@ -359,6 +394,7 @@ def prepare(source: Source, out_dir: Path, name: str, shard_size: int, processes
     else:
         sha = hub_revision_sha(source) if source.repo else None
         state = dict(identity=ident, revision_sha=sha, documents=0, partial_tokens=0, shards=0, tokens=0, elapsed_s=0)
+        state["val_size"] = val_tokens or shard_size
         write_json(out_dir / STATE_FILE, state)
     print(f"preparing {source.describe()} -> {out_dir}, {processes} process(es)", flush=True)
     try:
@@ -367,7 +403,32 @@ def prepare(source: Source, out_dir: Path, name: str, shard_size: int, processes
         die(str(e))
     except KeyboardInterrupt:
         die("interrupted: run the same command again to resume")
+    if problem := splits_problem(state, block_size):
+        abandon(out_dir, state, created)
+        die(problem)
     return finish(out_dir, state)
+
+
+def splits_problem(state: dict[str, Any], block_size: int) -> str | None:
+    """Why the splits made cannot train a model of this block_size (each needs block_size + 1 tokens), or None."""
+    val = min(state["val_size"], state["tokens"])
+    train, need = state["tokens"] - val, block_size + 1
+    if val >= need and train >= need:
+        return None
+    what = "the validation split takes all of it" if train == 0 else f"{val:,} for validation, {train:,} for training"
+    return (
+        f"the corpus has {state['tokens']:,} tokens ({what}): too few for a validation and a training split of "
+        f"block_size={block_size} + 1 tokens each; give more text, a smaller --val_tokens or --block_size"
+    )
+
+
+def abandon(out_dir: Path, state: dict[str, Any], created: bool) -> None:
+    """Remove what a refused preparation wrote: its shards, its state, and out_dir if it made it."""
+    for path in out_dir.glob(f"{state['identity']['name']}_*.bin"):
+        path.unlink()
+    (out_dir / STATE_FILE).unlink(missing_ok=True)
+    if created and not any(out_dir.iterdir()):
+        out_dir.rmdir()
 
 
 def tokenize_into_shards(source: Source, out_dir: Path, state: dict[str, Any], processes: int) -> None:
@@ -381,7 +442,14 @@ def tokenize_into_shards(source: Source, out_dir: Path, state: dict[str, Any], p
         try:
             for tokens, lengths in tokenize(encode_documents, document_chunks(dataset, state["documents"])):
                 if bar is None:  # only once documents flow: an error before that is one line alone
-                    bar = tqdm(total=total, initial=state["documents"], unit=" docs", unit_scale=True, smoothing=0.1)
+                    bar = tqdm(
+                        total=total,
+                        initial=state["documents"],
+                        unit=" docs",
+                        unit_scale=True,
+                        smoothing=0.1,
+                        file=sys.stdout,
+                    )
                 writer.add(tokens, lengths)
                 bar.set_postfix_str(writer.progress(), refresh=False)
                 bar.update(lengths.size)
@@ -397,7 +465,7 @@ def finish(out_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Write prepare.json, drop the state, print what was made."""
     ident = state["identity"]
     names = [shard_file(ident["name"], i) for i in range(state["shards"])]
-    results = {k: state[k] for k in ("revision_sha", "documents", "tokens", "shards")}
+    results = {k: state[k] for k in ("revision_sha", "documents", "tokens", "shards", "val_size")}
     record = {**ident, **results, "shard_names": names, "elapsed_s": state["elapsed_s"]}
     write_json(out_dir / RECORD_FILE, record)
     (out_dir / STATE_FILE).unlink()

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from model import ARCHITECTURE
 from nanogpt_perf.errors import die
 from nanogpt_perf.files import write_atomically
 from nanogpt_perf.train.parallel import load_full_state
@@ -118,23 +119,16 @@ def training_state(**state: Any) -> dict[str, Any]:
     optimizer, scaler, model_args (the GPTConfig), iter_num, best_val_loss, config (every setting), tokenizer (so
     that sample.py and export.py need no data folder) and ranks (each rank's generators and loader position). A
     checkpoint of nanoGPT's has the first six of these but the scaler."""
-    missing = set(CHECKPOINT_KEYS) - set(state)
-    if missing or set(state) - set(CHECKPOINT_KEYS):
+    if set(state) != set(CHECKPOINT_KEYS):
         raise TypeError(f"a training checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}")
-    return {k: state[k] for k in CHECKPOINT_KEYS}
+    return {k: state[k] for k in CHECKPOINT_KEYS} | {"model_args": {k: state["model_args"][k] for k in MODEL_ARGS}}
 
 
-CHECKPOINT_KEYS = (
-    "model",
-    "optimizer",
-    "scaler",
-    "model_args",
-    "iter_num",
-    "best_val_loss",
-    "config",
-    "tokenizer",
-    "ranks",
-)
+CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "model_args", "iter_num", "best_val_loss", "config")
+CHECKPOINT_KEYS += ("tokenizer", "ranks")
+# model_args as nanoGPT's GPTConfig takes them, so that its sample.py loads our checkpoints: the architecture and
+# dropout (the kernels and memory savers are settings, in config)
+MODEL_ARGS = (*ARCHITECTURE, "dropout")
 
 
 def restore_training(
@@ -158,4 +152,5 @@ def restore_training(
     mine = ranks[rank]
     if mine:
         batches.load_state_dict(mine["data"])  # before the step fetches its first batch
-    return checkpoint["iter_num"], checkpoint["best_val_loss"], mine["rng"] if mine else None
+    best = float(checkpoint["best_val_loss"])  # nanoGPT saves a 0-d tensor
+    return checkpoint["iter_num"], best, mine["rng"] if mine else None

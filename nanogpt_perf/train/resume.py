@@ -17,9 +17,10 @@ PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend")
 
 
 def resume_settings(saved: dict[str, Any], settings: dict[str, Any], given: set[str]) -> tuple[dict, list[str]]:
-    """The checkpoint's settings, overridden by those given on this command (config files and flags): the merged
-    settings, and a line for each override that differs from the checkpoint. ValueError for an override that
-    cannot apply to the checkpoint."""
+    """The checkpoint's settings (ours, or nanoGPT's, which has the same names), overridden by those given on this
+    command (config files and flags): the merged settings, and a line for each override that differs from the
+    checkpoint and for each saved setting that does not apply here. ValueError for an override that cannot apply
+    to the checkpoint."""
     merged = dict(settings)
     for key, value in saved.items():
         if key in merged and key not in given and key not in PER_COMMAND:
@@ -29,7 +30,13 @@ def resume_settings(saved: dict[str, Any], settings: dict[str, Any], given: set[
     if fixed:
         what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
         raise ValueError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary and data are fixed")
-    return merged, [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
+    lines = [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
+    lines += [f"{k}={saved[k]!r} not applied (not a setting here)" for k in saved if k not in merged]
+    per_command = [k for k in PER_COMMAND if k != "init_from" and k not in given and k in saved and k in merged]
+    lines += [
+        f"{k}={saved[k]!r} not applied (this command's {merged[k]!r})" for k in per_command if saved[k] != merged[k]
+    ]
+    return merged, lines
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
