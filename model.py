@@ -176,17 +176,7 @@ class GPT(nn.Module):
         """Logits for every position and the mean cross-entropy when targets are given, else logits
         for the last position only (all that generation needs). With loss_chunk set and targets given, the
         logits are None: the chunked loss never makes them all at once."""
-        T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            if self.config.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        x = self.transformer.ln_f(x)
+        x = self.hidden_states(idx)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
         if self.config.loss_impl == "fused":
@@ -200,6 +190,20 @@ class GPT(nn.Module):
             logits.view(-1, logits.size(-1)).to(wide(logits.dtype)), targets.reshape(-1), ignore_index=-1
         )
         return logits, loss
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """The trunk: (B, T, n_embd) after the last LayerNorm, which lm_head turns into logits."""
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            if self.config.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.transformer.ln_f(x)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length, e.g. to fine-tune GPT-2 (1024) at 256."""

@@ -33,6 +33,8 @@ SERIES = {
     "tokens_per_s": (2, "", dict(ls="-", marker=".", lw=1, ms=3)),
     "ms_per_iter": (3, "ms/iter (the whole loop)", dict(ls="-", marker=".", lw=1, ms=3)),
     "step_ms": (3, "step_ms (the training step)", dict(ls=":", lw=1.2)),
+    "hellaswag_acc_norm": (4, "acc_norm", dict(ls="-", marker="o", lw=1.5, ms=5)),
+    "hellaswag_acc": (4, "acc", dict(ls="--", marker="s", lw=1, ms=3, alpha=0.8)),
 }
 
 
@@ -100,6 +102,8 @@ def curves(records: list[dict[str, Any]]) -> Curves:
         "tokens_per_s": points(steady, "tokens_per_s"),
         "ms_per_iter": points(steady, "ms_per_iter"),
         "step_ms": points(steady, "step_ms"),
+        "hellaswag_acc_norm": points(records, "hellaswag_acc_norm"),
+        "hellaswag_acc": points(records, "hellaswag_acc"),
     }
 
 
@@ -136,7 +140,9 @@ def draw_run(axes: list[Any], runs: list[Curves], colour: str) -> None:
     """One run's lines, one per run appended to its log, in each panel."""
     for c in runs:
         for key, (panel, _, style) in SERIES.items():
-            if c[key][0]:  # an empty series would still count as data and hide the panel's "no records" note
+            if c[key][0] and panel < len(
+                axes
+            ):  # an empty series would still count as data and hide the panel's "no records" note
                 lone = {"marker": style.get("marker") or "."} if len(c[key][0]) == 1 else {}  # a line of one point
                 axes[panel].plot(*c[key], color=colour, **(style | lone))
 
@@ -150,22 +156,29 @@ def style_legend(ax: Any, panel: int) -> None:
 
 
 def draw(runs: dict[str, list[Curves]], path: Path) -> None:
-    """The four panels, one colour per run, saved as a PNG at path."""
+    """The four panels (a fifth, HellaSwag, when a run scored it), one colour per run, saved as a PNG at path."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
-    fig, grid = plt.subplots(2, 2, figsize=FIGSIZE, sharex=True, layout="constrained")
-    axes = list(grid.flat)
+    hellaswag = any(c["hellaswag_acc_norm"][0] for run in runs.values() for c in run)
+    fig, grid = plt.subplots(2, 3 if hellaswag else 2, figsize=FIGSIZE, sharex=True, layout="constrained")
+    axes = list(grid.T.flat) if hellaswag else list(grid.flat)  # by columns: loss and lr, speed and ms, HellaSwag
+    if hellaswag:
+        axes[1], axes[2] = axes[2], axes[1]  # the first four in the 2x2 order: loss, lr / tokens/s, ms
+        axes[5].set_visible(False)
     for i, run in enumerate(runs.values()):
         draw_run(axes, run, f"C{i}")
-    loss, lr, speed, ms = axes
-    titles = (
+    loss, lr, speed, ms = axes[:4]
+    titles = [
         (loss, "loss", "loss"),
         (lr, "learning rate", "learning rate"),
         (speed, "tokens/s (first step left out: compilation, warm-up)", "tokens/s"),
         (ms, "time per iteration (first step left out)", "ms"),
-    )
+    ]
+    if hellaswag:
+        titles.append((axes[4], "HellaSwag (GPT-2 124M: acc_norm 0.2955)", "accuracy"))
+        style_legend(axes[4], 4)
     for ax, title, ylabel in titles:
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)

@@ -22,10 +22,11 @@ from model import GPT
 from nanogpt_perf.bench.autobatch import micro_batch, step_shape
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import TokenBatches
-from nanogpt_perf.data.tokenizer import tokenizer_spec
+from nanogpt_perf.data.tokenizer import Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import die
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
+from nanogpt_perf.hellaswag import download_val, read_examples, score
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.peak_flops import mfu
@@ -59,6 +60,9 @@ eval_interval = 2000
 log_interval = 1
 eval_iters = 200  # batches per split at each eval: the same fixed windows every time
 eval_only = False  # evaluate once and exit
+hellaswag_interval = 0  # HellaSwag's accuracy too, every this many iterations and at the end (GPT-2 tokens); 0 = off
+hellaswag_file = ""  # a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/ (once)
+hellaswag_examples = 0  # score the first this many examples each time; 0 = all 10,042
 always_save_checkpoint = True  # save at every eval, not only when val loss improves
 save_interval = 0  # also save every this many iterations, evals or not; 0 = at evals only
 keep_last = 3  # checkpoints kept (out_dir/ckpt-NNNNNNN.pt), besides the best (ckpt-best.pt)
@@ -91,6 +95,8 @@ RULES = SHARED_RULES | {
     "eval_interval": at_least(1),
     "log_interval": at_least(1),
     "eval_iters": at_least(1),
+    "hellaswag_interval": at_least(0, " (0 = off)"),
+    "hellaswag_examples": at_least(0, " (0 = all)"),
     "save_interval": at_least(0, " (0 = at evals only)"),
     "keep_last": at_least(1),
     "init_from": init_from_one_of("scratch", "resume", *HF_HUB_NAMES),
@@ -268,6 +274,19 @@ def save(best: bool) -> None:
         print(f"saved checkpoint {path}" + (" (the best so far)" if best else ""))
 
 
+# HellaSwag's examples, when asked for: downloaded once (rank 0), scored in GPT-2's tokens by every rank's share
+hellaswag = None
+if hellaswag_interval:
+    tokenizer = Tokenizer.for_dataset(data_path)
+    if tokenizer.itos is not None or parallelism == "fsdp" and ddp:
+        die(f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer.name} with {parallelism}")
+    path = Path(hellaswag_file) if hellaswag_file else Path(data_dir) / "hellaswag" / "hellaswag_val.jsonl"
+    if master and not hellaswag_file:
+        download_val(path)
+    if ddp:
+        dist.barrier()
+    hellaswag = read_examples(path, hellaswag_examples)
+
 # what made this run (rank 0), and where its records go: stdout, out_dir/log.jsonl and optionally wandb
 if master:
     write_json(
@@ -307,7 +326,10 @@ while True:
         print0(f"iter {iter_num}: not saved, the last step was not finite")
     elif saving and (not evaluating or math.isfinite(losses["val"])):
         save(best=improved)
-    if evaluating or saving:
+    scoring = hellaswag and not stopping and (iter_num % hellaswag_interval == 0 or iter_num == max_iters)
+    if scoring:
+        log.hellaswag(iter_num, score(raw_model, hellaswag, tokenizer.encode, runtime.device, runtime.autocast_ctx))
+    if evaluating or saving or scoring:
         progress.restart()  # evals and checkpoints are not the training step's
         batches.take_wait_seconds()
     if stopping:

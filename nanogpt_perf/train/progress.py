@@ -129,6 +129,13 @@ class RunLog:
             flush=True,
         )
 
+    def hellaswag(self, iter_num: int, result: dict[str, Any]) -> None:
+        if self.file is not None:
+            print(f"step {iter_num}: HellaSwag acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f} "
+                  f"({result['examples']:,} examples)", flush=True)  # fmt: skip
+        figures = {f"hellaswag_{k}": result[k] for k in ("acc", "acc_norm", "examples")}
+        self.write({"iter": iter_num, **figures})
+
     def skipped(self, iter_num: int, loss: float, grad_norm: float, in_a_row: int) -> None:
         if self.file is not None:
             print(f"iter {iter_num}: non-finite loss or gradient norm, update skipped ({in_a_row} in a row)")

@@ -1,0 +1,66 @@
+"""
+Score a model on HellaSwag's validation set, as build-nanogpt and llm.c score GPT-2 (nanogpt_perf/hellaswag.py):
+acc by the sum of each ending's log-probabilities, acc_norm by their mean per token.
+
+    python hellaswag.py --init_from=gpt2                        # GPT-2 (124M) from the hub: acc_norm 0.2955 published
+    python hellaswag.py --out_dir=out-gpt2 --file=hellaswag_val.jsonl --limit=1000   # a checkpoint, a local copy
+"""
+
+from pathlib import Path
+
+import torch
+
+from configurator import configure
+from model import GPT
+from nanogpt_perf.data.tokenizer import Tokenizer
+from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_json
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
+from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of
+from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
+from nanogpt_perf.train.checkpoint import load_checkpoint
+
+# -----------------------------------------------------------------------------
+init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
+out_dir = "out"
+file = ""  # a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/ (once)
+limit = 0  # score the first this many examples; 0 = all 10,042
+out_json = ""  # the result as JSON; '' = print only
+device = "auto"
+dtype = "auto"
+settings = configure(
+    globals(),
+    rules={
+        "init_from": init_from_one_of("resume", *HF_HUB_NAMES),
+        "out_dir": a_path,
+        "limit": at_least(0, " (0 = all)"),
+        "device": device_problem,
+        "dtype": one_of("auto", *PTDTYPES),
+    },
+)
+# -----------------------------------------------------------------------------
+
+runtime = resolve_runtime(device, dtype)
+print(runtime.describe())
+checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt") if init_from == "resume" else None
+tokenizer = Tokenizer.for_checkpoint(checkpoint) if checkpoint is not None else Tokenizer()
+if tokenizer.itos is not None:
+    die(f"HellaSwag is scored in GPT-2's tokens; this model's tokenizer is {tokenizer.name}")
+path = Path(file) if file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")
+examples = read_examples(path, limit)
+try:
+    model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
+except ValueError as e:
+    die(str(e))
+model.to(runtime.device)
+
+with torch.no_grad():
+    result = score(model, examples, tokenizer.encode, runtime.device, runtime.autocast_ctx)
+print(
+    f"HellaSwag ({path}, {result['examples']:,} examples): acc {result['acc']:.4f} ({result['correct']:,}), "
+    f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']:,}); GPT-2 (124M) scores {GPT2_124M_ACC_NORM} "
+    "acc_norm on all 10,042"
+)
+if out_json:
+    write_json(Path(out_json), result | {"file": str(path), "init_from": init_from, "settings": settings})

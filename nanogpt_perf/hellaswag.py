@@ -1,0 +1,110 @@
+"""HellaSwag (Zellers et al., 2019), scored as build-nanogpt and llm.c score GPT-2 on it: each example's context is
+followed by each of its 4 endings, and the ending the model finds most likely wins. acc compares the endings by the
+sum of their tokens' log-probabilities after the context, acc_norm by the mean per token (which does not favour
+short endings). GPT-2 (124M) scores acc_norm 0.2955 on the 10,042 validation examples.
+
+The examples are the official validation file (JSONL: ctx, endings, label, ...), downloaded once, or a local file
+in the same format. Under torch.distributed each rank scores its share and the counts are summed."""
+
+import json
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from model import GPT
+from nanogpt_perf.errors import die
+
+VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+VAL_EXAMPLES = 10_042
+GPT2_124M_ACC_NORM = 0.2955  # the published figure (llm.c, build-nanogpt)
+
+
+def download_val(path: Path) -> Path:
+    """The official validation file at path, downloaded when it is not there yet."""
+    if not path.is_file():
+        try:
+            with urllib.request.urlopen(VAL_URL, timeout=60) as response:
+                data = response.read()
+        except OSError as e:
+            die(f"cannot download HellaSwag ({e}); give a local copy of hellaswag_val.jsonl with hellaswag_file=")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return path
+
+
+def read_examples(path: Path, limit: int = 0) -> list[dict[str, Any]]:
+    """The examples of a HellaSwag JSONL file (the first limit of them; 0 = all), each checked: a context, 4
+    endings, the label of the right one. One line naming the file and the line for anything else."""
+    if not path.is_file():
+        die(f"no HellaSwag file at {path}")
+    examples = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            example = json.loads(line)
+            ctx, endings, label = example["ctx"], example["endings"], example["label"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            die(f"{path} line {n} is not a HellaSwag example ({type(e).__name__}: {e}): ctx, endings, label")
+        valid = isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4
+        if not valid or not all(isinstance(e, str) for e in endings) or label not in (0, 1, 2, 3):
+            die(f"{path} line {n} is not a HellaSwag example: a ctx text, 4 endings, a label 0 to 3")
+        examples.append({"ctx": ctx, "endings": endings, "label": label})
+        if limit and len(examples) == limit:
+            break
+    if not examples:
+        die(f"{path} holds no HellaSwag examples")
+    return examples
+
+
+def render(example: dict[str, Any], encode) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 4 rows of an example: context then ending (a space before it), padded with 0 to the longest; and the
+    mask of the ending's tokens."""
+    ctx = encode(example["ctx"])
+    rows = [ctx + encode(" " + ending) for ending in example["endings"]]
+    tokens = torch.zeros(4, max(map(len, rows)), dtype=torch.long)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = torch.tensor(row)
+        mask[i, len(ctx) : len(row)] = True
+    return tokens, mask
+
+
+@torch.no_grad()
+def ending_scores(model: GPT, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, mean) per row of the log-probabilities of the masked tokens, each given the tokens before it."""
+    logits = model.lm_head(model.hidden_states(tokens[:, :-1]))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, float64 kept
+    logprobs = F.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    taken = mask[:, 1:]
+    total = (logprobs * taken).sum(dim=1)
+    return total, total / taken.sum(dim=1)
+
+
+def score(
+    model: GPT, examples: list[dict[str, Any]], encode: Callable, device: torch.device, autocast: Callable
+) -> dict[str, Any]:
+    """acc and acc_norm of model over the examples (this rank's share under torch.distributed, the counts summed
+    over the ranks); encode: text to GPT-2 token ids; autocast(): the context of the forward passes."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    was_training = model.training
+    model.eval()
+    counts = torch.zeros(3, dtype=torch.long, device=device)  # examples, right by the sum, right by the mean
+    for example in examples[rank::world]:
+        tokens, mask = render(example, encode)
+        if tokens.size(1) - 1 > model.config.block_size:
+            tokens, mask = tokens[:, -model.config.block_size - 1 :], mask[:, -model.config.block_size - 1 :]
+        with autocast():
+            total, mean = ending_scores(model, tokens.to(device), mask.to(device))
+        label = example["label"]
+        counts += torch.tensor([1, int(total.argmax() == label), int(mean.argmax() == label)], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(counts)
+    model.train(was_training)
+    n, right, right_norm = counts.tolist()
+    return {"examples": n, "acc": right / n, "acc_norm": right_norm / n, "correct": right, "correct_norm": right_norm}
