@@ -32,7 +32,7 @@ from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.rules import a_path, at_least, init_from_one_of, not_above, one_of, or_word, settings_problem
-from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.runtime import dtype_problem, resolve_device, resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with bench.py (one name, default, meaning and rule
 # each; `python train.py --help` lists them), overridden by config files and flags like the settings below
@@ -146,7 +146,11 @@ if checkpoint is not None:
 ranks = start_ranks(device, backend)
 device, ddp = ranks.device, ranks.distributed
 
-# device and precision: chosen after the overrides; TF32 is set here (CUDA only)
+# device and precision: chosen after the overrides (a resumed run's dtype that this device has not, as nanoGPT saves
+# float16 from a CPU run, is auto here); TF32 is set here (CUDA only)
+if checkpoint is not None and "dtype" not in given and dtype_problem(resolve_device(device), dtype):
+    print0(f"resumed settings: dtype={dtype!r} not applied (not on {device}): auto")
+    dtype = settings["dtype"] = "auto"
 runtime = resolve_runtime(device, dtype, tf32)
 print0(runtime.describe())
 torch.manual_seed(seed + ranks.rank)

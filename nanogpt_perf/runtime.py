@@ -105,13 +105,20 @@ def resolve_dtype(dev: torch.device, dtype: str) -> tuple[str, str]:
             return "float32", "dtype auto -> float32 (on CPU autocast only when dtype=bfloat16 is asked for)"
         chosen = "bfloat16" if bf16_ok else "float16"
         return chosen, f"dtype auto -> {chosen} ({'bf16 supported' if bf16_ok else 'no bf16 on this GPU'})"
-    if dtype not in PTDTYPES:
-        die(f"dtype must be one of auto, {', '.join(PTDTYPES)}, not {dtype!r}")
-    if dtype == "bfloat16" and not bf16_ok:
-        die(f"dtype bfloat16 is not supported on {dev}; use float16 or auto")
-    if dtype == "float16" and dev.type == "cpu":
-        die("dtype float16 is not supported on CPU; use bfloat16 or float32")
+    if problem := dtype_problem(dev, dtype):
+        die(problem)
     return dtype, f"dtype {dtype} as asked"
+
+
+def dtype_problem(dev: torch.device, dtype: str) -> str | None:
+    """Why dtype cannot run on dev, or None."""
+    if dtype != "auto" and dtype not in PTDTYPES:
+        return f"dtype must be one of auto, {', '.join(PTDTYPES)}, not {dtype!r}"
+    if dtype == "bfloat16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return f"dtype bfloat16 is not supported on {dev}; use float16 or auto"
+    if dtype == "float16" and dev.type == "cpu":
+        return "dtype float16 is not supported on CPU; use bfloat16 or float32"
+    return None
 
 
 def resolve_runtime(device: str = "auto", dtype: str = "auto", tf32: bool = True) -> Runtime:

@@ -116,7 +116,7 @@ def nanogpt_checkpoint(tiny_data, path, compiled: bool) -> dict:
     prefix = "_orig_mod." if compiled else ""
     config = dict(out_dir="out", eval_interval=5, eval_iters=2, dataset="tiny", batch_size=8, block_size=32)
     config |= dict(gradient_accumulation_steps=1, learning_rate=1e-3, max_iters=5, lr_decay_iters=5, warmup_iters=1)
-    config |= dict(device="cuda", dtype="bfloat16", compile=compiled, backend="nccl", min_lr=1e-4, my_own_knob=3)
+    config |= dict(device="cuda", dtype="float16", compile=compiled, backend="nccl", min_lr=1e-4, my_own_knob=3)
     checkpoint = {
         "model": {prefix + k: v for k, v in model.state_dict().items()},
         "optimizer": optimizer.state_dict(),
@@ -153,3 +153,15 @@ def test_a_nanogpt_checkpoint_samples_resumes_and_exports(tiny_data, tmp_path, c
     export = run_script(str(ROOT / "export.py"), "--export_dir=hf", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_a_resumed_dtype_this_device_has_not_falls_back_to_auto(tiny_data, tmp_path):
+    """nanoGPT saves dtype float16 from a machine without bf16; resumed on the CPU without --dtype, the run says it
+    did not apply it and trains in the CPU's auto precision instead of refusing."""
+    shutil.copytree(tiny_data, tmp_path / "data")
+    nanogpt_checkpoint(tiny_data, tmp_path / "out" / "ckpt.pt", compiled=False)
+    resume = run_script(str(ROOT / "train.py"), "--init_from=resume", "--device=cpu", "--compile=False",
+                        "--max_iters=6", "--eval_interval=6", cwd=tmp_path)  # fmt: skip
+    assert resume.returncode == 0, resume.stderr
+    assert "resumed settings: dtype='float16' not applied (not on cpu): auto" in resume.stdout
+    assert "dtype auto -> float32" in resume.stdout
