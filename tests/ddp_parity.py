@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.runtime import resolve_runtime  # noqa: E402
+from nanogpt_perf.train.parallel import close  # noqa: E402
 from nanogpt_perf.train.step import TrainStep  # noqa: E402
 
 STEPS, B, T, V = 2, 2, 16, 64
@@ -67,8 +68,7 @@ def main(out: Path, k: int) -> None:
     if rank == 0:
         torch.save({"losses": losses, "grad_norms": norms, "model": model.state_dict()}, out)
     if ddp:
-        dist.barrier()  # both ranks leave together: gloo aborts a rank torn down while its peer still works
-        dist.destroy_process_group()
+        close()
 
 
 if __name__ == "__main__":
