@@ -45,7 +45,8 @@ def not_an_export(folder: Path) -> str | None:
 
 
 if problem := not_an_export(Path(export_dir)) if Path(export_dir).exists() else None:
-    die(f"export_dir must be a folder that is new, empty or an earlier export (to replace), {problem}")
+    what = f"an earlier export to replace (only {', '.join(EXPORT_FILES)})"
+    die(f"export_dir must be a folder that is new, empty or {what}, {problem}")
 
 try:
     from transformers import GPT2Config, GPT2LMHeadModel

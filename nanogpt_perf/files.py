@@ -85,7 +85,7 @@ def write_json(path: Path, data: Any, indent: int = 2) -> None:
 
 
 def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None]) -> None:
-    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)  # a link keeps pointing at it
+    shown, path = path, Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)  # a link stays one
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None]) -> None:
         mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~umask()
         fd, name = tempfile.mkstemp(prefix=temp_prefix(path, TEMP), dir=path.parent)
     except OSError as e:
-        raise WriteFailed(path, e, existed) from None
+        raise WriteFailed(shown, e, existed) from None
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -103,7 +103,7 @@ def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None]) -> None:
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if (os_error := os_error_in(e)) is not None:
-            raise WriteFailed(path, os_error, existed) from e
+            raise WriteFailed(shown, os_error, existed) from e
         raise
     sync_folder(path.parent)
 
@@ -111,7 +111,7 @@ def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None]) -> None:
 def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
     """fill(tmp) writes a whole new folder at tmp, a temporary name beside path; it is then flushed to disk and
     takes path's place at once, and the previous folder at path (if any) is deleted."""
-    path = Path(os.path.realpath(path))  # a link to a folder: the folder is replaced, the link kept
+    shown, path = path, Path(os.path.realpath(path))  # a link to a folder: the folder is replaced, the link kept
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,7 @@ def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path, TEMP), dir=path.parent))
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700, else
     except OSError as e:
-        raise WriteFailed(path, e, existed) from None
+        raise WriteFailed(shown, e, existed) from None
     try:
         fill(tmp)
         sync_tree(tmp)
@@ -133,7 +133,7 @@ def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if (os_error := os_error_in(e)) is not None:
-            raise WriteFailed(path, os_error, existed) from e
+            raise WriteFailed(shown, os_error, existed) from e
         raise
     sync_folder(path.parent)
     shutil.rmtree(tmp, ignore_errors=True)  # the previous folder, now under the temporary name

@@ -161,20 +161,35 @@ def text_column(dataset, where: str):
     return dataset.select_columns(["text"]) if dataset.features is not None else dataset
 
 
-def document_chunks(dataset, skip: int) -> Iterator[list[str]]:
-    """Lists of CHUNK documents' texts, after the first `skip` documents."""
+def document_chunks(dataset, skip: int, where: str) -> Iterator[list[str]]:
+    """Lists of CHUNK documents' texts, after the first `skip` documents; where: the source, for the errors."""
+    seen = skip
     try:
         for batch in (dataset.skip(skip) if skip else dataset).iter(batch_size=CHUNK):
             if "text" not in batch:
                 raise CorpusError(f"the documents have no 'text' field (fields: {', '.join(batch)})")
             texts = batch["text"]
-            if bad := [text for text in texts if not isinstance(text, str)]:
-                raise CorpusError(f"a document's text is {type(bad[0]).__name__} {bad[0]!r:.40}, not a string")
+            if (bad := next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)) is not None:
+                text = texts[bad]
+                raise CorpusError(
+                    f"document {seen + bad + 1:,}'s text is {type(text).__name__} {text!r:.40}, not a string "
+                    f"(in {where}): each document's 'text' must be a string"
+                )
+            seen += len(texts)
             yield texts
     except CorpusError:
         raise
-    except Exception as e:  # a malformed file, a lost connection: one line, and a rerun resumes
-        raise CorpusError(f"reading the documents failed: {first_line(e)}") from e
+    except Exception as e:  # a malformed file, a lost connection: one line (the hub's: a rerun resumes)
+        raise CorpusError(f"reading {where} failed after {seen:,} documents: {first_line(e)}{hint(e)}") from e
+
+
+def hint(error: Exception) -> str:
+    """What a valid input would be, for the errors that say little of it."""
+    if isinstance(error, UnicodeDecodeError):
+        return " (a .txt file must be UTF-8 text)"
+    if "JSON" in str(error):
+        return " (.jsonl: one JSON object with a 'text' string per line; .json: an array of such objects)"
+    return ""
 
 
 # ----------------------------------------------------------------------------- tokenising

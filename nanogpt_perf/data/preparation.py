@@ -323,7 +323,9 @@ def tokenize_into_shards(source: Source, out_dir: Path, state: dict[str, Any], p
         total = count_documents(source, dataset)
         writer = ShardWriter(out_dir, state, started)
         try:
-            for tokens, lengths in tokenize(encode_documents, document_chunks(dataset, state["documents"])):
+            for tokens, lengths in tokenize(
+                encode_documents, document_chunks(dataset, state["documents"], source.describe())
+            ):
                 if bar is None:  # only once documents flow: an error before that is one line alone
                     bar = tqdm(
                         total=total,
