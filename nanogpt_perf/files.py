@@ -150,8 +150,8 @@ def output_file(suffix: str, optional: bool = True) -> Callable[[str], str | Non
             return None
         if path.suffix.lower() != suffix:
             return what
-        if path.is_dir():
-            return f"{what}, not a folder"
+        if path.is_dir() or value.endswith(("/", os.sep)):
+            return f"{what} (a file, not a folder)"
         folder = next(p for p in path.absolute().parents if p.exists())  # "/" at least
         if not folder.is_dir():
             return f"{what} in a folder ({folder} is a file)"

@@ -26,6 +26,7 @@ from test_bad_input import contents
 
 from conftest import ROOT, assert_one_line_error, run_in_process
 from nanogpt_perf import files
+from nanogpt_perf.data.preparation import resume_command
 from nanogpt_perf.files import WriteFailed, replace_folder, write_atomically, write_bytes, write_through_path
 
 OWT, FW, CHAR = "data/openwebtext/prepare.py", "data/fineweb/prepare.py", "data/shakespeare_char/prepare.py"
@@ -80,9 +81,10 @@ CASES = {
     "bench-out_json-a-folder": Hostile(
         "bench.py",
         "--out_json={dir}/res.json",
-        ("out_json must be '' or a .json file, not a folder",),
+        ("out_json must be '' or a .json file (a file, not a folder)",),
         {"res.json/a": ""},
     ),
+    "bench-out_json-a-new-folder": Hostile("bench.py", "--out_json={dir}/new.json/", ("not a folder",)),
     "bench-out_json-a-csv": Hostile("bench.py", "--out_json={dir}/res.csv", ("out_json must be '' or a .json file",)),
     "bench-out_json-under-a-file": Hostile("bench.py", "--out_json={dir}/f/res.json", ("is a file",), {"f": "x"}),
     "generate-out_json-a-png": Hostile("benchmarks/generate.py", "--out_json={dir}/g.png", ("'' or a .json file",)),
@@ -456,6 +458,7 @@ def test_a_killed_start_of_another_preparation_does_not_block_and_globs_prepare_
         (tmp_path / name).write_text(DOCS)
     out.mkdir()
     (out / "prepare_state.json").write_text(json.dumps(STATE))  # killed before its first shard
+    assert resume_command(out) == STATE["command"]  # what a partly prepared dataset's error can print
     flags = ["--processes=1", "--block_size=8", "--shard_size=1000"]
     result = run_in_process(OWT, f"--input={tmp_path / '*.jsonl'}", f"--out_dir={out}", *flags)
     assert result.returncode == 0, result.stderr
