@@ -165,19 +165,22 @@ def output_file(suffix: str, optional: bool = True) -> Callable[[str], str | Non
 # ----------------------------------------------------------------------------- temporary names and leftovers
 
 
+def this_host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
 def temp_prefix(path: Path, kind: str) -> str:
-    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
-    return f".{path.name}{kind}{host}-{os.getpid()}-"
+    return f".{path.name}{kind}{this_host()}-{os.getpid()}-"
 
 
 def remove_leftovers(path: Path) -> None:
     """Remove the temporary files and folders of path that writers on this machine, gone now, left behind; a
     previous folder left aside while path was swapped is put back if path is missing."""
-    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
     for kind in (TEMP, ASIDE):
         for leftover in path.parent.glob(f".{glob_escape(path.name)}{kind}*"):
-            writer_host, _, rest = leftover.name[len(path.name) + 1 + len(kind) :].rpartition("-")[0].rpartition("-")
-            if writer_host != host or not rest.isdigit() or process_alive(int(rest)):
+            host_pid = leftover.name[len(path.name) + 1 + len(kind) :].rpartition("-")[0]  # HOST-PID(-RANDOM)
+            host, _, pid = host_pid.rpartition("-")
+            if host != this_host() or not pid.isdigit() or process_alive(int(pid)):
                 continue  # another machine's (on a shared file system), or a writer still at work
             if kind == ASIDE and not path.exists():
                 os.rename(leftover, path)
