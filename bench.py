@@ -29,6 +29,7 @@ from nanogpt_perf.bench.report import beside, report, write_outputs
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import SyntheticBatches, TokenBatches
 from nanogpt_perf.errors import die
+from nanogpt_perf.files import output_file
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.rules import a_path, at_least, interval
 from nanogpt_perf.runtime import resolve_runtime
@@ -70,6 +71,7 @@ RULES = SHARED_RULES | {
     "burn_in": at_least(1, " (the first iteration compiles)"),
     "steps": at_least(1),
     "tolerance_pct": at_least(0),
+    "out_json": output_file(".json"),  # its CSV, PNG, trace and snapshot go beside it
 }
 settings = configure(globals(), rules=RULES, cross=SHARED_CROSS)
 # -----------------------------------------------------------------------------

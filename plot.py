@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import die
-from nanogpt_perf.files import write_atomically
+from nanogpt_perf.files import output_file, write_atomically
 
 Points = tuple[list[float], list[float]]  # iters, values
 Curves = dict[str, Points]  # one run's series, by log key
@@ -211,15 +211,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     out = args.out or (args.out_dirs[0] / "curves.png" if len(args.out_dirs) == 1 else Path("curves.png"))
-    if out.suffix.lower() != ".png":
-        die(f"--out must name a .png file, got {out}")
+    if problem := output_file(".png", optional=False)(str(out)):
+        die(f"--out must name {problem}, got {out}")
     pyplot()  # before reading the logs: a missing matplotlib is the first thing to know
     runs = dict(zip(run_names(args.out_dirs), map(load_curves, args.out_dirs), strict=True))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        draw(runs, out)
-    except OSError as e:
-        die(f"cannot write {out}: {e.strerror or e}")
+    draw(runs, out)  # a disk that will not take it: one line (files.WriteFailed)
     print(f"wrote {out}")
 
 

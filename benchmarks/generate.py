@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import die
-from nanogpt_perf.files import write_json
+from nanogpt_perf.files import output_file, write_json
 from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
@@ -62,6 +62,7 @@ settings = configure(
         "device": device_problem,
         "dtype": one_of("auto", *PTDTYPES),
         "seed": at_least(0),
+        "out_json": output_file(".json"),
     },
     cross=[heads_divide_width],
 )

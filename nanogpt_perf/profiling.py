@@ -5,6 +5,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from nanogpt_perf.files import write_through_path
+
 
 def step_profiler(
     device: torch.device, trace_path: Path, wait: int = 1, warmup: int = 1, active: int = 3
@@ -14,8 +16,7 @@ def step_profiler(
     cuda = device.type == "cuda"
 
     def on_trace_ready(prof: profile) -> None:
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace_path))
+        write_through_path(trace_path, lambda tmp: prof.export_chrome_trace(str(tmp)))
         sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=sort_by, row_limit=20))
         print(f"profile: Chrome trace written to {trace_path} (open it in https://ui.perfetto.dev)", flush=True)

@@ -168,7 +168,7 @@ class Suite:
         if timeout < 5:
             return Outcome(False, f"not run: the part's {self.profile.budget_s:.0f} s are spent", stdout, log)
         with open(stdout, "w") as out, open(stderr, "w") as err:
-            out.write(f"$ cd {cwd} && {shlex.join(cmd)}\n")
+            out.write(f"$ cd {shlex.quote(str(cwd))} && {shlex.join(cmd)}\n")
             out.flush()
             proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, env=self.env, start_new_session=True)
             try:

@@ -5,6 +5,7 @@ the rows so far after every part."""
 
 import csv
 import importlib.util
+import io
 import json
 import re
 import statistics
@@ -18,6 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 from data.tiny_shakespeare import markdown_play_to_text  # noqa: E402
 from nanogpt_perf.data.shards import split_files  # noqa: E402
+from nanogpt_perf.files import write_atomically, write_json, write_text, write_through_path  # noqa: E402
 
 FIGURES = ("ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes")
 COLUMNS = ("part", "group", "name", "status", "reason", *FIGURES, "ratio", "note", "log")
@@ -101,7 +103,7 @@ def write_corpus(folder: Path) -> list[Path]:
         "plays.jsonl": [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays],
     }
     for name, texts in documents.items():
-        (folder / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+        write_text(folder / name, "".join(json.dumps({"text": t}) + "\n" for t in texts))
     return [folder / name for name in documents]
 
 
@@ -113,12 +115,20 @@ def nanogpt_data(shards: Path, work: Path, nanogpt: Path) -> None:
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):
         if not (data / f"{split}.bin").is_file():
-            with open(data / f"{split}.bin", "wb") as f:
-                for shard in split_files(shards, split):
-                    f.write(shard.tokens().tobytes())
+            write_raw_tokens(data / f"{split}.bin", split_files(shards, split))
     for link, target in ((work / "configurator.py", nanogpt / "configurator.py"), (work / "data/openwebtext", data)):
         link.unlink(missing_ok=True)  # a link made for another checkout, or another DIR
         link.symlink_to(target)
+
+
+def write_raw_tokens(path: Path, shards: list) -> None:
+    """The shards' tokens, headers dropped, as one file of uint16 (nanoGPT's train.bin)."""
+
+    def write(f) -> None:
+        for shard in shards:
+            f.write(shard.tokens().tobytes())
+
+    write_atomically(path, write)
 
 
 # ----------------------------------------------------------------------------- reading the sub-runs' outputs
@@ -284,10 +294,11 @@ def merge_part(doc: dict[str, Any], part: str, rows: list[dict[str, Any]], about
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(path, text.getvalue())
 
 
 def write_chart(path: Path, doc: dict[str, Any]) -> str:
@@ -322,7 +333,7 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
     axes[-1, 0].set_xlabel("tokens/s (higher is better; nanoGPT in orange)")
     fig.suptitle(machine_line(doc), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_atomically(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
     return f"wrote {path}"
 
@@ -379,13 +390,17 @@ def summary_table(doc: dict[str, Any]) -> str:
 def tar_logs(path: Path, folder: Path) -> str:
     """folder as path (a .tar.gz) but for tokens, checkpoints and memory snapshots."""
     skip = (".bin", ".pt", ".pickle")
-    with tarfile.open(path, "w:gz") as tar:
-        tar.add(folder, arcname=folder.name, filter=lambda info: None if info.name.endswith(skip) else info)
+
+    def write(tmp: Path) -> None:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(folder, arcname=folder.name, filter=lambda info: None if info.name.endswith(skip) else info)
+
+    write_through_path(path, write)
     return f"wrote {path}"
 
 
 def write_outputs(out: Path, doc: dict[str, Any]) -> list[str]:
     """results.json, results.csv and results.png in out, from every row so far; one line per file."""
-    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out / "results.json", doc)
     write_csv(out / "results.csv", doc["rows"])
     return [f"wrote {out / 'results.json'}", f"wrote {out / 'results.csv'}", write_chart(out / "results.png", doc)]

@@ -4,10 +4,10 @@ the validation split), then edu_fineweb_train_000001.bin, ... named as llm.c's d
 sample-10BT is about 10B tokens, 20 GB of shards, streamed from the hub (tokenising starts with the download).
 
     python data/fineweb/prepare.py --sample=10BT                              # the hub (needs a network)
-    python data/fineweb/prepare.py --input=docs.jsonl,more.parquet --out_dir=data/mine   # local files
+    python data/fineweb/prepare.py --input='docs/*.jsonl,more.parquet' --out_dir=data/mine   # local files
 
 Run again after a kill, it resumes where it stopped (prepare_state.json) and ends with the same shards;
-prepare.json describes a finished preparation. See nanogpt_perf/data/preparation.py.
+prepare.json describes a finished preparation. See nanogpt_perf/data/preparation.py and documents.py.
 """
 
 import sys
@@ -15,14 +15,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf`
 from configurator import configure  # noqa: E402
-from nanogpt_perf.data.preparation import RULES, Source, default_processes, local_source, prepare  # noqa: E402
+from nanogpt_perf.data.documents import Source, default_processes, local_source  # noqa: E402
+from nanogpt_perf.data.preparation import RULES, prepare  # noqa: E402
 from nanogpt_perf.rules import one_of  # noqa: E402
 
 SAMPLES = ("10BT", "100BT", "350BT")
 
 # -----------------------------------------------------------------------------
 sample = "10BT"  # FineWeb-Edu's sample: 10BT, 100BT or 350BT (its billions of GPT-2 tokens)
-input = ""  # comma-separated local files (.txt: one document each, .jsonl, .json, .parquet: a `text` field) to use
+input = ""  # comma-separated local files or globs (.txt: one document each; .jsonl, .json, .parquet: a `text` field)
 out_dir = str(Path(__file__).resolve().parent)  # where the shards go
 shard_size = 100_000_000  # tokens per shard, as llm.c
 processes = default_processes()  # tokenising processes; 1 tokenises in this one

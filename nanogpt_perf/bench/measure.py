@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from model import GPT
 from nanogpt_perf.bench.cases import Case, case_settings
 from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.files import write_through_path
 from nanogpt_perf.memory import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
@@ -136,8 +137,7 @@ def cuda_memory_history(path: Path | None, runtime: Runtime) -> Iterator[None]:
         return
     torch.cuda.memory._record_memory_history(max_entries=100_000)
     yield
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.cuda.memory._dump_snapshot(str(path))
+    write_through_path(path, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)))
     torch.cuda.memory._record_memory_history(enabled=None)
 
 

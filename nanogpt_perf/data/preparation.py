@@ -1,39 +1,46 @@
 """Web-scale text -> GPT-2 token shards in llm.c's format: the pipeline behind data/openwebtext and data/fineweb.
 
-Documents are streamed (from the Hugging Face hub, or local .txt/.jsonl/.json/.parquet files, both through
-`datasets`), tokenised in worker processes with <|endoftext|> before each one (as llm.c does), and packed into
-shards of exactly shard_size tokens, a document straddling two shards where it falls: NAME_val_000000.bin first,
-then NAME_train_000001.bin, ... After each shard, prepare_state.json records how far into the documents the
-written shards reach, so that a killed preparation resumes where it stopped and ends byte for byte as an
-uninterrupted one would. A finished preparation is described by prepare.json.
+The documents (documents.py: the hub or local files, tokenised in worker processes) are packed into shards of
+exactly shard_size tokens, a document straddling two shards where it falls: NAME_val_000000.bin first, then
+NAME_train_000001.bin, ... After each shard, prepare_state.json records how far into the documents the written
+shards reach, so that a killed preparation (or one stopped by a full disk) resumes where it stopped and ends byte
+for byte as an uninterrupted one would. A finished preparation is described by prepare.json.
+
+A preparation that fails on its input (a document that is not text, a malformed file, too small a corpus) removes
+its shards and its state, and out_dir if it made it: the corrected command starts afresh. An unfinished preparation
+with no shard yet is replaced by the next one; one with shards is resumed by the command that started it (the
+error says which) and replaced only when the user removes it.
 """
 
-import itertools
 import json
-import multiprocessing
 import os
-import signal
+import shlex
+import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nanogpt_perf.data.documents import (
+    CorpusError,
+    Source,
+    count_documents,
+    document_chunks,
+    encode_documents,
+    first_line,
+    hub_revision_sha,
+    open_documents,
+    ordered_map,
+)
 from nanogpt_perf.data.shards import ShardError, read_shard_header, shard_name, write_shard
-from nanogpt_perf.data.tokenizer import gpt2_encoding
 from nanogpt_perf.errors import die
-from nanogpt_perf.files import write_json
+from nanogpt_perf.files import WriteFailed, write_json
 from nanogpt_perf.rules import Rule, a_path, at_least
 
-EOT = 50256  # GPT-2's <|endoftext|>
-CHUNK = 128  # documents per task sent to a worker
 STATE_FILE = "prepare_state.json"
 RECORD_FILE = "prepare.json"
-INPUT_KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 MAX_SHARD_SIZE = 2**31 - 1  # the header holds the token count as an int32
 
 # the valid values of the settings every preparation script has
@@ -45,49 +52,6 @@ RULES: dict[str, Rule] = {
     "block_size": at_least(1),
 }
 SMALL_VAL_SHARE = 10  # a corpus that fits in one shard: a tenth of it is the validation split
-
-
-class CorpusError(ValueError):
-    """Bad input found while reading the documents (in the pool's feeder thread too): one line for the user."""
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where the documents come from: a hub dataset (repo, config, revision) or local files."""
-
-    repo: str | None = None
-    config: str | None = None
-    revision: str | None = None
-    files: tuple[Path, ...] = ()
-    documents: int | None = None  # the document count when the hub does not say
-
-    def describe(self) -> str:
-        if self.repo is None:
-            return f"{len(self.files)} local file(s): " + ", ".join(str(p) for p in self.files)
-        config, revision = f" ({self.config})" if self.config else "", f" at {self.revision}" if self.revision else ""
-        return self.repo + config + revision
-
-
-def local_source(paths: str) -> Source:
-    """The comma-separated local files of an --input setting, checked: each must exist and have a known kind."""
-    files = tuple(Path(p.strip()).resolve() for p in paths.split(",") if p.strip())
-    if not files:
-        die("--input names no file")
-    for path in files:
-        if path.suffix.lower() not in INPUT_KINDS:
-            die(f"{path}: unknown kind of input {path.suffix or '(no extension)'!r}; use {', '.join(INPUT_KINDS)}")
-        if not path.is_file():
-            die(f"input file {path} not found")
-        if path.stat().st_size == 0 and path.suffix.lower() != ".txt":  # an empty text file is one empty document
-            die(f"input file {path} is empty: no documents")
-    return Source(files=files)
-
-
-def default_processes() -> int:
-    """Tokenising processes: the CPUs this process may use, at most 16 (the one parent reading the documents and
-    writing the shards keeps up with about that many)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cpus, 16))
 
 
 def identity(source: Source, name: str, shard_size: int, val_tokens: int = 0) -> dict[str, Any]:
@@ -105,136 +69,32 @@ def identity(source: Source, name: str, shard_size: int, val_tokens: int = 0) ->
     }
 
 
-def hub_revision_sha(source: Source) -> str | None:
-    """The commit the hub's revision points to now, to pin it for a resume; None offline or where unknown."""
-    try:
-        from huggingface_hub import HfApi
+def this_command() -> str:
+    """The command that runs this script again as it was run, shell-quoted, and from any folder."""
+    on_path = shutil.which("python")
+    same = on_path is not None and os.path.abspath(on_path) == os.path.abspath(sys.executable)
+    return f"cd {shlex.quote(os.getcwd())} && {shlex.join(['python' if same else sys.executable, *sys.argv])}"
 
-        return HfApi().dataset_info(source.repo, revision=source.revision).sha
-    except Exception:  # no network, no access: stream the revision as named
+
+def resume_command(out_dir: Path) -> str | None:
+    """The command that resumes the unfinished preparation in out_dir, as its state recorded it; None when there is
+    none (or it was started before commands were recorded)."""
+    try:
+        command = json.loads((out_dir / STATE_FILE).read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
         return None
+    return command if isinstance(command, str) else None
 
 
-# ----------------------------------------------------------------------------- reading documents
+def differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What new changes of old, e.g. "shard_size 100 -> 200", for an error line."""
 
+    def show(value: Any) -> str:
+        if isinstance(value, list) and all(isinstance(v, dict) and "path" in v for v in value):
+            return ", ".join(f"{v['path']} ({v.get('bytes')} bytes)" for v in value) or "none"
+        return repr(value)
 
-def count_documents(source: Source, dataset) -> int | None:
-    """The number of documents when it can be known cheaply (for the progress bar): lines of JSONL (an estimate:
-    blank lines count), Parquet row counts, one per text file; for the hub, the split's size in the dataset info."""
-    if source.repo is not None:
-        split = (dataset.info.splits or {}).get("train")
-        return split.num_examples if split is not None and split.num_examples else source.documents
-    import pyarrow.parquet as pq
-
-    total = 0
-    for path in source.files:
-        kind = path.suffix.lower()
-        if kind == ".json":
-            return None  # one array or JSON lines: no cheap way to tell
-        total += 1 if kind == ".txt" else pq.read_metadata(path).num_rows if kind == ".parquet" else count_lines(path)
-    return total
-
-
-def count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 24), b""))
-
-
-def first_line(error: Exception) -> str:
-    return f"{type(error).__name__}: " + (str(error).strip().splitlines() or [""])[0]
-
-
-def open_documents(source: Source, revision: str | None):
-    """The documents as one streaming `datasets.IterableDataset` with a `text` column (local files: each run of
-    files of one kind is one `load_dataset`, in the order given)."""
-    import logging
-
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity(logging.CRITICAL)  # errors reach the user as one line of ours, not a log
-    stream = dict(split="train", streaming=True)
-    try:
-        if source.repo is not None:
-            hub = datasets.load_dataset(source.repo, name=source.config, revision=revision, **stream)
-            return text_column(hub, source.repo)
-        parts = []
-        for kind, group in itertools.groupby(source.files, key=lambda p: INPUT_KINDS[p.suffix.lower()]):
-            files = [str(p) for p in group]
-            options = {"sample_by": "document"} if kind == "text" else {}  # a text file is one document
-            parts.append(text_column(datasets.load_dataset(kind, data_files=files, **stream, **options), files[0]))
-        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    except CorpusError:
-        raise
-    except Exception as e:
-        raise CorpusError(f"cannot open {source.describe()}: {first_line(e)}") from e
-
-
-def text_column(dataset, where: str):
-    """Only the `text` column, so that no other column is ever converted to Python."""
-    if dataset.features is not None and "text" not in dataset.features:
-        raise CorpusError(f"{where}: no 'text' column (columns: {', '.join(dataset.features)})")
-    return dataset.select_columns(["text"]) if dataset.features is not None else dataset
-
-
-def document_chunks(dataset, skip: int) -> Iterator[list[str]]:
-    """Lists of CHUNK documents' texts, after the first `skip` documents."""
-    try:
-        for batch in (dataset.skip(skip) if skip else dataset).iter(batch_size=CHUNK):
-            if "text" not in batch:
-                raise CorpusError(f"the documents have no 'text' field (fields: {', '.join(batch)})")
-            texts = batch["text"]
-            if bad := [text for text in texts if not isinstance(text, str)]:
-                raise CorpusError(f"a document's text is {type(bad[0]).__name__} {bad[0]!r:.40}, not a string")
-            yield texts
-    except CorpusError:
-        raise
-    except Exception as e:  # a malformed file, a lost connection: one line, and a rerun resumes
-        raise CorpusError(f"reading the documents failed: {first_line(e)}") from e
-
-
-# ----------------------------------------------------------------------------- tokenising
-
-_encoding = None  # each process's own tiktoken encoding, built once
-
-
-def init_tokenizer() -> None:
-    global _encoding
-    _encoding = gpt2_encoding()
-
-
-def init_worker() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: no traceback from each worker
-    init_tokenizer()
-
-
-def encode_one(text: str) -> np.ndarray:
-    try:
-        return _encoding.encode_to_numpy(text, disallowed_special=())  # no list of ints on the way
-    except UnicodeEncodeError:  # lone surrogates: encode_ordinary replaces them
-        return np.asarray(_encoding.encode_ordinary(text), dtype=np.uint32)
-
-
-def encode_documents(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(the documents' tokens, each after <|endoftext|>, as one uint16 array; each document's token count)."""
-    eot = np.array([EOT], dtype=np.uint32)
-    pieces = [piece for text in texts for piece in (eot, encode_one(text))]
-    lengths = np.array([pieces[i].size + 1 for i in range(1, len(pieces), 2)], dtype=np.int64)
-    return np.concatenate(pieces).astype(np.uint16), lengths
-
-
-@contextmanager
-def ordered_map(processes: int):
-    """A `map` that keeps the order, each process with its own tokenizer: `processes` workers, or this process when
-    1. The workers are spawned, as on every platform (forking a process that runs threads, as pyarrow's, is unsafe,
-    and no longer Python's default from 3.14): the main module must start its work under `if __name__ ==
-    "__main__":`, as the prepare scripts do."""
-    if processes == 1:
-        init_tokenizer()
-        yield map
-        return
-    with multiprocessing.get_context("spawn").Pool(processes, initializer=init_worker) as pool:
-        yield pool.imap
+    return "; ".join(f"{k} {show(old.get(k))} -> {show(new[k])}" for k in new if old.get(k) != new[k])
 
 
 # ----------------------------------------------------------------------------- shards and the state between runs
@@ -344,8 +204,10 @@ def finished(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     record = read_json(out_dir / RECORD_FILE)
     record = {"val_tokens": 0, "val_size": record.get("shard_size")} | record  # prepared before val_tokens existed
     if {k: record.get(k) for k in ident} != ident:
-        differ = ", ".join(k for k in ident if record.get(k) != ident[k])
-        die(f"{out_dir} holds a finished preparation with another {differ}: remove it or choose another out_dir")
+        die(
+            f"{out_dir} holds a finished preparation of other settings ({differences(record, ident)}): choose "
+            f"another out_dir, or remove {out_dir} to prepare it again"
+        )
     check_shards(out_dir, record["shard_names"], ident["shard_size"], record["val_size"])
     (out_dir / STATE_FILE).unlink(missing_ok=True)  # killed between writing prepare.json and removing the state
     return record
@@ -353,7 +215,7 @@ def finished(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
 
 def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     """The state of an unfinished preparation of the same in out_dir, its shards checked and anything written
-    after its last save removed; None when out_dir holds none (and no shards)."""
+    after its last save removed; None when out_dir holds none (and no shards), or one that wrote no shard yet."""
     mine = sorted(out_dir.glob(f"{ident['name']}_*.bin*"))
     if not (out_dir / STATE_FILE).is_file():
         if mine:
@@ -362,14 +224,23 @@ def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     state = read_json(out_dir / STATE_FILE)
     state = {"val_size": ident["shard_size"]} | state  # started before val_tokens existed
     state["identity"] = {"val_tokens": 0} | state.get("identity", {})
-    if state.get("identity") != ident:
-        differ = ", ".join(k for k in ident if state.get("identity", {}).get(k) != ident[k])
-        die(f"{out_dir} holds an unfinished preparation with another {differ}: run it as it was, or remove the folder")
+    if state["identity"] != ident and not state.get("shards"):  # a killed start: nothing to keep
+        print(f"starting over: the unfinished preparation in {out_dir} had no shard yet")
+        state = dict(state, identity=ident, shards=0)
+    elif state["identity"] != ident:
+        how = f"resume it with: {state['command']}" if state.get("command") else "run it as it was"
+        die(
+            f"{out_dir} holds an unfinished preparation ({state['shards']} shards) of other settings "
+            f"({differences(state['identity'], ident)}): {how}; or remove {out_dir} to start over"
+        )
     written = [shard_file(ident["name"], i) for i in range(state["shards"])]
     check_shards(out_dir, written, ident["shard_size"], state["val_size"])
     for path in [*mine, *out_dir.glob(STATE_FILE + ".tmp")]:
-        if path.name not in written:  # a shard after the last save (made again), a temporary file
+        if path.name not in written:  # a shard after the last save (made again), a temporary file of old
             path.unlink()
+    if not written:
+        (out_dir / STATE_FILE).unlink()
+        return None
     return state
 
 
@@ -382,31 +253,43 @@ def prepare(
     """Prepare (or resume preparing) source's documents as shards NAME_*.bin in out_dir; returns the record that
     prepare.json holds. A folder already prepared alike is left as it is. Each split must hold a window of
     block_size + 1 tokens, or the preparation is refused (and what it wrote removed)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        die(f"out_dir must be a folder (new or existing), not the file {out_dir}")
     created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
     ident = identity(source, name, shard_size, val_tokens)
-    if (record := finished(out_dir, ident)) is not None:
+    if not created and (record := finished(out_dir, ident)) is not None:
         print(f"{out_dir} is already prepared ({record['shards']} shards, {record['tokens']:,} tokens): nothing to do")
         return record
-    state = resumable(out_dir, ident)
+    state = resumable(out_dir, ident) if not created else None
     if state is not None:
         print(f"resuming after {state['shards']} shards ({state['tokens']:,} tokens, {state['documents']:,} documents)")
     else:
         sha = hub_revision_sha(source) if source.repo else None
         state = dict(identity=ident, revision_sha=sha, documents=0, partial_tokens=0, shards=0, tokens=0, elapsed_s=0)
-        state["val_size"] = val_tokens or shard_size
-        write_json(out_dir / STATE_FILE, state)
+        state |= dict(val_size=val_tokens or shard_size, command=this_command())
+        write_json(out_dir / STATE_FILE, state)  # before any shard: a shard without a state would not be ours
     print(f"preparing {source.describe()} -> {out_dir}, {processes} process(es)", flush=True)
-    try:
-        tokenize_into_shards(source, out_dir, state, processes)
-    except CorpusError as e:
-        die(str(e))
-    except KeyboardInterrupt:
-        die("interrupted: run the same command again to resume")
-    if problem := splits_problem(state, block_size):
+    if problem := tokenize_or_stop(source, out_dir, state, processes) or splits_problem(state, block_size):
         abandon(out_dir, state, created)
         die(problem)
     return finish(out_dir, state)
+
+
+def tokenize_or_stop(source: Source, out_dir: Path, state: dict[str, Any], processes: int) -> str | None:
+    """Tokenise into shards; what is wrong with the input, or None. An interruption, a disk that is full and the
+    hub's failures (a lost connection, most likely) end here, the shards so far kept to resume."""
+    resume = f"run the same command again to resume: {state.get('command') or this_command()}"
+    try:
+        tokenize_into_shards(source, out_dir, state, processes)
+    except CorpusError as e:
+        if source.repo is None:
+            return str(e)
+        die(f"{e}; {resume}")
+    except KeyboardInterrupt:
+        die(f"interrupted; {resume}")
+    except WriteFailed as e:
+        die(f"cannot write {e.path}: {e.reason}; {state['shards']} shard(s) kept: once it is fixed, {resume}")
+    return None if state["shards"] else f"{source.describe()} holds no documents"
 
 
 def splits_problem(state: dict[str, Any], block_size: int) -> str | None:
@@ -440,7 +323,9 @@ def tokenize_into_shards(source: Source, out_dir: Path, state: dict[str, Any], p
         total = count_documents(source, dataset)
         writer = ShardWriter(out_dir, state, started)
         try:
-            for tokens, lengths in tokenize(encode_documents, document_chunks(dataset, state["documents"])):
+            for tokens, lengths in tokenize(
+                encode_documents, document_chunks(dataset, state["documents"], source.describe())
+            ):
                 if bar is None:  # only once documents flow: an error before that is one line alone
                     bar = tqdm(
                         total=total,
@@ -457,8 +342,6 @@ def tokenize_into_shards(source: Source, out_dir: Path, state: dict[str, Any], p
         finally:
             if bar is not None:
                 bar.close()
-    if state["shards"] == 0:
-        die(f"{source.describe()} holds no documents")
 
 
 def finish(out_dir: Path, state: dict[str, Any]) -> dict[str, Any]:

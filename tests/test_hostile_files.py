@@ -1,0 +1,541 @@
+"""Files written for a user under hostile conditions: bad inputs and bad output paths refused in one line with every
+file as it was; writes that fail (a full disk, a folder in the way, an interruption) leave the previous file whole
+and no temporary file; a kill mid-export leaves the old export whole; a small file system fills up and the printed
+command resumes the preparation.
+
+The refusals run inside the test process (conftest.run_in_process); the kills and the small file system need
+processes of their own (the file system is a tmpfs mounted in a mount namespace of its own: skipped where that is
+not allowed)."""
+
+import errno
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+from test_bad_input import contents
+
+from conftest import ROOT, assert_one_line_error, run_in_process
+from nanogpt_perf import files
+from nanogpt_perf.data.preparation import resume_command
+from nanogpt_perf.files import WriteFailed, replace_folder, write_atomically, write_bytes, write_through_path
+
+OWT, FW, CHAR = "data/openwebtext/prepare.py", "data/fineweb/prepare.py", "data/shakespeare_char/prepare.py"
+CKPT = object()  # in Hostile.files: the small checkpoint's bytes
+GPT2_CONFIG = json.dumps({"model_type": "gpt2"})
+DOCS = "".join(json.dumps({"text": f"document {i} " + "word " * (i % 40)}) + "\n" for i in range(300))  # ~9k tokens
+
+
+class Hostile(NamedTuple):
+    script: str
+    flags: str  # space-separated; {dir} is the case's own folder
+    names: tuple[str, ...]  # what the error line must say
+    files: dict = {}  # made in the folder first: path -> text, bytes, or CKPT
+
+
+COMMON = {  # so that whatever a script would write lands in the case's folder
+    "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
+    "bench.py": "--device=cpu --compile=false",
+    "benchmarks/generate.py": "--device=cpu",
+    "plot.py": "{dir}/run",
+    OWT: "--out_dir={dir}/out --processes=1 --block_size=8",
+    FW: "--out_dir={dir}/out --processes=1 --block_size=8",
+    CHAR: "",
+}
+RUN = {"run/log.jsonl": json.dumps({"iter": 1, "step_loss": 1.0, "lr": 1e-3, "ms": 1.0}) + "\n"}
+EXPORTED = {"hf/config.json": GPT2_CONFIG, "hf/model.safetensors": "weights"}
+STATE = {  # an unfinished preparation of another input: one shard written
+    "identity": {"val_tokens": 0, "name": "openwebtext", "source": "local", "dataset": None, "config": None},
+    "revision_sha": None,
+    "documents": 10,
+    "partial_tokens": 0,
+    "shards": 0,
+    "tokens": 0,
+    "elapsed_s": 1.0,
+    "command": "cd /somewhere && python data/openwebtext/prepare.py --input=old.jsonl",
+}
+
+CASES = {
+    # export.py: a folder that is not an earlier export is never replaced
+    "export-into-a-users-folder": Hostile(
+        "export.py", "", ("export_dir must be a folder", "an earlier export", "notes.txt"), {"hf/notes.txt": "mine"}
+    ),
+    "export-into-its-out_dir": Hostile("export.py", "--export_dir={dir}/out", ("ckpt.pt",)),
+    "export-into-another-models-folder": Hostile(
+        "export.py", "", ("does not describe a GPT-2",), {"hf/config.json": '{"model_type": "llama"}'}
+    ),
+    "export-over-an-export-with-more": Hostile(
+        "export.py", "", ("tokenizer.json",), EXPORTED | {"hf/tokenizer.json": "{}"}
+    ),
+    "export-over-an-export-with-a-subfolder": Hostile("export.py", "", ("extra",), EXPORTED | {"hf/extra/a": "x"}),
+    # bench.py's and benchmarks/generate.py's out_json, plot.py's --out
+    "bench-out_json-a-folder": Hostile(
+        "bench.py",
+        "--out_json={dir}/res.json",
+        ("out_json must be '' or a .json file (a file, not a folder)",),
+        {"res.json/a": ""},
+    ),
+    "bench-out_json-a-new-folder": Hostile("bench.py", "--out_json={dir}/new.json/", ("not a folder",)),
+    "bench-out_json-a-csv": Hostile("bench.py", "--out_json={dir}/res.csv", ("out_json must be '' or a .json file",)),
+    "bench-out_json-under-a-file": Hostile("bench.py", "--out_json={dir}/f/res.json", ("is a file",), {"f": "x"}),
+    "generate-out_json-a-png": Hostile("benchmarks/generate.py", "--out_json={dir}/g.png", ("'' or a .json file",)),
+    "generate-out_json-a-folder": Hostile(
+        "benchmarks/generate.py", "--out_json={dir}/g.json", ("not a folder",), {"g.json/a": ""}
+    ),
+    "plot-out-a-folder": Hostile(
+        "plot.py", "--out={dir}/c.png", ("--out must name a .png file", "folder"), RUN | {"c.png/a": ""}
+    ),
+    "plot-out-under-a-file": Hostile("plot.py", "--out={dir}/f/c.png", ("is a file",), RUN | {"f": "x"}),
+    # the web-scale preparation: inputs refused before reading
+    "prepare-missing-input": Hostile(OWT, "--input={dir}/none.jsonl", ("none.jsonl not found",)),
+    "prepare-input-a-folder": Hostile(OWT, "--input={dir}/in", ("is a folder", "--input="), {"in/a.jsonl": DOCS}),
+    "prepare-glob-matching-nothing": Hostile(OWT, "--input={dir}/*.parquet", ("matches no file",), {"a.jsonl": DOCS}),
+    "prepare-empty-jsonl": Hostile(FW, "--input={dir}/a.jsonl", ("is empty",), {"a.jsonl": ""}),
+    "prepare-no-extension": Hostile(OWT, "--input={dir}/docs", ("unknown kind of input",), {"docs": "text"}),
+    "prepare-out_dir-a-file": Hostile(
+        OWT, "--input={dir}/a.jsonl --out_dir={dir}/f", ("out_dir must be a folder",), {"a.jsonl": DOCS, "f": ""}
+    ),
+    # ... and found bad while reading: whatever the run wrote is removed
+    "prepare-binary-text": Hostile(OWT, "--input={dir}/a.txt", ("UTF-8",), {"a.txt": bytes(range(256)) * 8}),
+    "prepare-binary-jsonl": Hostile(OWT, "--input={dir}/a.jsonl", ("JSON",), {"a.jsonl": b"\x89PNG\x00\xff" * 99}),
+    "prepare-binary-parquet": Hostile(
+        FW, "--input={dir}/a.parquet", ("cannot open", "Parquet"), {"a.parquet": b"\0" * 99}
+    ),
+    "prepare-null-text": Hostile(
+        OWT, "--input={dir}/a.jsonl", ("document 2's text is NoneType",), {"a.jsonl": '{"text": "a"}\n{"text": null}\n'}
+    ),
+    "prepare-list-text": Hostile(
+        OWT, "--input={dir}/a.json", ("text is list", "must be a string"), {"a.json": '[{"text": ["a"]}]'}
+    ),
+    "prepare-no-text-field": Hostile(OWT, "--input={dir}/a.jsonl", ("'text'",), {"a.jsonl": '{"body": "a"}\n'}),
+    "prepare-bad-after-shards": Hostile(  # shards of 1,000 tokens written, then document 301: the folder as it was
+        OWT,
+        "--input={dir}/a.jsonl --shard_size=1000 --out_dir={dir}/keep",
+        ("document 301's text is int",),
+        {"a.jsonl": DOCS + '{"text": 5}\n', "keep/mine.txt": "the user's"},
+    ),
+    "prepare-over-another-unfinished": Hostile(
+        OWT,
+        "--input={dir}/a.jsonl",
+        ("unfinished preparation (1 shards)", "input_files", "resume it with: cd /somewhere && python", "remove"),
+        {
+            "a.jsonl": DOCS,
+            "out/prepare_state.json": json.dumps(STATE | {"shards": 1}),
+            "out/openwebtext_val_000000.bin": "x",
+        },
+    ),
+    "prepare-over-another-finished": Hostile(
+        OWT,
+        "--input={dir}/a.jsonl",
+        ("finished preparation of other settings", "shard_size 5 -> 100000000", "another out_dir"),
+        {"a.jsonl": DOCS, "out/prepare.json": json.dumps({"name": "openwebtext", "shard_size": 5})},
+    ),
+    # Shakespeare's small preparations
+    "char-binary-input": Hostile(CHAR, "{dir}/d", ("not UTF-8",), {"d/input.txt": b"\xff\xfe\x00abc"}),
+    "char-empty-input": Hostile(CHAR, "{dir}/d", ("is empty",), {"d/input.txt": ""}),
+    "char-folder-a-file": Hostile(CHAR, "{dir}/d", ("must be a folder", "not the file"), {"d": "x"}),
+}
+
+
+def make_files(folder: Path, made: dict, checkpoint: bytes) -> None:
+    for path, data in made.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        data = checkpoint if data is CKPT else data
+        (folder / path).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("ckpt") / "ckpt.pt"
+    save_tiny_checkpoint(path, n_layer=1, n_embd=8, seed=0)
+    return path.read_bytes()
+
+
+def save_tiny_checkpoint(path: Path, n_layer: int, n_embd: int, seed: int) -> None:
+    from model import GPT, GPTConfig
+    from nanogpt_perf.train.checkpoint import save_checkpoint
+
+    torch.manual_seed(seed)
+    model_args = dict(block_size=16, vocab_size=16, n_layer=n_layer, n_head=2, n_embd=n_embd, dropout=0.0)
+    tokenizer = {"kind": "characters", "itos": list("abcdefgh ")}
+    model = GPT(GPTConfig(**model_args))
+    save_checkpoint({"model": model.state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_refused_with_one_line_and_nothing_written(name: str, checkpoint: bytes, tmp_path):
+    case = CASES[name]
+    make_files(tmp_path, ({"out/ckpt.pt": CKPT} if case.script == "export.py" else {}) | case.files, checkpoint)
+    before = contents(tmp_path)
+    flags = [f.replace("{dir}", str(tmp_path)) for f in f"{COMMON[case.script]} {case.flags}".split()]
+    result = run_in_process(case.script, *flags)
+    assert_one_line_error(result, *case.names)
+    assert contents(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------- writes that fail
+
+
+def enospc(*_):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def half_then_enospc(f):
+    f.write(b"half of the new content")
+    enospc()
+
+
+def torch_save_on_a_full_disk(f):  # torch.save turns the OSError into a RuntimeError (the OSError its context)
+    try:
+        enospc()
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos") from None
+
+
+def read_only(*_):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+
+def quota(f):
+    raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+
+def interrupted(f):
+    f.write(b"part")
+    raise KeyboardInterrupt
+
+
+WRITE_FAILURES = {  # name -> (what to do, the target relative to the folder, what the error says)
+    "a-full-disk-midway": (lambda p: write_atomically(p, half_then_enospc), "a.json", "no space left on the device"),
+    "a-full-disk-in-torch.save": (lambda p: write_atomically(p, torch_save_on_a_full_disk), "a.json", "no space left"),
+    "a-full-disk-on-fsync": ("fsync", "a.json", "no space left on the device"),
+    "a-disk-quota": (lambda p: write_atomically(p, quota), "a.json", "the disk quota is exceeded"),
+    "a-read-only-file-system": ("rename", "a.json", "the file system is read-only"),
+    "a-folder-in-the-way": (lambda p: write_bytes(p, b"new"), "sub", "it is a folder"),
+    "a-file-for-a-folder": (lambda p: write_bytes(p, b"new"), "a.json/b.json", "is a file, not a folder"),
+    "a-writer-by-name-on-a-full-disk": (lambda p: write_through_path(p, enospc), "a.json", "no space left"),
+    "a-folder-swap-on-a-full-disk": (lambda p: replace_folder(p, enospc), "sub", "no space left on the device"),
+}
+
+
+@pytest.mark.parametrize("name", WRITE_FAILURES)
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary_one(name, tmp_path, monkeypatch):
+    what, target, reason = WRITE_FAILURES[name]
+    (tmp_path / "a.json").write_text('{"previous": true}')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "config.json").write_text("previous export")
+    before = contents(tmp_path)
+    if what == "fsync":
+        monkeypatch.setattr(files.os, "fsync", enospc)
+    elif what == "rename":
+        monkeypatch.setattr(files.os, "replace", read_only)
+    write = (lambda p: write_bytes(p, b"new")) if isinstance(what, str) else what
+    with pytest.raises(WriteFailed) as failed:
+        write(tmp_path / target)
+    assert failed.value.code == f"error: cannot write {tmp_path / target}: {failed.value.reason}; " + (
+        "nothing was written" if not (tmp_path / target).exists() else f"the previous {Path(target).name} is as it was"
+    )
+    assert reason in failed.value.code and "\n" not in failed.value.code
+    assert contents(tmp_path) == before
+
+
+def test_an_interrupted_write_is_undone_and_interrupts(tmp_path):
+    (tmp_path / "a.json").write_text("previous")
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(tmp_path / "a.json", interrupted)
+    assert contents(tmp_path) == {"a.json": b"previous"}
+
+
+def test_bench_and_plot_on_a_full_disk_say_so_in_one_line(tmp_path, monkeypatch):
+    """matplotlib's savefig failing with ENOSPC: bench.py's chart and plot.py's curves, the previous PNG kept."""
+    import matplotlib.figure
+
+    from nanogpt_perf.bench.report import write_chart
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: enospc())
+    (tmp_path / "b.png").write_bytes(b"previous chart")
+    result = {"name": "x", "status": "ok", "ms_median": 1.0, "ms_p90": 1.0, "speedup_first": 1.0}
+    manifest = {"git_dirty": False, "device_name": "cpu", "torch": "2", "git_commit": "0" * 10}
+    with pytest.raises(WriteFailed, match="b.png: no space left on the device; the previous b.png is as it was"):
+        write_chart(tmp_path / "b.png", {"results": [result], "manifest": manifest, "kind": "single"})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.jsonl").write_text(RUN["run/log.jsonl"])
+    (tmp_path / "run" / "curves.png").write_bytes(b"previous curves")
+    before = contents(tmp_path)
+    drawn = run_in_process("plot.py", str(tmp_path / "run"))
+    assert_one_line_error(drawn, "curves.png: no space left on the device")
+    assert contents(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------- temporary names and leftovers
+
+
+def a_dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_killed_writers_leftover_goes_with_the_next_write_but_a_living_ones_stays(tmp_path):
+    host = files.temp_prefix(tmp_path / "a.json", files.TEMP).split(files.TEMP)[1].rsplit("-", 2)[0]
+    dead = tmp_path / f".a.json.tmp-{host}-{a_dead_pid()}-abc123"
+    alive = tmp_path / f".a.json.tmp-{host}-{os.getppid()}-abc123"
+    elsewhere = tmp_path / f".a.json.tmp-otherhost-{a_dead_pid()}-abc123"
+    for leftover in (dead, alive, elsewhere):
+        leftover.write_text("half")
+    write_bytes(tmp_path / "a.json", b"new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a.json", alive.name, elsewhere.name])
+
+
+def test_a_folder_set_aside_by_a_killed_swap_is_put_back(tmp_path, monkeypatch):
+    """Where there is no atomic swap, the old folder goes aside for a moment: a kill then leaves it there, and the
+    next write of the folder puts it back before anything else."""
+    monkeypatch.setattr(files, "exchange", lambda a, b: False)
+    replace_folder(tmp_path / "hf", lambda t: (t / "config.json").write_text("first"))
+    replace_folder(tmp_path / "hf", lambda t: (t / "config.json").write_text("second"))
+    assert contents(tmp_path) == {"hf": None, "hf/config.json": b"second"}
+    prefix = files.temp_prefix(tmp_path / "hf", files.ASIDE).replace(str(os.getpid()), str(a_dead_pid()))
+    (tmp_path / "hf").rename(tmp_path / f"{prefix}xyz")  # killed between the two renames
+    (tmp_path / f"{prefix.replace(files.ASIDE, files.TEMP)}xyz").mkdir()  # the new one, whole or not
+    files.remove_leftovers(tmp_path / "hf")
+    assert contents(tmp_path) == {"hf": None, "hf/config.json": b"second"}
+
+
+def test_two_writers_of_one_file_never_share_a_temporary_file(tmp_path):
+    target, seen, stop = tmp_path / "a.bin", set(), threading.Event()
+    payloads = [bytes([i]) * 200_000 for i in range(2)]
+
+    def writer(payload: bytes) -> None:
+        for _ in range(20):
+            write_bytes(target, payload)
+
+    def reader() -> None:
+        while not stop.is_set():
+            if target.exists():
+                seen.add(target.read_bytes())
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in payloads]
+    watcher = threading.Thread(target=reader)
+    for t in [watcher, *threads]:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    watcher.join()
+    assert seen <= set(payloads) and target.read_bytes() in payloads  # never half of one, never a mix
+    assert [p.name for p in tmp_path.iterdir()] == ["a.bin"]
+
+
+def test_a_new_file_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(tmp_path):
+    write_bytes(tmp_path / "new", b"x")
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o666 & ~files.umask()
+    (tmp_path / "mine").write_bytes(b"x")
+    (tmp_path / "mine").chmod(0o640)
+    write_bytes(tmp_path / "mine", b"y")
+    assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o640
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    write_bytes(tmp_path / "link", b"through the link")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "mine").read_bytes() == b"through the link"
+
+
+def test_a_killed_writer_leaves_the_previous_file_whole(tmp_path):
+    """A process killed (SIGKILL) while it writes: the file is the previous one; its hidden temporary file goes
+    with the next write."""
+    (tmp_path / "a.bin").write_bytes(b"previous")
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[2]); from pathlib import Path; "
+        "from nanogpt_perf.files import write_atomically; "
+        "write_atomically(Path(sys.argv[1]), lambda f: [(f.write(b'x' * 1000), f.flush(), time.sleep(0.01)) "
+        "for _ in range(10_000)])"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "a.bin"), str(ROOT)])
+    begun = lambda: [p for p in tmp_path.iterdir() if p.name.startswith(".a.bin.tmp-") and p.stat().st_size > 0]
+    wait_for(begun, process)
+    process.kill()
+    process.wait()
+    assert (tmp_path / "a.bin").read_bytes() == b"previous" and begun()
+    write_bytes(tmp_path / "a.bin", b"new")
+    assert contents(tmp_path) == {"a.bin": b"new"}
+
+
+def wait_for(found, process: subprocess.Popen, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := found():
+            return result
+        assert process.poll() is None, "the process ended before it could be caught"
+        time.sleep(0.0005)
+    process.kill()
+    raise AssertionError("timed out")
+
+
+# ----------------------------------------------------------------------------- exports
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    """Two checkpoints of a model large enough to be caught while it is written (28 MB of weights)."""
+    folder = tmp_path_factory.mktemp("two")
+    for seed, name in ((1, "old"), (2, "new")):
+        save_tiny_checkpoint(folder / name / "ckpt.pt", n_layer=4, n_embd=384, seed=seed)
+    return folder / "old", folder / "new"
+
+
+def export_in_process(out_dir: Path, export_dir: Path) -> None:
+    result = run_in_process("export.py", f"--out_dir={out_dir}", f"--export_dir={export_dir}")
+    assert result.returncode == 0, result.stderr
+
+
+def test_export_killed_mid_write_leaves_the_old_export_whole(checkpoints, tmp_path):
+    pytest.importorskip("transformers")
+    old, new = checkpoints
+    export_in_process(new, tmp_path / "reference")
+    reference = contents(tmp_path / "reference")
+    export_in_process(old, tmp_path / "hf")
+    exported = contents(tmp_path / "hf")
+    assert exported != reference
+    command = [sys.executable, "export.py", f"--out_dir={new}", f"--export_dir={tmp_path / 'hf'}"]
+    for pause in (None, 0.02):  # stopped as soon as it writes, then killed; killed a little later
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: [p for p in tmp_path.iterdir() if p.name.startswith(".hf.tmp-")], process)
+        if pause is None:
+            process.send_signal(signal.SIGSTOP)  # mid-write, held there: what a reader sees meanwhile
+            assert contents(tmp_path / "hf") == exported
+        else:
+            time.sleep(pause)
+        process.kill()
+        process.wait()
+        assert contents(tmp_path / "hf") in (exported, reference)  # whole, the old or the new
+        if pause is None:
+            assert contents(tmp_path / "hf") == exported
+            assert any(p.name.startswith(".hf.tmp-") for p in tmp_path.iterdir())  # a leftover, recognisable
+    export_in_process(new, tmp_path / "hf")
+    assert contents(tmp_path / "hf") == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "reference"]  # the leftovers gone
+
+
+def test_export_replaces_an_earlier_export_an_empty_folder_and_through_a_link(checkpoints, tmp_path):
+    pytest.importorskip("transformers")
+    old, new = checkpoints
+    (tmp_path / "empty").mkdir()
+    export_in_process(old, tmp_path / "empty")
+    export_in_process(new, tmp_path / "reference")
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    export_in_process(new, tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and contents(tmp_path / "empty") == contents(tmp_path / "reference")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "link", "reference"]
+
+
+# ----------------------------------------------------------------------------- the preparation
+
+
+def test_a_corrected_rerun_after_a_failed_preparation_prepares(tmp_path):
+    """The issue's example: a run refused on a bad document used to leave prepare_state.json, refusing the
+    corrected run."""
+    inputs, out = tmp_path / "a.jsonl", tmp_path / "out"
+    inputs.write_text(DOCS + '{"text": 5}\n')
+    flags = [f"--input={inputs}", f"--out_dir={out}", "--processes=1", "--block_size=8", "--shard_size=1000"]
+    assert_one_line_error(run_in_process(OWT, *flags), "not a string")
+    assert not out.exists()
+    inputs.write_text(DOCS + '{"text": "5"}\n')
+    result = run_in_process(OWT, *flags)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "prepare.json").read_text())["documents"] == 301
+
+
+def test_a_killed_start_of_another_preparation_does_not_block_and_globs_prepare_their_files(tmp_path):
+    out = tmp_path / "out"
+    for name in ("b.jsonl", "a.jsonl"):
+        (tmp_path / name).write_text(DOCS)
+    out.mkdir()
+    (out / "prepare_state.json").write_text(json.dumps(STATE))  # killed before its first shard
+    assert resume_command(out) == STATE["command"]  # what a partly prepared dataset's error can print
+    flags = ["--processes=1", "--block_size=8", "--shard_size=1000"]
+    result = run_in_process(OWT, f"--input={tmp_path / '*.jsonl'}", f"--out_dir={out}", *flags)
+    assert result.returncode == 0, result.stderr
+    assert "starting over: the unfinished preparation" in result.stdout
+    listed = run_in_process(
+        OWT, f"--input={tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}", f"--out_dir={tmp_path / 'l'}", *flags
+    )
+    assert listed.returncode == 0, listed.stderr
+    shards = lambda folder: {k: v for k, v in contents(folder).items() if k.endswith(".bin")}
+    assert shards(out) == shards(tmp_path / "l") and len(shards(out)) > 2
+
+
+# ----------------------------------------------------------------------------- a small file system
+
+
+@pytest.fixture(scope="module")
+def small_disk(tmp_path_factory):
+    """A function running a shell script in a mount namespace of its own, with a tmpfs of a few hundred KiB
+    mounted on FOLDER/fs; skipped where mounting is not allowed."""
+    probe = tmp_path_factory.mktemp("probe")
+    for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
+        script = f"mount -t tmpfs -o size=64k tmpfs {probe}"
+        if (
+            shutil.which("unshare")
+            and subprocess.run([*unshare, "sh", "-c", script], capture_output=True).returncode == 0
+        ):
+            break
+    else:
+        pytest.skip("cannot mount a small tmpfs here (unshare -m / -rm refused)")
+
+    def run(folder: Path, size_kib: int, script: str) -> subprocess.CompletedProcess:
+        (folder / "fs").mkdir(exist_ok=True)
+        mount = f"mount -t tmpfs -o size={size_kib}k tmpfs {folder}/fs && cd {folder} && "
+        return subprocess.run([*unshare, "sh", "-c", mount + script], capture_output=True, text=True, cwd=ROOT)
+
+    return run
+
+
+def test_a_full_disk_stops_the_preparation_and_its_printed_command_resumes_it(small_disk, tmp_path):
+    (tmp_path / "a.jsonl").write_text(DOCS * 4)  # ~36k tokens: 72 KB of shards on a disk of 48 KiB
+    reference = run_in_process(
+        OWT, f"--input={tmp_path / 'a.jsonl'}", f"--out_dir={tmp_path / 'ref'}", "--processes=1", "--shard_size=2000"
+    )
+    assert reference.returncode == 0, reference.stderr
+    folder = "fs/out dir's"  # a space and a quote: the printed command must quote them
+    prepare = [sys.executable, str(ROOT / OWT), "--input=a.jsonl", f"--out_dir={folder}", "--processes=1"]
+    script = (
+        f"{shlex.join(prepare)} --shard_size=2000 > /dev/null 2> err.txt; ls -a {shlex.quote(folder)} > full.txt; "
+        "mount -o remount,size=4m fs; cd / && eval \"$(sed -n 's/.*to resume: //p' "
+        f'{tmp_path}/err.txt)" > /dev/null && cp -r {shlex.quote(str(tmp_path / folder))} {tmp_path}/copy'
+    )
+    result = small_disk(tmp_path, 48, script)
+    assert result.returncode == 0, result.stderr
+    error = (tmp_path / "err.txt").read_text()
+    assert_one_line_error(
+        subprocess.CompletedProcess([], 1, "", error), "no space left on the device", "to resume: cd "
+    )
+    kept = (tmp_path / "full.txt").read_text().split()
+    assert "prepare_state.json" in kept and not [n for n in kept if ".tmp-" in n]  # no temporary file left
+    shards = lambda folder: {k: v for k, v in contents(folder).items() if k.endswith(".bin")}
+    assert shards(tmp_path / "copy") == shards(tmp_path / "ref")  # the resumed run ends as an uninterrupted one
+
+
+def test_an_export_onto_a_full_disk_keeps_the_previous_export(small_disk, checkpoint, tmp_path):
+    pytest.importorskip("transformers")
+    make_files(tmp_path, {"out/ckpt.pt": CKPT}, checkpoint)
+    export_in_process(tmp_path / "out", tmp_path / "before")
+    script = (
+        "cp -r before fs/hf && (cat /dev/zero > fs/filler 2>/dev/null; true) && "
+        f"{sys.executable} {ROOT / 'export.py'} --out_dir=out --export_dir=fs/hf > /dev/null 2> err.txt; "
+        "echo $? > rc.txt; cp -r fs/hf after; ls -a fs > listing.txt"
+    )
+    result = small_disk(tmp_path, 256, script)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rc.txt").read_text().strip() == "1"
+    errors = [line for line in (tmp_path / "err.txt").read_text().splitlines() if not line.startswith("Writing")]
+    assert len(errors) == 1 and errors[0].startswith("error: cannot write") and "fs/hf" in errors[0], errors
+    assert "no space left on the device; the previous hf is as it was" in errors[0]
+    assert contents(tmp_path / "after") == contents(tmp_path / "before")
+    assert sorted((tmp_path / "listing.txt").read_text().split()) == [".", "..", "filler", "hf"]  # no leftover
