@@ -44,6 +44,7 @@ from nanogpt_perf.train.parallel import (
     full_state,
     mean_over_ranks,
     start_ranks,
+    torchrun_rank,
     unwrap,
     wrap_model,
 )
@@ -120,7 +121,7 @@ CROSS = (
 settings, given = configure_command(globals(), rules=RULES, cross=CROSS, words={"batch_size": ("auto",)})
 # -----------------------------------------------------------------------------
 
-master = os.environ.get("RANK", "0") == "0"  # rank 0 (or the only process) prints and writes
+master = torchrun_rank(os.environ) == 0  # rank 0 (or the only process) prints and writes; torchrun's variables checked
 
 
 def print0(*args: object) -> None:
