@@ -50,7 +50,7 @@ from nanogpt_perf.train.parallel import (
 )
 from nanogpt_perf.train.preemption import StopRequest
 from nanogpt_perf.train.progress import Progress, RunLog
-from nanogpt_perf.train.resume import resume_settings, rng_state, set_rng_state
+from nanogpt_perf.train.resume import nothing_to_train, resume_settings, rng_state, set_rng_state
 from nanogpt_perf.train.step import TrainStep
 
 # -----------------------------------------------------------------------------
@@ -130,16 +130,18 @@ def print0(*args: object) -> None:
 
 
 # resume: the checkpoint's settings are the base, overridden by the config files and flags given now (each change
-# printed); its architecture, vocabulary and data cannot change
+# printed); its architecture, vocabulary and data cannot change, and it must have iterations left to train
 checkpoint = resume_checkpoint(Path(out_dir), resume_fallback) if init_from == "resume" else None
 if checkpoint is not None:
     try:
-        settings, overrides = resume_settings(checkpoint["config"], settings, given)
+        settings, overrides = resume_settings(checkpoint["config"], settings, given, {"batch_size": ("auto",)})
     except ValueError as e:
         die(str(e))
     if problem := settings_problem(settings, RULES, CROSS):  # and those between settings, on the new base
         die(problem)
     globals().update(settings)
+    if not eval_only and (problem := nothing_to_train(Path(out_dir), checkpoint["iter_num"], max_iters)):
+        die(problem)
     if overrides:
         print0("resumed settings overridden: " + "; ".join(overrides))
 
