@@ -140,7 +140,7 @@ if master and (problem := out_dir_problem(Path(out_dir), init_from != "resume", 
 checkpoint = resume_checkpoint(Path(out_dir), resume_fallback) if init_from == "resume" else None
 if checkpoint is not None:
     try:
-        settings, overrides = resume_settings(checkpoint["config"], settings, given, {"batch_size": ("auto",)})
+        settings, overrides = resume_settings(checkpoint["config"], settings, given, {"batch_size": ("auto",)}, RULES)
     except ValueError as e:
         die(str(e))
     if problem := settings_problem(settings, RULES, CROSS):  # and those between settings, on the new base

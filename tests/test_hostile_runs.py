@@ -81,7 +81,7 @@ CASES = {
     "a_list": train(RESUME, "not a nanogpt-perf checkpoint", checkpoint="list"),
     "a_pickled_class": train(RESUME, "holds a Python object", "not loaded (it could run code)", checkpoint="class"),
     "a_plain_pickle": train(RESUME, "truncated or not a checkpoint", checkpoint="pickle"),
-    "a_zip_not_a_checkpoint": train(RESUME, "corrupt or unreadable", checkpoint="zip"),
+    "a_zip_not_a_checkpoint": train(RESUME, "corrupt or not a torch checkpoint", checkpoint="zip"),
     "an_empty_file": train(RESUME, "truncated or not a checkpoint", checkpoint="empty"),
     "model_args_missing_a_key": train(RESUME, "weights lack transformer.h.0.attn.c_attn.bias (its model_args lack "
                                       "bias: GPTConfig's defaults were taken)", checkpoint="no_bias"),
@@ -103,7 +103,8 @@ CASES = {
     "config_not_a_dict": train(RESUME, "its config", "is not a dict", checkpoint="config_str"),
     "config_value_wrong_type": train(RESUME, "settings are not this train.py's", "max_iters must be int",
                                      checkpoint="config_type"),
-    "config_value_out_of_range": train(RESUME, "eval_interval must be >= 1, not 0", checkpoint="config_range"),
+    "config_value_out_of_range": train(RESUME, "the checkpoint's eval_interval=0 is not valid here (>= 1)",
+                                       "give eval_interval", checkpoint="config_range"),
     "ranks_not_a_list": train(RESUME, "its ranks", "are not a list of dicts", checkpoint="ranks_str"),
     "sample_model_args_missing_a_key": Hostile(Case("sample.py", "", ("lack bias",)), checkpoint="no_bias"),
     "sample_model_args_bad_attention": Hostile(Case("sample.py", "", ("attention must be one of",)),

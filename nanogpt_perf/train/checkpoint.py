@@ -117,8 +117,9 @@ def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
         found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
         what = f"a Python object ({found[1]})" if found else "Python objects"
         die(f"checkpoint {path} holds {what} beyond tensors and plain data: not loaded (it could run code)")
-    except (RuntimeError, EOFError, ValueError) as e:
-        die(f"checkpoint {path} is corrupt or unreadable: {str(e).splitlines()[0]}")
+    except (RuntimeError, EOFError, ValueError) as e:  # torch's own words, less its request for feedback
+        reason = str(e).splitlines()[0].split("  (Could this error message be improved?")[0]
+        die(f"checkpoint {path} is corrupt or not a torch checkpoint: {reason}")
     missing = {"model", "model_args"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model", "model_args"}
     if missing:
         die(f"checkpoint {path} is not a nanogpt-perf checkpoint (missing {', '.join(sorted(missing))})")

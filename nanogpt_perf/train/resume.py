@@ -20,19 +20,17 @@ UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of 
 
 
 def resume_settings(
-    saved: dict[str, Any], settings: dict[str, Any], given: set[str], words: dict[str, tuple[str, ...]]
+    saved: dict[str, Any], settings: dict[str, Any], given: set[str], words: dict[str, tuple[str, ...]], rules: dict
 ) -> tuple[dict, list[str]]:
     """The checkpoint's settings (ours, or nanoGPT's, which has the same names), overridden by those given on this
     command (config files and flags): the merged settings, and a line for each override that differs from the
     checkpoint and for each saved setting that does not apply here. ValueError for an override that cannot apply
-    to the checkpoint, or a saved value of the wrong type (words: the words a setting takes beside its type)."""
+    to the checkpoint, or a saved value that is not a valid value here (words: the words a setting takes beside
+    its type; rules: each setting's rule)."""
     merged = dict(settings)
     for key, value in saved.items():
         if key in merged and key not in given and key not in PER_COMMAND:
-            try:
-                merged[key] = convert(key, value, settings[key], words.get(key, ()))
-            except ConfigError as e:
-                raise ValueError(f"the checkpoint's settings are not this train.py's: {e}") from None
+            merged[key] = saved_value(key, value, settings[key], words.get(key, ()), rules.get(key))
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
     fixed = [k for k in changed if k in FIXED_ON_RESUME]
     if fixed:
@@ -45,6 +43,17 @@ def resume_settings(
         f"{k}={saved[k]!r} not applied (this command's {merged[k]!r})" for k in per_command if saved[k] != merged[k]
     ]
     return merged, lines
+
+
+def saved_value(key: str, value: Any, default: Any, words: tuple[str, ...], rule) -> Any:
+    """A checkpoint's setting as this train.py takes it (its type, within its rule), or ValueError naming it."""
+    try:
+        value = convert(key, value, default, words)
+    except ConfigError as e:
+        raise ValueError(f"the checkpoint's settings are not this train.py's: {e}") from None
+    if rule and (valid := rule(value)):
+        raise ValueError(f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it")
+    return value
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
