@@ -27,6 +27,7 @@ from test_bad_input import Case, run_case
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_in_process, run_script, run_train
 from model import GPT, GPTConfig
 from nanogpt_perf.train.ownership import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
+from nanogpt_perf.train.parallel import torchrun_problem, torchrun_rank
 from nanogpt_perf.train.preemption import resume_command
 
 TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
@@ -423,3 +424,14 @@ def test_a_run_refused_at_its_last_check_has_written_nothing(tiny_data, tmp_path
     result = refuse_train(tiny_data, tmp_path / "out", "--wandb_log=True", "--max_iters=1")
     assert_one_line_error(result, "wandb_log=True needs wandb")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{}, {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, LAUNCH, LAUNCH | {"WORLD_SIZE": "1", "RANK": "0"}],
+)
+def test_torchrun_variables_that_are_accepted(environ):
+    """None (one process), MASTER_ADDR and MASTER_PORT alone (some clusters set them for everyone: one process),
+    or all of them consistent (a launch by torchrun, or by hand, which waits for its other ranks)."""
+    assert torchrun_problem(environ) is None
+    assert torchrun_rank(environ) == int(environ.get("RANK", 0))
