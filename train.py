@@ -9,7 +9,6 @@ applied where its comment says.
 
 import math
 import os
-import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -38,18 +37,20 @@ from nanogpt_perf.runtime import dtype_problem, resolve_device, resolve_runtime
 # each; `python train.py --help` lists them), overridden by config files and flags like the settings below
 from nanogpt_perf.settings import *  # noqa: F403
 from nanogpt_perf.train.checkpoint import restore_training, resume_checkpoint, save_iteration, training_state
+from nanogpt_perf.train.ownership import claim_out_dir, last_checkpoint, out_dir_problem
 from nanogpt_perf.train.parallel import (
     PARALLELISMS,
     close,
     full_state,
     mean_over_ranks,
     start_ranks,
+    torchrun_rank,
     unwrap,
     wrap_model,
 )
-from nanogpt_perf.train.preemption import StopRequest
-from nanogpt_perf.train.progress import Progress, RunLog
-from nanogpt_perf.train.resume import resume_settings, rng_state, set_rng_state
+from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
+from nanogpt_perf.train.progress import Progress, RunLog, import_wandb
+from nanogpt_perf.train.resume import nothing_to_train, resume_settings, rng_state, set_rng_state
 from nanogpt_perf.train.step import TrainStep
 
 # -----------------------------------------------------------------------------
@@ -67,6 +68,7 @@ always_save_checkpoint = True  # save at every eval, not only when val loss impr
 save_interval = 0  # also save every this many iterations, evals or not; 0 = at evals only
 keep_last = 3  # checkpoints kept (out_dir/ckpt-NNNNNNN.pt), besides the best (ckpt-best.pt)
 init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a transformers folder
+overwrite = False  # a new run (not init_from='resume') may replace an earlier run's checkpoints and log in out_dir
 resume_fallback = False  # resume from the newest whole checkpoint when ckpt.pt is truncated or corrupt
 # wandb logging
 wandb_log = False
@@ -120,7 +122,7 @@ CROSS = (
 settings, given = configure_command(globals(), rules=RULES, cross=CROSS, words={"batch_size": ("auto",)})
 # -----------------------------------------------------------------------------
 
-master = os.environ.get("RANK", "0") == "0"  # rank 0 (or the only process) prints and writes
+master = torchrun_rank(os.environ) == 0  # rank 0 (or the only process) prints and writes; torchrun's variables checked
 
 
 def print0(*args: object) -> None:
@@ -128,17 +130,24 @@ def print0(*args: object) -> None:
         print(*args, flush=True)
 
 
+# an out_dir holds one run: refused while another run holds it, and a new run refused where an earlier one left
+# checkpoints, unless overwrite=True (these checks only read; the lock is taken once every check has passed)
+if master and (problem := out_dir_problem(Path(out_dir), init_from != "resume", overwrite, eval_only)):
+    die(problem)
+
 # resume: the checkpoint's settings are the base, overridden by the config files and flags given now (each change
-# printed); its architecture, vocabulary and data cannot change
+# printed); its architecture, vocabulary and data cannot change, and it must have iterations left to train
 checkpoint = resume_checkpoint(Path(out_dir), resume_fallback) if init_from == "resume" else None
 if checkpoint is not None:
     try:
-        settings, overrides = resume_settings(checkpoint["config"], settings, given)
+        settings, overrides = resume_settings(checkpoint["config"], settings, given, {"batch_size": ("auto",)}, RULES)
     except ValueError as e:
         die(str(e))
     if problem := settings_problem(settings, RULES, CROSS):  # and those between settings, on the new base
         die(problem)
     globals().update(settings)
+    if not eval_only and (problem := nothing_to_train(Path(out_dir), checkpoint["iter_num"], max_iters)):
+        die(problem)
     if overrides:
         print0("resumed settings overridden: " + "; ".join(overrides))
 
@@ -260,9 +269,9 @@ def get_lr(it: int) -> float:
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def save(best: bool) -> None:
+def save(best: bool) -> str | None:
     """Every rank calls it (FSDP gathers its shards): rank 0 writes the checkpoint, with each rank's generators and
-    the loader position of the batch it has fetched but not trained on."""
+    the loader position of the batch it has fetched but not trained on; its name (rank 0)."""
     model_state, optimizer_state = full_state(model, optimizer)
     mine = {"rng": rng_state(runtime.device), "data": step.data_state}
     every_rank = [mine] * ranks.world_size
@@ -276,6 +285,8 @@ def save(best: bool) -> None:
         )  # fmt: skip
         path = save_iteration(state, Path(out_dir), iter_num, best, keep_last)
         print(f"saved checkpoint {path}" + (" (the best so far)" if best else ""))
+        return path.name
+    return None
 
 
 # HellaSwag's examples, when asked for: downloaded once (rank 0), scored in GPT-2's tokens by every rank's share
@@ -291,14 +302,21 @@ if hellaswag_interval:
         dist.barrier()
     hellaswag = read_examples(path, hellaswag_examples)
 
+wandb = import_wandb(wandb_log, master)  # the last check
+
+# every check has passed: out_dir is this run's from here (rank 0 holds out_dir/train.lock until it exits; with
+# overwrite=True a new run deletes the earlier run's checkpoints and log first), and SIGTERM or Ctrl-C stops the run
+# cleanly (finish the step, save, exit)
+lock = claim_out_dir(Path(out_dir), master, ddp, overwrite and init_from != "resume")
+stop = StopRequest(lock.release if lock else None)
+
 # what made this run (rank 0), and where its records go: stdout, out_dir/log.jsonl and optionally wandb
 if master:
     write_json(
         Path(out_dir) / "manifest.json",
         run_manifest(settings, runtime) | {"world_size": ranks.world_size, "model_args": model_args},
     )
-wandb_run = dict(project=wandb_project, name=wandb_run_name, config=settings) if wandb_log else None
-log = RunLog(Path(out_dir), master, wandb_run)
+log = RunLog(Path(out_dir), master, wandb, dict(project=wandb_project, name=wandb_run_name, config=settings))
 
 # the loop: exactly max_iters optimizer steps, an eval at every eval_interval and at the end, checkpoints when the
 # val loss improves (or always_save_checkpoint), every save_interval and when stopped; each logging window timed
@@ -307,7 +325,6 @@ model.train()
 profiler = step_profiler(runtime.device, Path(out_dir) / "trace.json") if profile and master else None
 if profiler:
     profiler.start()
-stop = StopRequest()  # SIGTERM or Ctrl-C: finish the step, save, exit
 if rng is not None:
     set_rng_state(rng, runtime.device)  # last, after everything that draws random numbers at start
 start_iter, bad_steps, progress = iter_num, 0, Progress(runtime, iter_num, max_iters, tokens_per_iter)
@@ -326,10 +343,13 @@ while True:
         best_val_loss = min(best_val_loss, losses["val"])  # never replaced by a worse value
     due = stopping or (save_interval and iter_num % save_interval == 0)
     saving = iter_num > start_iter and ((evaluating and (improved or always_save_checkpoint)) or due)
+    saved = None
     if saving and bad_steps:  # the last good checkpoint stays the newest
         print0(f"iter {iter_num}: not saved, the last step was not finite")
-    elif saving and (not evaluating or math.isfinite(losses["val"])):
-        save(best=improved)
+    elif saving and evaluating and not math.isfinite(losses["val"]):
+        print0(f"iter {iter_num}: not saved, the val loss is not finite")
+    elif saving:
+        saved = save(best=improved)
     scoring = hellaswag and not stopping and (iter_num % hellaswag_interval == 0 or iter_num == max_iters)
     if scoring:
         log.hellaswag(iter_num, score(raw_model, hellaswag, tokenizer.encode, runtime.device, runtime.autocast_ctx))
@@ -337,10 +357,8 @@ while True:
         progress.restart()  # evals and checkpoints are not the training step's
         batches.take_wait_seconds()
     if stopping:
-        command = shlex.join(
-            ["python", *(a for a in sys.argv if not a.startswith("--init_from=")), "--init_from=resume"]
-        )
-        print0(f"stopped by {stop.signal or 'another rank'} after iter {iter_num}, saved: resume with\n  {command}")
+        resumable = (Path(out_dir) / "ckpt.pt").is_file()
+        print0(stopped_line(stop.signal, iter_num, saved, resumable, resume_command(sys.argv, os.environ)))
         break
     if iter_num >= max_iters or eval_only:
         break
@@ -368,7 +386,7 @@ while True:
         if bad_steps >= max_bad_steps:
             die(
                 f"{bad_steps} steps in a row with a non-finite loss or gradient norm (max_bad_steps={max_bad_steps})"
-                f": stopped at iter {iter_num}; the last checkpoint in {out_dir} is from before them"
+                f": stopped at iter {iter_num}; {last_checkpoint(Path(out_dir))}"
             )
 
 if profiler:
@@ -376,5 +394,9 @@ if profiler:
 if summary := progress.summary():
     print0(summary)
 log.close()
+if lock:
+    lock.release()
 if ddp:
     close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/train/parallel.py)
+if bad_steps and not stopping:  # a run that ends on non-finite steps has failed, whatever it saved before them
+    die(f"the run ended at iter {iter_num} on {bad_steps} non-finite steps, unsaved; {last_checkpoint(Path(out_dir))}")

@@ -184,5 +184,5 @@ def test_ddp_under_torchrun_on_cpu(tiny_data, tmp_path):
     assert "(2 micro-batches x 2 ranks x 8 x 32)" in result.stdout
     assert result.stdout.count("step 4:") == 1  # printed once, by rank 0
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter_num"] == 4
-    uneven = run_train(tiny_data, tmp_path, "--gradient_accumulation_steps=3", ranks=2)
+    uneven = run_train(tiny_data, tmp_path, "--gradient_accumulation_steps=3", "--overwrite=True", ranks=2)
     assert uneven.returncode != 0 and "not divisible by 2 ranks" in uneven.stderr

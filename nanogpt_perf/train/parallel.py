@@ -5,6 +5,7 @@ that one process without torch.distributed loads."""
 
 import gc
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from model import GPT
+from nanogpt_perf.errors import die
 from nanogpt_perf.runtime import PTDTYPES, Runtime
 
 PARALLELISMS = ("ddp", "fsdp")
@@ -40,18 +42,69 @@ class Ranks:
         return self.rank == 0
 
 
+# what torchrun sets in each process it starts: this process's rank, its rank on this machine, the number of ranks,
+# and where they meet
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+TORCHRUN_VARIABLES = (*RANK_VARIABLES, "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_problem(environ: Mapping[str, str]) -> str | None:
+    """What is wrong with torchrun's variables when some were set by hand: all or none of them (MASTER_ADDR and
+    MASTER_PORT alone are not a launch: some clusters set them for everyone), integers, and ranks in range."""
+    present = [k for k in RANK_VARIABLES if k in environ]
+    if not present:
+        return None
+    if missing := [k for k in TORCHRUN_VARIABLES if k not in environ]:
+        return (
+            f"{', '.join(present)} set but not {', '.join(missing)}: torchrun sets them all for each process it "
+            "starts (torchrun --standalone --nproc_per_node=N train.py ...); for one process, unset "
+            + ", ".join(present)
+        )
+    numbers = {}
+    for key in (*RANK_VARIABLES, "MASTER_PORT"):
+        try:
+            numbers[key] = int(environ[key])
+        except ValueError:
+            return f"{key} must be an integer, not {environ[key]!r}"
+    rank, local_rank, world_size, port = numbers.values()
+    if world_size < 1:
+        return f"WORLD_SIZE must be >= 1, not {world_size}"
+    for key, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+        if not 0 <= value < world_size:
+            return f"{key} must be in [0, WORLD_SIZE={world_size}), not {value}"
+    if not 0 < port < 65536:
+        return f"MASTER_PORT must be a port number in [1, 65535], not {port}"
+    return None
+
+
+def torchrun_rank(environ: Mapping[str, str]) -> int:
+    """This process's rank (0 without torchrun), torchrun's variables checked: one error line when they are wrong."""
+    if problem := torchrun_problem(environ):
+        die(problem)
+    return int(environ.get("RANK", 0))
+
+
 def start_ranks(device: str, backend: str) -> Ranks:
-    """Under torchrun (which sets RANK): join the process group, each rank on its own GPU (cuda:LOCAL_RANK) where
-    there are GPUs; backend 'auto' is nccl on CUDA, gloo elsewhere. One process: Ranks() with the device as set."""
+    """Under torchrun (which sets RANK; torchrun_rank checked the variables): join the process group, each rank on
+    its own GPU (cuda:LOCAL_RANK) where there are GPUs; backend 'auto' is nccl on CUDA, gloo elsewhere. One
+    process: Ranks() with the device as set."""
     if "RANK" not in os.environ:
         return Ranks(device=device)
-    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    rank, local_rank, world_size = (int(os.environ[k]) for k in RANK_VARIABLES)
     if device in ("auto", "cuda") and torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            die(f"LOCAL_RANK={local_rank}, but this machine has {torch.cuda.device_count()} CUDA devices")
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend=backend)
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # started by hand: it waits for every rank, 30 minutes at most
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        print(f"rank {rank}: waiting for all {world_size} ranks at {where} (RANK, WORLD_SIZE... set by hand)")
+    try:
+        dist.init_process_group(backend=backend)
+    except (RuntimeError, ValueError) as e:  # the port taken, the address unknown
+        die(f"torch.distributed did not start ({backend}, MASTER_ADDR/MASTER_PORT): {str(e).splitlines()[0]}")
     return Ranks(rank, local_rank, world_size, device)
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from nanogpt_perf.errors import die
@@ -85,20 +86,27 @@ class Progress:
         )
 
 
-class RunLog:
-    """The records of a run: printed, appended to out_dir/log.jsonl and sent to wandb when asked; on rank 0 only
-    (master=False: nothing at all)."""
+def import_wandb(wandb_log: bool, master: bool) -> ModuleType | None:
+    """wandb, where wandb_log asks for it (rank 0): imported before the run writes anything, one error line
+    without it."""
+    if not (wandb_log and master):
+        return None
+    try:
+        import wandb
+    except ImportError:
+        die("wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)")
+    return wandb
 
-    def __init__(self, out_dir: Path, master: bool, wandb_run: dict[str, Any] | None):
+
+class RunLog:
+    """The records of a run: printed, appended to out_dir/log.jsonl and sent to wandb (import_wandb's) when asked;
+    on rank 0 only (master=False: nothing at all)."""
+
+    def __init__(self, out_dir: Path, master: bool, wandb: ModuleType | None, wandb_run: dict[str, Any]):
         self.file = open(out_dir / "log.jsonl", "a") if master else None
-        self.wandb = None
-        if master and wandb_run is not None:
-            try:
-                import wandb
-            except ImportError:
-                die("wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)")
+        self.wandb = wandb
+        if wandb is not None:
             wandb.init(**wandb_run)
-            self.wandb = wandb
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is None:
