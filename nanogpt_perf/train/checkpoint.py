@@ -16,7 +16,7 @@ import torch
 
 from model import ARCHITECTURE, GPT, GPTConfig
 from nanogpt_perf.errors import die
-from nanogpt_perf.files import write_atomically
+from nanogpt_perf.files import write_atomically, write_through_path
 from nanogpt_perf.train.parallel import load_full_state
 
 
@@ -26,14 +26,17 @@ def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
 
 
 def link_or_copy(source: Path, target: Path) -> None:
-    """target becomes source's content, atomically."""
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+    """target becomes source's content, atomically: a hard link (no second copy on disk), or a copy where the file
+    system has none, made under files.py's temporary name."""
+
+    def make(tmp: Path) -> None:
+        tmp.unlink()  # the temporary name files.py reserved: the link takes its place
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+
+    write_through_path(target, make)
 
 
 ITERATION_FILE = re.compile(r"ckpt-(\d{7})\.pt")
