@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/python train.py config/train_shakespeare_char_cpu.py
+	$(BIN)/python train.py config/train_shakespeare_char_cpu.py --overwrite=True  # a second demo replaces the first
 	$(BIN)/python sample.py --out_dir=out-shakespeare-char-cpu --num_samples=2 --max_new_tokens=400
 
 # two workers, a test file each at a time (a file's module fixtures run once)
