@@ -97,7 +97,8 @@ def read_config_file(path: str) -> dict[str, Any]:
     try:
         code = compile(Path(path).read_bytes(), path, "exec")
     except SyntaxError as e:
-        raise ConfigError(f"config file {path}, line {e.lineno}: {type(e).__name__}: {e.msg}") from None
+        where = f"config file {path}" + (f", line {e.lineno}" if e.lineno else "")
+        raise ConfigError(f"{where}: {type(e).__name__}: {e.msg}") from None
     except (OSError, ValueError) as e:  # unreadable; NUL bytes in it
         raise ConfigError(f"config file {path} cannot be read as Python: {type(e).__name__}: {e}") from None
     namespace: dict[str, Any] = {}

@@ -74,7 +74,7 @@ def hf_folder_problem(folder: Path) -> str | None:
     try:
         shapes = weight_shapes(weights)
     except Exception as e:  # truncated, not the format its name says
-        return f"{weights.name} cannot be read ({type(e).__name__}: {first_line(e)})"
+        return f"{weights.name} cannot be read ({type(e).__name__}: {first_line(e).split('. ')[0]})"
     return shapes_problem(shapes, expected_shapes(config), weights.name)
 
 
