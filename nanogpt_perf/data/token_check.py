@@ -82,7 +82,7 @@ def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CA
     total = sum(entry["bytes"] for entry in entries.values())
     if scanned and total >= cache_from_bytes:
         print(
-            f"token ids checked: {scanned / 1e9:.1f} GB scanned in {time.perf_counter() - t0:.1f} s, every id below "
+            f"token ids checked: {scanned / 1e6:,.0f} MB scanned in {time.perf_counter() - t0:.2f} s, every id below "
             f"{vocab_size}; kept in {cache_path} for the next runs",
             flush=True,
         )
