@@ -29,9 +29,8 @@ from nanogpt_perf.bench.report import beside, report, write_outputs
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import SyntheticBatches, TokenBatches
 from nanogpt_perf.errors import die
-from nanogpt_perf.files import output_file
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.rules import a_path, at_least, interval
+from nanogpt_perf.rules import a_path, at_least, interval, output_file, takes_infinity
 from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with train.py (one name, default and meaning each;
@@ -61,7 +60,7 @@ memory_snapshot = False  # CUDA: a memory snapshot of the timed steps beside out
 # regression check, instead of measuring: exit 1 when a figure of compare is worse than baseline's
 compare = ""  # a bench output (JSON)
 baseline = ""  # the bench output to compare it with
-tolerance_pct = 5.0  # how much worse a figure may be, in percent
+tolerance_pct = 5.0  # how much worse a figure may be, in percent (inf: never fail)
 # the valid values of bench.py's own settings, beside the shared ones' (nanogpt_perf/settings.py)
 RULES = SHARED_RULES | {
     "batch_size": at_least(1),
@@ -70,7 +69,7 @@ RULES = SHARED_RULES | {
     "vocab_size": interval(1, 2**16),  # tokens are uint16, as in the datasets
     "burn_in": at_least(1, " (the first iteration compiles)"),
     "steps": at_least(1),
-    "tolerance_pct": at_least(0),
+    "tolerance_pct": takes_infinity(at_least(0)),  # inf: report, never fail
     "out_json": output_file(".json"),  # its CSV, PNG, trace and snapshot go beside it
 }
 settings = configure(globals(), rules=RULES, cross=SHARED_CROSS)

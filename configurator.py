@@ -7,7 +7,9 @@ A setting is any module-level name of type bool, int, float or str defined befor
 A config file is Python: its top-level assignments are overrides (imports and helpers in it are ignored).
 Unknown keys are errors that suggest the closest known key; values convert to the setting's type only where
 that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> False for a bool). The final values
-are then checked against the rules the script gives (nanogpt_perf/rules.py). Every mistake is one error line.
+are then checked against the rules the script gives (nanogpt_perf/rules.py): every float finite (inf only where a
+rule takes it: --tolerance_pct=inf), every int within 64 bits, then each setting's own range. Every mistake is one
+error line, a config file that raises or exits included.
 """
 
 import ast
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import die
-from nanogpt_perf.rules import CrossRule, Rule, settings_problem, unruled
+from nanogpt_perf.rules import CrossRule, Rule, settings_problem, shown, unruled
 
 SETTING_TYPES = (bool, int, float, str)
 
@@ -42,22 +44,26 @@ def settings_of(namespace: dict[str, Any]) -> dict[str, Any]:
 
 def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:
     """value as the type of default (or one of the words the setting also takes, e.g. 'auto'), or ConfigError if
-    that would lose or invent information."""
-    if isinstance(value, str) and value in words:
+    that would lose or invent information. Only plain bool, int, float and str values are taken: a config file's
+    object of another type (a subclass too) is refused rather than asked what it is."""
+    kind, given = type(default), type(value)
+    if given is str and value in words:
         return value
-    kind = type(default)
-    if kind is bool and isinstance(value, int) and value in (0, 1):  # True, False, 1, 0
+    if kind is bool and given in (bool, int) and value in (0, 1):  # True, False, 1, 0
         return bool(value)
-    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+    if kind is int and given is int:
         return value
-    if kind is int and isinstance(value, float) and value.is_integer():  # 1e5
+    if kind is int and given is float and value.is_integer():  # 1e5
         return int(value)
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind is str and isinstance(value, str):
+    if kind is float and given in (int, float):
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range (about 1.8e308)
+            raise ConfigError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
+    if kind is str and given is str:
         return value
     also = "".join(f" or {w!r}" for w in words)
-    raise ConfigError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {value!r}")
+    raise ConfigError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
@@ -69,9 +75,11 @@ def parse_flag(raw: str, default: Any) -> Any:
         return raw
     if isinstance(default, bool) and raw.lower() in BOOL_WORDS:
         return BOOL_WORDS[raw.lower()]
+    if isinstance(default, float) and raw.strip().lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        return float(raw)  # Python's literals have no name for these; the rules say where they are valid
     try:
         return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
+    except Exception:  # not a literal (or one too long or too deep to read): the text, refused by convert
         return raw
 
 
@@ -82,19 +90,48 @@ def unknown_key(key: str, known: dict[str, Any], where: str) -> ConfigError:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """The top-level assignments of a Python config file."""
+    """The top-level assignments of a Python config file. Whatever it raises, SystemExit and KeyboardInterrupt
+    included, is a ConfigError naming the file and the line of it that raised."""
     if not Path(path).is_file():
         raise ConfigError(f"config file {path} not found")
+    try:
+        code = compile(Path(path).read_bytes(), path, "exec")
+    except SyntaxError as e:
+        where = f"config file {path}" + (f", line {e.lineno}" if e.lineno else "")
+        raise ConfigError(f"{where}: {type(e).__name__}: {e.msg}") from None
+    except (OSError, ValueError) as e:  # unreadable; NUL bytes in it
+        raise ConfigError(f"config file {path} cannot be read as Python: {type(e).__name__}: {e}") from None
     namespace: dict[str, Any] = {}
     try:
-        exec(compile(Path(path).read_text(), path, "exec"), namespace)
-    except Exception as e:  # a broken config file is the user's to fix: say where, not a traceback
-        raise ConfigError(f"config file {path} failed: {type(e).__name__}: {e}") from e
+        exec(code, namespace)
+    except BaseException as e:  # a broken config file is the user's to fix: say where, not a traceback
+        raise ConfigError(config_file_failure(path, e)) from None
     return {
         k: v
         for k, v in namespace.items()
-        if not k.startswith("_") and not isinstance(v, (types.ModuleType, types.FunctionType, type))
+        if not k.startswith("_")
+        and not isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type))
     }
+
+
+def config_file_failure(path: str, error: BaseException) -> str:
+    """The error line for what a config file raised: where in the file (the last of its lines the traceback
+    passes through) and what."""
+    line, tb = None, error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == path:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    where = f"config file {path}" + (f", line {line}" if line else "")
+    if isinstance(error, SystemExit):
+        return f"{where}: it exits (sys.exit({shown(error.code)})); a config file only sets settings"
+    if isinstance(error, KeyboardInterrupt):
+        return f"{where}: interrupted (KeyboardInterrupt) while it ran"
+    try:
+        text = (str(error).strip().splitlines() or [""])[0]
+    except Exception:  # an exception whose message itself fails
+        text = "(its message cannot be shown)"
+    return f"{where}: {type(error).__name__}" + (f": {text[:200]}" if text else "")
 
 
 def read_overrides(

@@ -17,7 +17,7 @@ from nanogpt_perf.errors import die
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of, output_file
 from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
 from nanogpt_perf.train.checkpoint import load_checkpoint
 
@@ -35,6 +35,7 @@ settings = configure(
         "init_from": init_from_one_of("resume", *HF_HUB_NAMES),
         "out_dir": a_path,
         "limit": at_least(0, " (0 = all)"),
+        "out_json": output_file(".json"),
         "device": device_problem,
         "dtype": one_of("auto", *PTDTYPES),
     },

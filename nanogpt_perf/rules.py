@@ -4,8 +4,14 @@ settings_problem turns the first broken one into the error line, e.g. "batch_siz
 Each rule sits beside the setting it checks: a script passes the rules of its own settings to configure(), and the
 settings it shares with other scripts bring theirs from where they are defined (nanogpt_perf/settings.py). A rule
 that needs a name of another module is written there (runtime.a_device, for one). This module imports no torch:
-the data preparation scripts' worker processes import the configurator, and so this."""
+the data preparation scripts' worker processes import the configurator, and so this.
 
+Every number is also checked before its rule, whatever the script: a float must be finite (NaN never passes; inf only
+where a rule says it means something, with takes_infinity) and an int must fit in 64 bits, as torch, numpy and the
+checkpoints hold it."""
+
+import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -44,8 +50,71 @@ def list_of(*choices: str) -> Rule:
     return lambda v: None if valid(v) else f"a comma-separated list of {', '.join(choices)}"
 
 
+def takes_infinity(rule: Rule) -> Rule:
+    """rule, for a float setting where inf means something (no limit): the finiteness check lets inf through."""
+
+    def infinite_or(value: Any) -> str | None:
+        return None if value == math.inf else rule(value)
+
+    infinite_or.takes_infinity = True  # type: ignore[attr-defined]
+    return infinite_or
+
+
+INT64_MAX = 2**63 - 1
+
+
+def number_problem(value: Any, rule: Rule | None) -> str | None:
+    """What every number must be before its own rule: a float finite (or inf, where the rule takes it), an int within
+    int64, where torch, numpy and the checkpoints hold it (seed + rank still fits torch's uint64 seed)."""
+    if type(value) is float and not math.isfinite(value):
+        infinity = getattr(rule, "takes_infinity", False)
+        if not (infinity and value == math.inf):
+            return "a finite number, or inf (no limit)" if infinity else "a finite number"
+    if type(value) is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        return "an integer within 64 bits (-2**63 to 2**63 - 1)"
+    return None
+
+
+def shown(value: Any) -> str:
+    """repr(value) for an error line: an integer too long to read by its size (Python refuses to print one of more
+    than 4,300 digits), a long text cut, an object that is not a plain value by its type (its repr is its code's)."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
+    if type(value) in (bool, int, float):
+        return repr(value)
+    if type(value) is str:
+        return repr(value) if len(value) <= 80 else repr(value[:80]) + f"... ({len(value):,} characters)"
+    kind = type(value)
+    return f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}"
+
+
 def a_path(value: str) -> str | None:
-    return None if value else "a path"
+    return "a path" if not value else "a path without a NUL character" if "\0" in value else None
+
+
+def output_file(suffix: str, optional: bool = True) -> Callable[[str], str | None]:
+    """A rule (nanogpt_perf.rules) for a setting that names a file to write: '' where optional (none), or a path
+    ending in suffix that is no folder, in a folder that exists or can be made, and that this user may write."""
+    what = ("'' or " if optional else "") + f"a {suffix} file"
+
+    def rule(value: str) -> str | None:
+        path = Path(value)
+        if optional and value == "":
+            return None
+        if "\0" in value:
+            return f"{what} (no NUL character)"
+        if path.suffix.lower() != suffix:
+            return what
+        if path.is_dir() or value.endswith(("/", os.sep)):
+            return f"{what} (a file, not a folder)"
+        folder = next(p for p in path.absolute().parents if p.exists())  # "/" at least
+        if not folder.is_dir():
+            return f"{what} in a folder ({folder} is a file)"
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            return f"{what} that you may write ({path if path.exists() else folder} is not writable)"
+        return None
+
+    return rule
 
 
 def anything(value: Any) -> None:
@@ -78,12 +147,14 @@ def settings_problem(settings: dict[str, Any], rules: dict[str, Rule], cross: It
     """The first setting (in the script's order) outside its valid range or set, as an error message, then the
     first rule between settings broken; None when every setting is valid."""
     for name, value in settings.items():
-        valid = rules[name](value) if name in rules else None
+        rule = rules.get(name)
+        valid = number_problem(value, rule) or (rule(value) if rule else None)
         if valid is not None:
-            return f"{name} must be {valid}, not {value!r}"
+            return f"{name} must be {valid}, not {shown(value)}"
     return next((problem for rule in cross if (problem := rule(settings))), None)
 
 
 def init_from_one_of(*choices: str) -> Rule:
     """choices (e.g. 'scratch', 'resume' and GPT-2's hub names) or an existing folder in transformers' format."""
-    return lambda v: None if v in choices or Path(v).is_dir() else f"{', '.join(choices)} or a transformers folder"
+    folder = lambda v: v != "" and "\0" not in v and Path(v).is_dir()  # Path('') is the current folder
+    return lambda v: None if v in choices or folder(v) else f"{', '.join(choices)} or a transformers folder"

@@ -1,6 +1,7 @@
 """The device and the precision a run uses, chosen once after the settings are applied, and how to wait for the
 device (it runs ahead of Python) before reading a clock."""
 
+import os
 import platform
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -67,6 +68,21 @@ def device_name(device: torch.device) -> str:
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
     return platform.processor() or device.type
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, where the OS tells it."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The memory of a device: a GPU's own, else this machine's (a CPU's, and Apple's shared memory)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return host_memory_bytes()
 
 
 def device_problem(device: str) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 from model import ATTENTION, LOSS_IMPLS, GPTConfig
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.rules import CrossRule, Rule, at_least, interval, one_of
-from nanogpt_perf.runtime import PTDTYPES, device_problem
+from nanogpt_perf.runtime import PTDTYPES, device_problem, host_memory_bytes
 
 GPT2_VOCAB_SIZE = 50257  # the vocabulary of GPT-2's BPE, for a dataset with no meta.pkl and for synthetic tokens
 
@@ -111,7 +111,25 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def model_size_problem(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> str | None:
+    """Why a GPT of this shape cannot be built here (its float32 weights alone outweigh this machine's memory),
+    or None: an absurd size is one error line, not an allocation failure or hours of building layers."""
+    params = n_layer * 12 * n_embd**2 + (vocab_size + block_size) * n_embd  # the blocks, the embeddings
+    memory = host_memory_bytes()
+    if memory is None or 4 * params <= memory:
+        return None
+    return (
+        f"a GPT of n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size} has "
+        f"about {params:.3g} parameters, {4 * params / 1e9:,.0f} GB in float32: more than this machine's "
+        f"{memory / 1e9:,.0f} GB of memory"
+    )
+
+
 def model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:
     """The GPTConfig that the settings s describe (checked by configure against SHARED_RULES), for a
-    vocabulary of vocab_size tokens (the dataset's, padded to a multiple of pad_vocab)."""
-    return GPTConfig(vocab_size=round_up(vocab_size, s["pad_vocab"]), **{k: s[k] for k in MODEL_SETTINGS})
+    vocabulary of vocab_size tokens (the dataset's, padded to a multiple of pad_vocab); ValueError for one too
+    large to build here."""
+    padded = round_up(vocab_size, s["pad_vocab"])
+    if problem := model_size_problem(s["n_layer"], s["n_embd"], padded, s["block_size"]):
+        raise ValueError(problem)
+    return GPTConfig(vocab_size=padded, **{k: s[k] for k in MODEL_SETTINGS})

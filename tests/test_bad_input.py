@@ -21,7 +21,7 @@ class Case(NamedTuple):
     script: str
     flags: str  # space-separated; {dir} is the case's own folder
     names: tuple[str, ...]  # what the error line must say
-    files: dict[str, str | None] = {}  # made in the folder first: path -> text, or CHECKPOINT
+    files: dict[str, str | bytes | None] = {}  # made in the folder first: path -> text, bytes, or CHECKPOINT
 
 
 # flags every case of a script starts with, so that whatever a script would write lands in the case's folder
@@ -31,6 +31,9 @@ COMMON = {
     "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
     "bench.py": "--out_json={dir}/bench.json --device=cpu --compile=false",
     "benchmarks/generate.py": "--device=cpu",
+    "benchmarks/loader.py": "--device=cpu",
+    "benchmarks/prepare.py": "",
+    "hellaswag.py": "--out_dir={dir}/out --device=cpu",
     "data/openwebtext/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
     "data/fineweb/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
 }
@@ -98,7 +101,8 @@ def run_case(case: Case, folder: Path, checkpoint: bytes, run=run_in_process) ->
     """(the run, the folder's contents before, after)."""
     for path, text in case.files.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_bytes(checkpoint if text is CHECKPOINT else text.encode())
+        data = checkpoint if text is CHECKPOINT else text if isinstance(text, bytes) else text.encode()
+        (folder / path).write_bytes(data)
     before = contents(folder)
     flags = [f.replace("{dir}", str(folder)) for f in f"{COMMON[case.script]} {case.flags}".split()]
     return run(case.script, *flags), before, contents(folder)

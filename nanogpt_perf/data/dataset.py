@@ -9,6 +9,7 @@ from typing import Any
 
 from nanogpt_perf.data.shards import has_tokens
 from nanogpt_perf.errors import die
+from nanogpt_perf.rules import shown
 
 # Datasets too large to prepare unasked on first use: what preparing them takes
 WEB_SCALE = {
@@ -49,17 +50,49 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
 def read_meta(path: Path) -> dict[str, Any]:
     """A dataset's meta.pkl (nanoGPT's format: vocab_size, and itos/stoi for a character vocabulary), read as
-    plain data; {} when there is none."""
+    plain data and checked consistent with itself; {} when there is none."""
     if not path.is_file():
         return {}
     try:
         with open(path, "rb") as f:
             meta = _PlainDataUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
-        die(f"{path} is not a valid meta.pkl: {e}")
-    if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int):
-        die(f"{path} is not a valid meta.pkl: no vocab_size")
+    except Exception as e:  # no code runs (see above): whatever fails is a damaged file
+        die(f"{path} is not a valid meta.pkl: {type(e).__name__}: {e}")
+    if problem := meta_problem(meta):
+        die(f"{path} is not a valid meta.pkl: {problem}")
     return meta
+
+
+def meta_problem(meta: Any) -> str | None:
+    """What makes meta inconsistent: vocab_size a positive int; a character vocabulary's itos mapping every id
+    below vocab_size to its own string (a dict or a list), stoi (if any) its inverse. None when it is consistent."""
+    if not isinstance(meta, dict) or "vocab_size" not in meta:
+        return "no vocab_size"
+    vocab_size, itos, stoi = meta["vocab_size"], meta.get("itos"), meta.get("stoi")
+    if type(vocab_size) is not int or vocab_size < 1:
+        return f"vocab_size must be a positive int, not {shown(vocab_size)}"
+    if itos is None:
+        return "stoi without itos (the id of each string, not the string of each id)" if stoi is not None else None
+    strings = id_strings(itos)
+    if strings is None:
+        return "itos must give the string of each token id 0, 1, ... (a dict or a list of str)"
+    if len(strings) != vocab_size:
+        return f"vocab_size is {vocab_size} but itos has {len(strings)} tokens"
+    if len(set(strings)) != len(strings):
+        return "itos gives two token ids the same string"
+    if stoi is not None and stoi != {s: i for i, s in enumerate(strings)}:
+        return "stoi is not the inverse of itos"
+    return None
+
+
+def id_strings(itos: Any) -> list[str] | None:
+    """itos as the list of each id's string, or None when it is not one: a list of str, or a dict from the ints
+    0..n-1 to str."""
+    if isinstance(itos, dict) and all(type(k) is int for k in itos) and set(itos) == set(range(len(itos))):
+        itos = [itos[i] for i in range(len(itos))]
+    if isinstance(itos, list) and all(type(s) is str for s in itos):
+        return itos
+    return None
 
 
 def dataset_vocab_size(data_path: Path) -> int | None:

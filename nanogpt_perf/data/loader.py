@@ -19,6 +19,7 @@ import torch
 from nanogpt_perf.data.order import RandomWindows, Window, window_order
 from nanogpt_perf.data.shards import ShardError, TokenFile, split_files
 from nanogpt_perf.errors import die
+from nanogpt_perf.runtime import host_memory_bytes
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -73,6 +74,13 @@ class TokenBatches:
             die(str(e))
         if prefetch < 1:
             die(f"prefetch must be >= 1 (batches built ahead), not {prefetch}")
+        buffers = (prefetch + 2) * batch_size * (block_size + 1) * 2  # see start(): uint16 batches in host memory
+        if buffers > (host_memory_bytes() or buffers):
+            die(
+                f"batch_size={batch_size}, block_size={block_size}, prefetch={prefetch}: the loader's {prefetch + 2} "
+                f"batches in host memory take {buffers / 1e9:,.0f} GB, more than this machine's "
+                f"{host_memory_bytes() / 1e9:,.0f} GB"
+            )
         self.state = self.windows.state_dict()  # after the batches handed out so far
         self.prefetch, self.thread, self.wait_seconds = prefetch, None, 0.0
 

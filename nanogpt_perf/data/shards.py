@@ -49,10 +49,15 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
 def read_shard_header(path: Path) -> TokenFile:
     """The shard at path, checked: a header with the magic and version, and a token count that the file size
     agrees with."""
+    if not path.is_file():
+        raise ShardError(f"{path}: not a file")
     size = path.stat().st_size
     if size < HEADER_BYTES:
         raise ShardError(f"{path}: truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte header")
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    try:
+        header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    except OSError as e:
+        raise ShardError(f"{path}: cannot be read: {e.strerror or e}") from None
     if header[0] != MAGIC:
         raise ShardError(f"{path}: not a token shard: magic {header[0]}, expected {MAGIC} (llm.c's format)")
     if header[1] != VERSION:

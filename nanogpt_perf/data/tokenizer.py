@@ -7,6 +7,7 @@ from typing import Any
 
 from nanogpt_perf.data.dataset import read_meta
 from nanogpt_perf.errors import die
+from nanogpt_perf.rules import shown
 
 GPT2_BPE_HASHES = {  # the official SHA-256 of GPT-2's BPE files, as tiktoken checks them
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
@@ -75,8 +76,16 @@ class Tokenizer:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> "Tokenizer":
-        """The tokenizer a checkpoint describes (see tokenizer_spec)."""
-        return cls(list(spec["itos"])) if spec.get("kind") == "characters" else cls()
+        """The tokenizer a checkpoint describes (see tokenizer_spec); one error line for one that is none."""
+        kind = spec.get("kind") if isinstance(spec, dict) else None
+        if kind == "gpt2":
+            return cls()
+        itos = spec.get("itos") if kind == "characters" else None
+        if not isinstance(itos, list) or not itos or any(type(s) is not str for s in itos):
+            die(f"the checkpoint's tokenizer is not one: {shown(kind)} with no list of characters (itos)")
+        if len(set(itos)) != len(itos):
+            die("the checkpoint's tokenizer gives two token ids the same characters")
+        return cls(list(itos))
 
     @classmethod
     def for_checkpoint(cls, checkpoint: dict[str, Any]) -> "Tokenizer":
