@@ -31,7 +31,15 @@ from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, not_above, one_of, or_word, settings_problem
+from nanogpt_perf.rules import (
+    a_path,
+    at_least,
+    init_from_one_of,
+    not_above,
+    one_of,
+    or_word,
+    settings_problem,
+)
 from nanogpt_perf.runtime import dtype_problem, resolve_device, resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with bench.py (one name, default, meaning and rule
@@ -97,7 +105,7 @@ RULES = SHARED_RULES | {
     "out_dir": a_path,
     "eval_interval": at_least(1),
     "log_interval": at_least(1),
-    "eval_iters": at_least(1),
+    "eval_iters": at_least(1, most=2**31 - 1),  # a tensor of that length
     "hellaswag_interval": at_least(0, " (0 = off)"),
     "hellaswag_examples": at_least(0, " (0 = all)"),
     "save_interval": at_least(0, " (0 = at evals only)"),
@@ -214,9 +222,11 @@ try:
         model = load_gpt2(init_from, **{k: getattr(config, k) for k in keep})
 except ValueError as e:
     die(str(e))
+source = "checkpoint" if init_from == "resume" else init_from
 if block_size > model.config.block_size:
-    source = "checkpoint" if init_from == "resume" else init_from
     die(f"block_size={block_size} is larger than the {source}'s {model.config.block_size}")
+if vocab_size > model.config.vocab_size:
+    die(f"dataset {dataset} has {vocab_size} tokens, more than the {source}'s vocabulary of {model.config.vocab_size}")
 if block_size < model.config.block_size:
     model.crop_block_size(block_size)
 model_args = asdict(model.config)

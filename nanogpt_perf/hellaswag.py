@@ -42,8 +42,12 @@ def read_examples(path: Path, limit: int = 0) -> list[dict[str, Any]]:
     endings, the label of the right one. One line naming the file and the line for anything else."""
     if not path.is_file():
         die(f"no HellaSwag file at {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        die(f"cannot read the HellaSwag file {path} as UTF-8 JSONL: {e}")
     examples = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

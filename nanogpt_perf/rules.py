@@ -20,8 +20,9 @@ Rule = Callable[[Any], str | None]  # None for a valid value, else what would be
 CrossRule = Callable[[dict[str, Any]], str | None]  # a rule between settings: the whole error line, or None
 
 
-def at_least(low: float, note: str = "") -> Rule:
-    return lambda v: None if v >= low else f">= {low}{note}"
+def at_least(low: float, note: str = "", most: float | None = None) -> Rule:
+    """>= low; and <= most where what consumes the value has a limit (a tensor's length, a process count)."""
+    return lambda v: f">= {low}{note}" if v < low else (f"<= {most}" if most is not None and v > most else None)
 
 
 def above(low: float, note: str = "") -> Rule:

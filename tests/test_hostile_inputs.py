@@ -105,6 +105,25 @@ BROKEN_FOLDERS = {
 }
 
 CASES = {
+    # found while merging: past what consumes them, a dataset larger than the model it starts from, bad bytes
+    "train-eval_iters=2**40": Case(
+        T, "--eval_iters=1099511627776", ("eval_iters must be <= 2147483647, not 1099511627776",)
+    ),
+    "openwebtext-processes=2**40": Case(
+        OWT, "--processes=1099511627776", ("processes must be <= 1024, not 1099511627776",), DOCS
+    ),
+    "train-dataset_past_the_model's_vocabulary": Case(
+        T,
+        "--init_from={dir}/hf --block_size=16",
+        ("dataset tiny has 100 tokens, more than the", "vocabulary of 64"),
+        with_data(meta_pkl=meta(100, 100)) | hf({}),
+    ),
+    "hellaswag-file_not_utf8": Case(
+        H,
+        "--init_from={dir}/hf --file={dir}/hs.jsonl",
+        ("cannot read the HellaSwag file", "as UTF-8"),
+        hf({}) | {"hs.jsonl": b"\xff\xfe"},
+    ),  # fmt: skip
     # numbers: not finite, past 64 bits, past what consumes them, negative
     "train-learning_rate=1e999": Case(T, "--learning_rate=1e999", ("learning_rate must be a finite number, not inf",)),
     "train-learning_rate=nan": Case(T, "--learning_rate=nan", ("learning_rate must be a finite number, not nan",)),
@@ -174,9 +193,14 @@ CASES = {
         ("prompt file", "cannot be read as UTF-8"),
         CKPT | {"prompt.txt": b"\xff\xfe"},
     ),
-    "bench-out_json_a_folder": Case(B, "--out_json={dir}", ("out_json must be a file path, not a folder",)),
+    "bench-out_json_a_folder": Case(
+        B, "--out_json={dir}/x.json", ("out_json must be '' or a .json file (a file, not a folder)",), {"x.json/a": ""}
+    ),
     "hellaswag-out_json_under_a_file": Case(
-        H, "--out_json={dir}/f/x.json", ("out_json must be a file path whose folders are folders",), {"f": "a file"}
+        H,
+        "--out_json={dir}/f/x.json",
+        ("out_json must be '' or a .json file in a folder", "is a file)"),
+        {"f": "a file"},
     ),
     # config files that raise, exit, are interrupted, import what is not there, cannot be read
     "config-sys.exit(3)": Case(

@@ -2,6 +2,7 @@
 meta.pkl (its vocabulary, when not GPT-2's), made by the folder's prepare.py on first use."""
 
 import pickle
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,10 @@ def prepare_if_missing(data_path: Path) -> None:
     """Run data_path/prepare.py when the dataset has no tokens yet (train.bin or *_train_*.bin shards); a
     web-scale dataset is never prepared unasked: the error says how."""
     if (data_path / "prepare_state.json").is_file():  # shards of a preparation that was stopped part way
-        die(f"dataset {data_path.name} is only partly prepared: run python {data_path / 'prepare.py'} again to finish")
+        from nanogpt_perf.data.preparation import resume_command  # only here: it imports the tokenizer's workers
+
+        again = resume_command(data_path) or shlex.join([sys.executable, str(data_path / "prepare.py")])
+        die(f"dataset {data_path.name} is only partly prepared: finish it with: {again}")
     if has_tokens(data_path):
         return
     if (data_path / "prepare.json").is_file():  # prepared, but every token went to the validation split

@@ -47,7 +47,7 @@ MAX_SHARD_SIZE = 2**31 - 1  # the header holds the token count as an int32
 RULES: dict[str, Rule] = {
     "out_dir": a_path,
     "shard_size": lambda v: at_least(1)(v) or (None if v <= MAX_SHARD_SIZE else f"<= {MAX_SHARD_SIZE:,} (an int32)"),
-    "processes": at_least(1),
+    "processes": at_least(1, most=1024),
     "val_tokens": at_least(0, " (0 = the first shard, or a tenth of a corpus that fits in one)"),
     "block_size": at_least(1),
 }
