@@ -26,10 +26,10 @@ from nanogpt_perf.errors import die
 from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.memory import model_size_problem, peak_memory_bytes
 from nanogpt_perf.rules import at_least, not_above, one_of, output_file
 from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
-from nanogpt_perf.settings import heads_divide_width, model_size_problem
+from nanogpt_perf.settings import heads_divide_width
 
 # -----------------------------------------------------------------------------
 n_layer = 12

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 from model import GPT, HF_TRANSPOSED
+from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.rules import shown
-from nanogpt_perf.settings import model_size_problem
 
 HF_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from model import ATTENTION, LOSS_IMPLS, GPTConfig
 from nanogpt_perf.data.order import DATA_ORDERS
+from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.rules import CrossRule, Rule, at_least, interval, one_of
-from nanogpt_perf.runtime import PTDTYPES, device_problem, host_memory_bytes
+from nanogpt_perf.runtime import PTDTYPES, device_problem
 
 GPT2_VOCAB_SIZE = 50257  # the vocabulary of GPT-2's BPE, for a dataset with no meta.pkl and for synthetic tokens
 
@@ -109,20 +110,6 @@ SHARED_CROSS: tuple[CrossRule, ...] = (heads_divide_width,)
 def round_up(n: int, multiple: int) -> int:
     """n rounded up to a multiple, e.g. a vocab of 50257 padded to 50304 (a multiple of 64) for faster matmuls."""
     return -(-n // multiple) * multiple
-
-
-def model_size_problem(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> str | None:
-    """Why a GPT of this shape cannot be built here (its float32 weights alone outweigh this machine's memory),
-    or None: an absurd size is one error line, not an allocation failure or hours of building layers."""
-    params = n_layer * 12 * n_embd**2 + (vocab_size + block_size) * n_embd  # the blocks, the embeddings
-    memory = host_memory_bytes()
-    if memory is None or 4 * params <= memory:
-        return None
-    return (
-        f"a GPT of n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size} has "
-        f"about {params:.3g} parameters, {4 * params / 1e9:,.0f} GB in float32: more than this machine's "
-        f"{memory / 1e9:,.0f} GB of memory"
-    )
 
 
 def model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:

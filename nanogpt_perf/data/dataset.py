@@ -1,6 +1,7 @@
 """A prepared dataset folder, data_dir/dataset: its tokens (train.bin and val.bin, or shards: see shards.py) and
 meta.pkl (its vocabulary, when not GPT-2's), made by the folder's prepare.py on first use."""
 
+import json
 import pickle
 import shlex
 import subprocess
@@ -12,6 +13,8 @@ from nanogpt_perf.data.shards import has_tokens
 from nanogpt_perf.errors import die
 from nanogpt_perf.rules import shown
 
+STATE_FILE = "prepare_state.json"  # an unfinished preparation's progress (nanogpt_perf/data/preparation.py)
+
 # Datasets too large to prepare unasked on first use: what preparing them takes
 WEB_SCALE = {
     "openwebtext": "about 9B tokens, 18 GB of shards, and the download",
@@ -22,9 +25,7 @@ WEB_SCALE = {
 def prepare_if_missing(data_path: Path) -> None:
     """Run data_path/prepare.py when the dataset has no tokens yet (train.bin or *_train_*.bin shards); a
     web-scale dataset is never prepared unasked: the error says how."""
-    if (data_path / "prepare_state.json").is_file():  # shards of a preparation that was stopped part way
-        from nanogpt_perf.data.preparation import resume_command  # only here: it imports the tokenizer's workers
-
+    if (data_path / STATE_FILE).is_file():  # shards of a preparation that was stopped part way
         again = resume_command(data_path) or shlex.join([sys.executable, str(data_path / "prepare.py")])
         die(f"dataset {data_path.name} is only partly prepared: finish it with: {again}")
     if has_tokens(data_path):
@@ -42,6 +43,16 @@ def prepare_if_missing(data_path: Path) -> None:
     print(f"preparing dataset {data_path.name} with {script}", flush=True)
     if subprocess.run([sys.executable, str(script)]).returncode != 0:
         die(f"{script} failed; see its message above")
+
+
+def resume_command(out_dir: Path) -> str | None:
+    """The command that resumes the unfinished preparation in out_dir, as its state recorded it; None when there is
+    none (or it was started before commands were recorded)."""
+    try:
+        command = json.loads((out_dir / STATE_FILE).read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) else None
 
 
 class _PlainDataUnpickler(pickle.Unpickler):

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from nanogpt_perf.data.dataset import STATE_FILE
 from nanogpt_perf.data.documents import (
     CorpusError,
     Source,
@@ -39,7 +40,6 @@ from nanogpt_perf.errors import die
 from nanogpt_perf.files import WriteFailed, write_json
 from nanogpt_perf.rules import Rule, a_path, at_least
 
-STATE_FILE = "prepare_state.json"
 RECORD_FILE = "prepare.json"
 MAX_SHARD_SIZE = 2**31 - 1  # the header holds the token count as an int32
 
@@ -74,16 +74,6 @@ def this_command() -> str:
     on_path = shutil.which("python")
     same = on_path is not None and os.path.abspath(on_path) == os.path.abspath(sys.executable)
     return f"cd {shlex.quote(os.getcwd())} && {shlex.join(['python' if same else sys.executable, *sys.argv])}"
-
-
-def resume_command(out_dir: Path) -> str | None:
-    """The command that resumes the unfinished preparation in out_dir, as its state recorded it; None when there is
-    none (or it was started before commands were recorded)."""
-    try:
-        command = json.loads((out_dir / STATE_FILE).read_text()).get("command")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return command if isinstance(command, str) else None
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> str:
