@@ -14,7 +14,7 @@ import torch
 from configurator import configure
 from model import GPT
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import die, read_user_text
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
@@ -72,13 +72,7 @@ generator = torch.Generator(runtime.device).manual_seed(seed)
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device) if init_from == "resume" else None
 tokenizer = Tokenizer.for_checkpoint(checkpoint) if checkpoint is not None else Tokenizer()
 if start.startswith("FILE:"):
-    prompt_path = Path(start[5:])
-    if not prompt_path.is_file():
-        die(f"start names the prompt file {prompt_path}, which is not found")
-    try:
-        start = prompt_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        die(f"start names the prompt file {prompt_path}, which cannot be read as UTF-8 text: {e}")
+    start = read_user_text(Path(start[5:]), "start=FILE: names the prompt file")
 try:
     prompt = tokenizer.encode(start)
 except ValueError as e:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from model import GPT
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import die, read_user_text
 from nanogpt_perf.files import write_bytes
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -40,14 +40,8 @@ def download_val(path: Path) -> Path:
 def read_examples(path: Path, limit: int = 0) -> list[dict[str, Any]]:
     """The examples of a HellaSwag JSONL file (the first limit of them; 0 = all), each checked: a context, 4
     endings, the label of the right one. One line naming the file and the line for anything else."""
-    if not path.is_file():
-        die(f"no HellaSwag file at {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        die(f"cannot read the HellaSwag file {path} as UTF-8 JSONL: {e}")
     examples = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(read_user_text(path, "the HellaSwag file").splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -2,6 +2,7 @@ import contextlib
 import io
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import traceback
@@ -29,6 +30,20 @@ def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess
     """Run a script of the suite as a user would, capturing its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def sigterm_at(*args: str, line: str) -> tuple[int, str, str]:
+    """Run a script as run_script does and send it SIGTERM once a line of its output starts with `line`: its exit
+    status and its stdout (from that line on, the line left out) and stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    run = subprocess.Popen([sys.executable, *args], cwd=ROOT, text=True, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    for printed in run.stdout:
+        if printed.startswith(line):
+            run.send_signal(signal.SIGTERM)
+            break
+    stdout, stderr = run.communicate(timeout=120)
+    return run.returncode, stdout, stderr
 
 
 def run_in_process(script: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -121,7 +121,7 @@ CASES = {
     "hellaswag-file_not_utf8": Case(
         H,
         "--init_from={dir}/hf --file={dir}/hs.jsonl",
-        ("cannot read the HellaSwag file", "as UTF-8"),
+        ("the HellaSwag file", "cannot be read as UTF-8 text"),
         hf({}) | {"hs.jsonl": b"\xff\xfe"},
     ),  # fmt: skip
     # numbers: not finite, past 64 bits, past what consumes them, negative

@@ -24,7 +24,16 @@ import pytest
 import torch
 from test_bad_input import Case, run_case
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_in_process, run_script, run_train
+from conftest import (
+    ROOT,
+    TINY_MODEL,
+    assert_one_line_error,
+    refuse_train,
+    run_in_process,
+    run_script,
+    run_train,
+    sigterm_at,
+)
 from model import GPT, GPTConfig
 from nanogpt_perf.train.ownership import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
 from nanogpt_perf.train.parallel import torchrun_problem, torchrun_rank
@@ -354,14 +363,8 @@ def test_overwrite_replaces_the_earlier_run(tiny_data, tmp_path, variants):
 def test_the_command_printed_after_sigterm_runs_as_printed_with_a_space_in_out_dir(tiny_data, tmp_path):
     out = tmp_path / "my out"
     flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", "--eval_iters=1"]
-    run = subprocess.Popen([sys.executable, "train.py", *flags, "--max_iters=12", "--eval_interval=100"],
-                           cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    for line in run.stdout:
-        if line.startswith("iter 2:"):
-            run.send_signal(signal.SIGTERM)
-            break
-    stdout, stderr = run.communicate(timeout=120)
-    assert run.returncode == 0, stderr
+    returncode, stdout, stderr = sigterm_at("train.py", *flags, "--max_iters=12", "--eval_interval=100", line="iter 2:")
+    assert returncode == 0, stderr
     printed = stdout.split(": resume with\n  ")[1].splitlines()[0]
     command = shlex.split(printed)
     assert command[0] == sys.executable and f"--out_dir={out}" in command and command[-1] == "--init_from=resume"

@@ -3,14 +3,13 @@ gradient accumulation, under DDP); checkpoints kept, checked and fallen back on;
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_train
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_train, sigterm_at
 from model import GPT
 
 SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
@@ -50,14 +49,10 @@ def test_sigterm_finishes_the_step_saves_and_resumes_exactly(tiny_data, tmp_path
     train = [sys.executable, "train.py", *flags, "--dropout=0.1", "--max_iters=12"]
     straight = subprocess.run([*train, f"--out_dir={tmp_path / 'straight'}"], cwd=ROOT, capture_output=True, text=True)
     assert straight.returncode == 0, straight.stderr
-    run = subprocess.Popen([*train, f"--out_dir={tmp_path / 'stopped'}", "--lr_decay_iters=12"], cwd=ROOT, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    for line in run.stdout:
-        if line.startswith("iter 3:"):
-            run.send_signal(signal.SIGTERM)
-            break
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 0, err
+    returncode, out, err = sigterm_at(
+        *train[1:], f"--out_dir={tmp_path / 'stopped'}", "--lr_decay_iters=12", line="iter 3:"
+    )
+    assert returncode == 0, err
     assert "SIGTERM: finishing this step" in err and "--init_from=resume" in out
     stopped_at = max(step_losses(tmp_path / "stopped"))
     assert 3 <= stopped_at < 12
