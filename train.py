@@ -31,15 +31,7 @@ from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import (
-    a_path,
-    at_least,
-    init_from_one_of,
-    not_above,
-    one_of,
-    or_word,
-    settings_problem,
-)
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, not_above, one_of, or_word, settings_problem
 from nanogpt_perf.runtime import dtype_problem, resolve_device, resolve_runtime
 
 # the model's shape, AdamW and every performance switch: shared with bench.py (one name, default, meaning and rule

@@ -63,11 +63,7 @@ def write_through_path(path: Path, write: Callable[[Path], None]) -> None:
     def fill(f: IO[bytes], tmp: Path) -> None:
         f.close()
         write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_file(tmp)
 
     _commit_file(path, fill)
 
@@ -197,6 +193,15 @@ def os_error_in(error: BaseException) -> OSError | None:
     return None
 
 
+def sync_file(path: Path) -> None:
+    """fsync a file written by name (by another writer than ours)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def sync_folder(folder: Path) -> None:
     """fsync a folder, so that a rename in it survives a crash; best effort (some file systems refuse)."""
     try:
@@ -215,11 +220,7 @@ def sync_tree(folder: Path) -> None:
     """fsync every file and folder under folder, and folder itself."""
     for root, _, names in os.walk(folder):
         for name in names:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            sync_file(Path(root, name))
         sync_folder(Path(root))
 
 

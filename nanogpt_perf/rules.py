@@ -93,8 +93,8 @@ def a_path(value: str) -> str | None:
     return "a path" if not value else "a path without a NUL character" if "\0" in value else None
 
 
-def output_file(suffix: str, optional: bool = True) -> Callable[[str], str | None]:
-    """A rule (nanogpt_perf.rules) for a setting that names a file to write: '' where optional (none), or a path
+def output_file(suffix: str, optional: bool = True) -> Rule:
+    """For a setting that names a file to write: '' where optional (none), or a path
     ending in suffix that is no folder, in a folder that exists or can be made, and that this user may write."""
     what = ("'' or " if optional else "") + f"a {suffix} file"
 

@@ -196,9 +196,11 @@ def training_problem(checkpoint: dict[str, Any]) -> str | None:
     if not (type(best) in (int, float) or isinstance(best, torch.Tensor) and best.numel() == 1):
         return f"its best_val_loss must be a number, not {best!r}"
     optimizer = checkpoint.get("optimizer")
-    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)):
-        return "its optimizer is not an optimizer's state dict (state and param_groups)"
-    if not isinstance(optimizer.get("param_groups"), list):
+    if not (
+        isinstance(optimizer, dict)
+        and isinstance(optimizer.get("state"), dict)
+        and isinstance(optimizer.get("param_groups"), list)
+    ):
         return "its optimizer is not an optimizer's state dict (state and param_groups)"
     if not isinstance(checkpoint.get("config"), dict):
         return "its config (the settings it was trained with) is not a dict"

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from nanogpt_perf.errors import die
+from nanogpt_perf.files import process_alive
 from nanogpt_perf.train.checkpoint import saved_iterations
 from nanogpt_perf.train.parallel import close
 
@@ -65,12 +67,8 @@ def process_start(pid: int) -> str | None:
 
 def is_running(holder: dict[str, Any]) -> bool:
     """Whether the process that wrote a lock on this host still runs."""
-    try:
-        os.kill(holder["pid"], 0)  # signal 0: is there such a process; nothing is sent
-    except ProcessLookupError:
+    if not process_alive(holder["pid"]):
         return False
-    except PermissionError:  # a process of another user
-        pass
     stat = process_stat(holder["pid"])
     if stat is None:  # no /proc: the pid alone
         return True
@@ -227,6 +225,8 @@ def claim_out_dir(out_dir: Path, master: bool, ddp: bool, replace_earlier: bool)
         problem = said[0]
         if problem:
             close()  # together: gloo aborts a process that exits with its process group still up
+    if problem and master:
+        die(problem)  # rank 0 says it, once
     if problem:
-        raise SystemExit(f"error: {problem}" if master else 1)  # rank 0 says it, once
+        raise SystemExit(1)
     return lock
