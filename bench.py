@@ -28,7 +28,7 @@ from nanogpt_perf.bench.regression import compare_results, comparison_table, loa
 from nanogpt_perf.bench.report import beside, report, write_outputs
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import SyntheticBatches, TokenBatches
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.rules import a_path, at_least, interval, output_file, takes_infinity
 from nanogpt_perf.runtime import resolve_runtime
@@ -77,7 +77,7 @@ settings = configure(globals(), rules=RULES, cross=SHARED_CROSS)
 
 if compare or baseline:
     if not (compare and baseline):
-        die("a regression check needs both --compare=NEW.json and --baseline=OLD.json")
+        raise UserError("a regression check needs both --compare=NEW.json and --baseline=OLD.json")
     new, old = load_results(Path(compare)), load_results(Path(baseline))
     apart = machine_difference(new, old)
     if apart:
@@ -90,18 +90,20 @@ if compare or baseline:
     sys.exit(status)
 
 if "RANK" in os.environ:
-    die("bench.py times one process on one device: run it without torchrun (all-reduce time is not measured)")
+    raise UserError(
+        "bench.py times one process on one device: run it without torchrun (all-reduce time is not measured)"
+    )
 modes = [name for name, on in (("ladder", ladder), ("sweep", sweep), ("find_max_batch", find_max_batch)) if on]
 if len(modes) > 1:
-    die(f"choose one of ladder, sweep and find_max_batch, not {' and '.join(modes)}")
+    raise UserError(f"choose one of ladder, sweep and find_max_batch, not {' and '.join(modes)}")
 if values and not sweep:
-    die("values are for a sweep: add --sweep=SETTING")
+    raise UserError("values are for a sweep: add --sweep=SETTING")
 if skip_rungs and not ladder:
-    die("skip_rungs is for the ladder: add --ladder=True")
+    raise UserError("skip_rungs is for the ladder: add --ladder=True")
 if (profile or memory_snapshot) and modes:
-    die(f"profile and memory_snapshot look at one configuration: drop --{modes[0]}")
+    raise UserError(f"profile and memory_snapshot look at one configuration: drop --{modes[0]}")
 if sweep == "compile_mode" and not compile:
-    die("a compile_mode sweep needs compile=True")
+    raise UserError("a compile_mode sweep needs compile=True")
 
 runtime = resolve_runtime(device, dtype, tf32)
 print(runtime.describe())
@@ -115,21 +117,18 @@ if dataset:
     batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed, data_order=data_order, prefetch=prefetch)
 else:
     batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
-try:
-    case = case_from_settings(settings, "as set", vocab_size)
-    if ladder:
-        skip = [k.strip() for k in skip_rungs.split(",") if k.strip()]
-        unpadded = case_from_settings(settings | {"pad_vocab": 1}, "", vocab_size)
-        cases = ladder_cases(unpadded, runtime.device, pad_vocab, skip)
-    elif sweep:
-        sweep_cases = [
-            case_from_settings(settings | {sweep: v}, f"{sweep}={v}", vocab_size) for v in sweep_values(sweep, values)
-        ]
-        cases = [(c, None) for c in sweep_cases]
-    else:
-        cases = [(case, None)]
-except ValueError as e:
-    die(str(e))
+case = case_from_settings(settings, "as set", vocab_size)
+if ladder:
+    skip = [k.strip() for k in skip_rungs.split(",") if k.strip()]
+    unpadded = case_from_settings(settings | {"pad_vocab": 1}, "", vocab_size)
+    cases = ladder_cases(unpadded, runtime.device, pad_vocab, skip)
+elif sweep:
+    sweep_cases = [
+        case_from_settings(settings | {sweep: v}, f"{sweep}={v}", vocab_size) for v in sweep_values(sweep, values)
+    ]
+    cases = [(c, None) for c in sweep_cases]
+else:
+    cases = [(case, None)]
 
 if memory_snapshot and runtime.device_type != "cuda":
     print(f"memory_snapshot: CUDA only, none written on {runtime.device_type}")
@@ -159,7 +158,7 @@ if find_max_batch:
         results.append(r)
         print(f"batch_size={b}: {r['status']} {r['reason']}", flush=True)
         if r["status"] == "failed" and r["reason"] != "out of memory":
-            die(f"batch_size={b} failed for another reason than memory: {r['reason']}")
+            raise UserError(f"batch_size={b} failed for another reason than memory: {r['reason']}")
         return r["status"] == "ok"
 
     largest = largest_fitting(fits, limit=16384)

@@ -24,14 +24,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError, report_errors
 from nanogpt_perf.rules import CrossRule, Rule, settings_problem, shown, unruled
 
 SETTING_TYPES = (bool, int, float, str)
-
-
-class ConfigError(Exception):
-    pass
 
 
 def settings_of(namespace: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +39,7 @@ def settings_of(namespace: dict[str, Any]) -> dict[str, Any]:
 
 
 def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:
-    """value as the type of default (or one of the words the setting also takes, e.g. 'auto'), or ConfigError if
+    """value as the type of default (or one of the words the setting also takes, e.g. 'auto'), or UserError if
     that would lose or invent information. Only plain bool, int, float and str values are taken: a config file's
     object of another type (a subclass too) is refused rather than asked what it is."""
     kind, given = type(default), type(value)
@@ -59,11 +55,11 @@ def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> 
         try:
             return float(value)
         except OverflowError:  # an int past float's range (about 1.8e308)
-            raise ConfigError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
+            raise UserError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
     if kind is str and given is str:
         return value
     also = "".join(f" or {w!r}" for w in words)
-    raise ConfigError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
+    raise UserError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
@@ -83,29 +79,29 @@ def parse_flag(raw: str, default: Any) -> Any:
         return raw
 
 
-def unknown_key(key: str, known: dict[str, Any], where: str) -> ConfigError:
+def unknown_key(key: str, known: dict[str, Any], where: str) -> UserError:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else "; --help lists the settings"
-    return ConfigError(f"unknown setting {key!r} in {where}{hint}")
+    return UserError(f"unknown setting {key!r} in {where}{hint}")
 
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The top-level assignments of a Python config file. Whatever it raises, SystemExit and KeyboardInterrupt
-    included, is a ConfigError naming the file and the line of it that raised."""
+    included, is a UserError naming the file and the line of it that raised."""
     if not Path(path).is_file():
-        raise ConfigError(f"config file {path} not found")
+        raise UserError(f"config file {path} not found")
     try:
         code = compile(Path(path).read_bytes(), path, "exec")
     except SyntaxError as e:
         where = f"config file {path}" + (f", line {e.lineno}" if e.lineno else "")
-        raise ConfigError(f"{where}: {type(e).__name__}: {e.msg}") from None
+        raise UserError(f"{where}: {type(e).__name__}: {e.msg}") from None
     except (OSError, ValueError) as e:  # unreadable; NUL bytes in it
-        raise ConfigError(f"config file {path} cannot be read as Python: {type(e).__name__}: {e}") from None
+        raise UserError(f"config file {path} cannot be read as Python: {type(e).__name__}: {e}") from None
     namespace: dict[str, Any] = {}
     try:
         exec(code, namespace)
     except BaseException as e:  # a broken config file is the user's to fix: say where, not a traceback
-        raise ConfigError(config_file_failure(path, e)) from None
+        raise UserError(config_file_failure(path, e)) from None
     return {
         k: v
         for k, v in namespace.items()
@@ -145,7 +141,7 @@ def read_overrides(
         if arg.startswith("--"):
             key, sep, raw = arg[2:].partition("=")  # the value may itself contain '='
             if not sep:
-                raise ConfigError(f"flag {arg!r} has no value; write --{key}=VALUE")
+                raise UserError(f"flag {arg!r} has no value; write --{key}=VALUE")
             if key not in defaults:
                 raise unknown_key(key, defaults, "flags")
             given[key] = convert(key, parse_flag(raw, defaults[key]), defaults[key], words.get(key, ()))
@@ -234,6 +230,7 @@ def configure_command(
     words: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[dict[str, Any], set[str]]:
     """configure, and the settings this command's config files and flags gave (whatever their values)."""
+    report_errors()  # this script's one handler: a UserError is one line, 'error: ...', and exit status 1
     argv = sys.argv[1:] if argv is None else argv
     defaults, rules = settings_of(namespace), rules or {}
     if missing := unruled(defaults, defaults, rules):
@@ -241,16 +238,13 @@ def configure_command(
     if "-h" in argv or "--help" in argv:
         print(help_text(Path(namespace.get("__file__", sys.argv[0])), defaults))
         sys.exit(0)
-    try:
-        given = read_overrides(defaults, argv, words)
-    except ConfigError as e:
-        die(str(e))
+    given = read_overrides(defaults, argv, words)
     settings = defaults | given
     # a resumed run's base is its checkpoint's settings, not these defaults: the script checks the rules between
     # settings once it has merged them
     problem = settings_problem(settings, rules, cross if settings.get("init_from") != "resume" else ())
     if problem:
-        die(problem)
+        raise UserError(problem)
     namespace.update(settings)
     if os.environ.get("RANK", "0") == "0":
         print("settings: " + ", ".join(f"{k}={v!r}" for k, v in settings.items()))

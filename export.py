@@ -14,7 +14,7 @@ from pathlib import Path
 from configurator import configure
 from model import GPT
 from nanogpt_perf.data.tokenizer import Tokenizer
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import replace_folder
 from nanogpt_perf.gpt2_weights import hf_folder_problem, to_hf_state_dict
 from nanogpt_perf.rules import a_path
@@ -46,18 +46,18 @@ def not_an_export(folder: Path) -> str | None:
 
 if problem := not_an_export(Path(export_dir)) if Path(export_dir).exists() else None:
     what = f"an earlier export to replace (only {', '.join(EXPORT_FILES)})"
-    die(f"export_dir must be a folder that is new, empty or {what}, {problem}")
+    raise UserError(f"export_dir must be a folder that is new, empty or {what}, {problem}")
 
 try:
     from transformers import GPT2Config, GPT2LMHeadModel
 except ImportError:
-    die("export needs transformers: pip install transformers")
+    raise UserError("export needs transformers: pip install transformers") from None
 
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt")
 model = GPT.from_checkpoint(checkpoint)
 tokenizer = Tokenizer.for_checkpoint(checkpoint)
 if tokenizer.n_vocab > model.config.vocab_size:
-    die(
+    raise UserError(
         f"the checkpoint's tokenizer ({tokenizer.name}) has {tokenizer.n_vocab} tokens, its model only "
         f"{model.config.vocab_size}: they do not belong together"
     )
@@ -83,6 +83,6 @@ hf_model = GPT2LMHeadModel(hf_config)
 missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model, vocab_size), strict=False)
 missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
 if missing or unexpected:
-    die(f"weights do not match transformers' GPT-2: missing {missing}, unexpected {unexpected}")
+    raise UserError(f"weights do not match transformers' GPT-2: missing {missing}, unexpected {unexpected}")
 replace_folder(Path(export_dir), lambda folder: hf_model.save_pretrained(folder, safe_serialization=True))
 print(f"wrote {export_dir} ({model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab_size}, {tokenizer.name})")

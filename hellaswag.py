@@ -13,7 +13,7 @@ import torch
 from configurator import configure
 from model import GPT
 from nanogpt_perf.data.tokenizer import Tokenizer
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
@@ -47,13 +47,10 @@ print(runtime.describe())
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt") if init_from == "resume" else None
 tokenizer = Tokenizer.for_checkpoint(checkpoint) if checkpoint is not None else Tokenizer()
 if tokenizer.itos is not None:
-    die(f"HellaSwag is scored in GPT-2's tokens; this model's tokenizer is {tokenizer.name}")
+    raise UserError(f"HellaSwag is scored in GPT-2's tokens; this model's tokenizer is {tokenizer.name}")
 path = Path(file) if file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")
 examples = read_examples(path, limit)
-try:
-    model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
-except ValueError as e:
-    die(str(e))
+model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
 model.to(runtime.device)
 
 with torch.no_grad():

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError, report_errors
 from nanogpt_perf.files import write_atomically
 from nanogpt_perf.rules import output_file
 
@@ -44,7 +44,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        die(f"cannot read {path}: {e}")
+        raise UserError(f"cannot read {path}: {e}") from None
     records = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -52,9 +52,9 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            die(f"{path} line {n} is not JSON ({e.msg}): {line[:60]!r}")
+            raise UserError(f"{path} line {n} is not JSON ({e.msg}): {line[:60]!r}") from None
         if not isinstance(record, dict):
-            die(f"{path} line {n} is not a JSON object: {line[:60]!r}")
+            raise UserError(f"{path} line {n} is not a JSON object: {line[:60]!r}")
         records.append(record)
     return records
 
@@ -112,10 +112,10 @@ def load_curves(out_dir: Path) -> list[Curves]:
     """The curves of each run in out_dir/log.jsonl."""
     path = out_dir / "log.jsonl"
     if not path.is_file():
-        die(f"no log.jsonl in {out_dir}: train with out_dir={out_dir} first")
+        raise UserError(f"no log.jsonl in {out_dir}: train with out_dir={out_dir} first")
     records = read_log(path)
     if not any(step_loss(r) is not None for r in records):
-        die(f"{path} has no step records (with step_loss): the run logged no optimizer step")
+        raise UserError(f"{path} has no step records (with step_loss): the run logged no optimizer step")
     return [curves(run) for run in split_runs(records)]
 
 
@@ -133,7 +133,7 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        die("plot.py needs matplotlib: pip install matplotlib")
+        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
     return plt
 
 
@@ -201,9 +201,13 @@ def draw(runs: dict[str, list[Curves]], path: Path) -> None:
     plt.close(fig)
 
 
+def refuse(message: str) -> None:
+    raise UserError(message)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Draw the curves of training runs from their log.jsonl.")
-    parser.error = die  # one line, no usage block: as every script of the suite
+    parser.error = refuse  # one line, no usage block: as every script of the suite
     parser.add_argument("out_dirs", nargs="+", type=Path, metavar="OUT_DIR", help="a run's out_dir, with log.jsonl")
     parser.add_argument(
         "--out",
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out or (args.out_dirs[0] / "curves.png" if len(args.out_dirs) == 1 else Path("curves.png"))
     if problem := output_file(".png", optional=False)(str(out)):
-        die(f"--out must name {problem}, got {out}")
+        raise UserError(f"--out must name {problem}, got {out}")
     pyplot()  # before reading the logs: a missing matplotlib is the first thing to know
     runs = dict(zip(run_names(args.out_dirs), map(load_curves, args.out_dirs), strict=True))
     draw(runs, out)  # a disk that will not take it: one line (files.WriteFailed)
@@ -221,4 +225,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    report_errors()
     main(sys.argv[1:])

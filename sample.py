@@ -14,7 +14,7 @@ import torch
 from configurator import configure
 from model import GPT
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
-from nanogpt_perf.errors import die, read_user_text
+from nanogpt_perf.errors import UserError, read_user_text
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
@@ -76,26 +76,22 @@ if start.startswith("FILE:"):
 try:
     prompt = tokenizer.encode(start)
 except ValueError as e:
-    die(f"start (the prompt) has {e}; use only characters of the training text")
+    raise UserError(f"start (the prompt) has {e}; use only characters of the training text") from None
 if not prompt:
-    die("start (the prompt) is empty: give at least one character or token")
+    raise UserError("start (the prompt) is empty: give at least one character or token")
 
-if checkpoint is not None:
-    model = GPT.from_checkpoint(checkpoint)
-else:
-    try:
-        model = load_gpt2(init_from)
-    except ValueError as e:
-        die(str(e))
+model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
 model.eval().to(runtime.device)
 if model.config.vocab_size < tokenizer.n_vocab:
-    die(f"the model has {model.config.vocab_size} tokens but the tokenizer ({tokenizer.name}) {tokenizer.n_vocab}")
+    raise UserError(
+        f"the model has {model.config.vocab_size} tokens but the tokenizer ({tokenizer.name}) {tokenizer.n_vocab}"
+    )
 print(f"tokenizer: {tokenizer.name}")
 rows, cfg = num_samples if batched else 1, model.config  # the sequences generated together, and their KV cache
 positions = cache_length(min(len(prompt), cfg.block_size), max_new_tokens, cfg.block_size)
 cache_bytes = 2 * cfg.n_layer * rows * cfg.n_embd * positions * 4  # keys and values, float32
 if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
-    die(
+    raise UserError(
         f"num_samples={num_samples} batched: the KV cache of {rows} sequences needs {cache_bytes / 1e9:,.0f} GB, "
         f"more than {runtime.device}'s memory; generate fewer at once, or batched=False"
     )

@@ -23,7 +23,7 @@ from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.token_check import check_token_ids
 from nanogpt_perf.data.tokenizer import Tokenizer, tokenizer_spec
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.hellaswag import download_val, read_examples, score
@@ -134,21 +134,18 @@ def print0(*args: object) -> None:
 # an out_dir holds one run: refused while another run holds it, and a new run refused where an earlier one left
 # checkpoints, unless overwrite=True (these checks only read; the lock is taken once every check has passed)
 if master and (problem := out_dir_problem(Path(out_dir), init_from != "resume", overwrite, eval_only)):
-    die(problem)
+    raise UserError(problem)
 
 # resume: the checkpoint's settings are the base, overridden by the config files and flags given now (each change
 # printed); its architecture, vocabulary and data cannot change, and it must have iterations left to train
 checkpoint = resume_checkpoint(Path(out_dir), resume_fallback) if init_from == "resume" else None
 if checkpoint is not None:
-    try:
-        settings, overrides = resume_settings(checkpoint["config"], settings, given, {"batch_size": ("auto",)}, RULES)
-    except ValueError as e:
-        die(str(e))
+    settings, overrides = resume_settings(checkpoint["config"], settings, given, {"batch_size": ("auto",)}, RULES)
     if problem := settings_problem(settings, RULES, CROSS):  # and those between settings, on the new base
-        die(problem)
+        raise UserError(problem)
     globals().update(settings)
     if not eval_only and (problem := nothing_to_train(Path(out_dir), checkpoint["iter_num"], max_iters)):
-        die(problem)
+        raise UserError(problem)
     if overrides:
         print0("resumed settings overridden: " + "; ".join(overrides))
 
@@ -180,13 +177,12 @@ print0(f"vocab_size {vocab_size} from {data_path}")
 # that makes exactly that many tokens a step, at batch_size or at the largest that fits ('auto': a step tried per
 # candidate, once, by nanogpt_perf/bench/autobatch.py)
 choose = lambda rows: micro_batch(rows, settings, vocab_size, runtime, print0)  # noqa: E731
-try:
-    batch_size, gradient_accumulation_steps = step_shape(settings, given, ranks.world_size, choose)
-except ValueError as e:
-    die(str(e))
+batch_size, gradient_accumulation_steps = step_shape(settings, given, ranks.world_size, choose)
 settings |= {"batch_size": batch_size, "gradient_accumulation_steps": gradient_accumulation_steps}  # as it runs
 if gradient_accumulation_steps % ranks.world_size:
-    die(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by {ranks.world_size} ranks")
+    raise UserError(
+        f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by {ranks.world_size} ranks"
+    )
 gradient_accumulation_steps //= ranks.world_size
 tokens_per_iter = gradient_accumulation_steps * ranks.world_size * batch_size * block_size
 print0(
@@ -203,22 +199,21 @@ batches = TokenBatches(
 
 # model: from scratch (the vocabulary padded to a multiple of pad_vocab), the weights and architecture of
 # out_dir/ckpt.pt, or GPT-2's weights; the memory savers and the attention kernel are GPTConfig fields
-try:
-    config = model_config(settings, vocab_size)
-    if init_from == "scratch":
-        model = GPT(config)
-    elif init_from == "resume":
-        model = GPT.from_checkpoint(checkpoint, config)
-    else:  # GPT-2 weights: a hub name or a folder in transformers' format; the rest of config leaves them as they are
-        keep = ("dropout", "attention", "loss_chunk", "loss_impl", "activation_checkpointing")
-        model = load_gpt2(init_from, **{k: getattr(config, k) for k in keep})
-except ValueError as e:
-    die(str(e))
+config = model_config(settings, vocab_size)
+if init_from == "scratch":
+    model = GPT(config)
+elif init_from == "resume":
+    model = GPT.from_checkpoint(checkpoint, config)
+else:  # GPT-2 weights: a hub name or a folder in transformers' format; the rest of config leaves them as they are
+    keep = ("dropout", "attention", "loss_chunk", "loss_impl", "activation_checkpointing")
+    model = load_gpt2(init_from, **{k: getattr(config, k) for k in keep})
 source = "checkpoint" if init_from == "resume" else init_from
 if block_size > model.config.block_size:
-    die(f"block_size={block_size} is larger than the {source}'s {model.config.block_size}")
+    raise UserError(f"block_size={block_size} is larger than the {source}'s {model.config.block_size}")
 if vocab_size > model.config.vocab_size:
-    die(f"dataset {dataset} has {vocab_size} tokens, more than the {source}'s vocabulary of {model.config.vocab_size}")
+    raise UserError(
+        f"dataset {dataset} has {vocab_size} tokens, more than the {source}'s vocabulary of {model.config.vocab_size}"
+    )
 if block_size < model.config.block_size:
     model.crop_block_size(block_size)
 model_args = asdict(model.config)
@@ -299,7 +294,7 @@ hellaswag = None
 if hellaswag_interval:
     tokenizer = Tokenizer.for_dataset(data_path)
     if tokenizer.itos is not None or parallelism == "fsdp" and ddp:
-        die(f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer.name} with {parallelism}")
+        raise UserError(f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer.name} with {parallelism}")
     path = Path(hellaswag_file) if hellaswag_file else Path(data_dir) / "hellaswag" / "hellaswag_val.jsonl"
     if master and not hellaswag_file:
         download_val(path)
@@ -389,7 +384,7 @@ while True:
     if result.skipped:
         log.skipped(iter_num, result.loss.item(), result.grad_norm.item(), bad_steps)
         if bad_steps >= max_bad_steps:
-            die(
+            raise UserError(
                 f"{bad_steps} steps in a row with a non-finite loss or gradient norm (max_bad_steps={max_bad_steps})"
                 f": stopped at iter {iter_num}; {last_checkpoint(Path(out_dir))}"
             )
@@ -404,4 +399,6 @@ if lock:
 if ddp:
     close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/train/parallel.py)
 if bad_steps and not stopping:  # a run that ends on non-finite steps has failed, whatever it saved before them
-    die(f"the run ended at iter {iter_num} on {bad_steps} non-finite steps, unsaved; {last_checkpoint(Path(out_dir))}")
+    raise UserError(
+        f"the run ended at iter {iter_num} on {bad_steps} non-finite steps, unsaved; {last_checkpoint(Path(out_dir))}"
+    )

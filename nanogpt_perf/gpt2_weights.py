@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from model import GPT, HF_TRANSPOSED
+from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.rules import shown
 
@@ -25,19 +26,19 @@ def load_gpt2(name_or_path: str, **overrides: Any) -> GPT:
     overrides: GPTConfig fields that leave the weights as they are (dropout, attention, the loss, the savers)."""
     folder = Path(name_or_path)
     if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
-        raise ValueError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
+        raise UserError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
     if importlib.util.find_spec("transformers") is None:
-        raise ValueError(f"loading {name_or_path} needs transformers: pip install -e '.[hf]'")
+        raise UserError(f"loading {name_or_path} needs transformers: pip install -e '.[hf]'")
     if folder.is_dir():
         problem = hf_folder_problem(folder)
         if problem:
-            raise ValueError(f"{folder} is not a GPT-2 folder in transformers' format: {problem}")
+            raise UserError(f"{folder} is not a GPT-2 folder in transformers' format: {problem}")
     try:
         with quiet_transformers():
             return GPT.from_pretrained(name_or_path, overrides)
     except Exception as e:  # no network, hub down, unreadable weights: one line, not transformers' traceback
         how = "" if folder.is_dir() else " from the Hugging Face hub"
-        raise ValueError(f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}") from e
+        raise UserError(f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}") from e
 
 
 @contextmanager
@@ -115,7 +116,7 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     except RuntimeError:  # not the zip format that can be mapped: read it (or learn why it cannot be)
         state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
-        raise ValueError(f"it holds a {type(state).__name__}, not a dict of tensors")
+        raise UserError(f"it holds a {type(state).__name__}, not a dict of tensors")
     return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
@@ -147,12 +148,6 @@ def shapes_problem(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[
     if wrong:
         return f"{name} holds {wrong} as {list(found[wrong])}, config.json makes it {list(expected[wrong])}"
     return None
-
-
-def first_line(error: Exception) -> str:
-    """An error's message in one line: its first, and the next where the first only announces it ('...:')."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
-    return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
 
 
 def to_hf_state_dict(model: GPT, vocab_size: int) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from model import GPT
-from nanogpt_perf.errors import die, read_user_text
+from nanogpt_perf.errors import UserError, read_user_text
 from nanogpt_perf.files import write_bytes
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -32,7 +32,9 @@ def download_val(path: Path) -> Path:
             with urllib.request.urlopen(VAL_URL, timeout=60) as response:
                 data = response.read()
         except OSError as e:
-            die(f"cannot download HellaSwag ({e}); give a local copy of hellaswag_val.jsonl with hellaswag_file=")
+            raise UserError(
+                f"cannot download HellaSwag ({e}); give a local copy of hellaswag_val.jsonl with hellaswag_file="
+            ) from None
         write_bytes(path, data)  # atomically: a killed download leaves no half file to be read next time
     return path
 
@@ -48,15 +50,17 @@ def read_examples(path: Path, limit: int = 0) -> list[dict[str, Any]]:
             example = json.loads(line)
             ctx, endings, label = example["ctx"], example["endings"], example["label"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            die(f"{path} line {n} is not a HellaSwag example ({type(e).__name__}: {e}): ctx, endings, label")
+            raise UserError(
+                f"{path} line {n} is not a HellaSwag example ({type(e).__name__}: {e}): ctx, endings, label"
+            ) from None
         valid = isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4
         if not valid or not all(isinstance(e, str) for e in endings) or label not in (0, 1, 2, 3):
-            die(f"{path} line {n} is not a HellaSwag example: a ctx text, 4 endings, a label 0 to 3")
+            raise UserError(f"{path} line {n} is not a HellaSwag example: a ctx text, 4 endings, a label 0 to 3")
         examples.append({"ctx": ctx, "endings": endings, "label": label})
         if limit and len(examples) == limit:
             break
     if not examples:
-        die(f"{path} holds no HellaSwag examples")
+        raise UserError(f"{path} holds no HellaSwag examples")
     return examples
 
 

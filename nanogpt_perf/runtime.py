@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 
 PTDTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -103,7 +103,7 @@ def resolve_device(device: str) -> torch.device:
     """'auto' is cuda, then mps, then cpu; a device that cannot be had here is one error line."""
     problem = device_problem(device)
     if problem:
-        die(f"device must be {problem}, not {device!r}")
+        raise UserError(f"device must be {problem}, not {device!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     dev = torch.device(device)
@@ -122,7 +122,7 @@ def resolve_dtype(dev: torch.device, dtype: str) -> tuple[str, str]:
         chosen = "bfloat16" if bf16_ok else "float16"
         return chosen, f"dtype auto -> {chosen} ({'bf16 supported' if bf16_ok else 'no bf16 on this GPU'})"
     if problem := dtype_problem(dev, dtype):
-        die(problem)
+        raise UserError(problem)
     return dtype, f"dtype {dtype} as asked"
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from model import ATTENTION, LOSS_IMPLS, GPTConfig
 from nanogpt_perf.data.order import DATA_ORDERS
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.rules import CrossRule, Rule, at_least, interval, one_of
 from nanogpt_perf.runtime import PTDTYPES, device_problem
@@ -118,5 +119,5 @@ def model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:
     large to build here."""
     padded = round_up(vocab_size, s["pad_vocab"])
     if problem := model_size_problem(s["n_layer"], s["n_embd"], padded, s["block_size"]):
-        raise ValueError(problem)
+        raise UserError(problem)
     return GPTConfig(vocab_size=padded, **{k: s[k] for k in MODEL_SETTINGS})

@@ -5,7 +5,6 @@ import runpy
 import signal
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
@@ -51,7 +50,7 @@ def run_in_process(script: str, *args: str, cwd: Path = ROOT) -> subprocess.Comp
     the time), for inputs refused before any work: its exit status and output as Python's would be, an uncaught
     exception printed as a traceback on stderr. tests/test_bad_input.py checks that both ways agree."""
     out, err, argv, where, code = io.StringIO(), io.StringIO(), [script, *args], os.getcwd(), 0
-    saved_argv, sys.argv = sys.argv, argv
+    saved_argv, sys.argv, saved_hook = sys.argv, argv, sys.excepthook
     try:
         os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -61,11 +60,11 @@ def run_in_process(script: str, *args: str, cwd: Path = ROOT) -> subprocess.Comp
                 code = e.code if isinstance(e.code, int) else int(e.code is not None)
                 if isinstance(e.code, str):
                     print(e.code, file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
+            except BaseException as e:  # as the interpreter ends on it: the script's handler (errors.report_errors)
+                sys.excepthook(type(e), e, e.__traceback__)
+                code = 130 if isinstance(e, KeyboardInterrupt) else 1
     finally:
-        sys.argv = saved_argv
+        sys.argv, sys.excepthook = saved_argv, saved_hook
         os.chdir(where)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 

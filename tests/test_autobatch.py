@@ -7,6 +7,7 @@ import pytest
 
 from conftest import TINY_MODEL, assert_one_line_error, run_in_process, run_script
 from nanogpt_perf.bench.autobatch import auto_micro_batch, step_shape
+from nanogpt_perf.errors import UserError
 
 
 def probed(rows: int, limit: int) -> tuple[int, list[int]]:
@@ -54,7 +55,7 @@ def test_step_shape_keeps_the_tokens_of_a_step():
     ],
 )
 def test_step_shapes_that_do_not_add_up_are_refused(settings, given, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         shape(given, **settings)
 
 

@@ -55,6 +55,7 @@ CASES = {
     "train-compile_mode": Case(T, "--compile_mode=fastest", ("compile_mode must be one of default", "'fastest'")),
     "train-attention": Case(T, "--attention=flash2", ("attention must be one of manual, sdpa", "'flash2'")),
     "train-data_order": Case(T, "--data_order=shuffled", ("data_order must be one of random, epochs",)),
+    "train-parallelism": Case(T, "--parallelism=zero3", ("parallelism must be one of ddp, fsdp, not 'zero3'",)),
     "train-unknown_flag": Case(T, "--lerning_rate=1e-3", ("'lerning_rate'", "did you mean 'learning_rate'")),
     "train-config_file_value": Case(
         T, "{dir}/cfg.py", ("dropout must be in [0, 1), not 2.0",), {"cfg.py": "dropout = 2.0"}

@@ -14,6 +14,7 @@ from nanogpt_perf.bench.cases import Case, ladder_cases, largest_fitting, sweep_
 from nanogpt_perf.bench.measure import FIGURES, run_case
 from nanogpt_perf.bench.regression import compare_results, verdict
 from nanogpt_perf.data.loader import SyntheticBatches
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.manifest import git_state, gpu_driver_version
 from nanogpt_perf.timing import PHASES
 
@@ -141,7 +142,7 @@ def test_ladder_rungs_are_cumulative_and_skip_what_cannot_run():
     assert not any(c.compile for c, _ in skipped)
     padded = ladder_cases(replace(base, model=SMALL), torch.device("cpu"), pad_vocab=16)  # 80 is a multiple of 16
     assert padded[5][1] == "vocab_size 80 is a multiple of 16 already"
-    with pytest.raises(ValueError, match="no rung turbo"):
+    with pytest.raises(UserError, match="no rung turbo"):
         ladder_cases(base, torch.device("cpu"), pad_vocab=64, skip=["turbo"])
 
 
@@ -154,7 +155,7 @@ def test_sweep_values_are_parsed_and_checked():
         ("block_size", "", "needs values"),
         ("compile_mode", "default,fastest", "fastest"),
     ]:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(UserError, match=message):
             sweep_values(key, values)
 
 

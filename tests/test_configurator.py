@@ -5,8 +5,9 @@ from typing import NamedTuple
 
 import pytest
 
-from configurator import ConfigError, apply_overrides, configure, configure_command, settings_of
+from configurator import apply_overrides, configure, configure_command, settings_of
 from conftest import ROOT
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.rules import at_least, not_above, settings_problem, unruled
 
 DEFAULTS = {"max_iters": 100, "learning_rate": 6e-4, "compile": True, "out_dir": "out", "wandb_run_name": "gpt2"}
@@ -51,17 +52,17 @@ def test_flags_convert_to_the_setting_type(flag, key, expected):
     ],
 )
 def test_lossy_or_wrong_values_are_refused(flag):
-    with pytest.raises(ConfigError, match=flag[2:].split("=")[0]):
+    with pytest.raises(UserError, match=flag[2:].split("=")[0]):
         apply_overrides(DEFAULTS, [flag])
 
 
 def test_unknown_flag_suggests_the_closest_key():
-    with pytest.raises(ConfigError, match="did you mean 'max_iters'"):
+    with pytest.raises(UserError, match="did you mean 'max_iters'"):
         apply_overrides(DEFAULTS, ["--max_iter=10"])
 
 
 def test_flag_without_value_is_refused():
-    with pytest.raises(ConfigError, match="no value"):
+    with pytest.raises(UserError, match="no value"):
         apply_overrides(DEFAULTS, ["--compile"])
 
 
@@ -76,19 +77,19 @@ def test_config_file_then_flags_in_order(tmp_path):
 def test_unknown_key_in_config_file_names_the_file(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text("learnin_rate = 1e-3\n")
-    with pytest.raises(ConfigError, match=r"cfg\.py; did you mean 'learning_rate'"):
+    with pytest.raises(UserError, match=r"cfg\.py; did you mean 'learning_rate'"):
         apply_overrides(DEFAULTS, [str(cfg)])
 
 
 def test_wrong_type_in_config_file(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text("max_iters = '10'\n")
-    with pytest.raises(ConfigError, match="max_iters must be int"):
+    with pytest.raises(UserError, match="max_iters must be int"):
         apply_overrides(DEFAULTS, [str(cfg)])
 
 
 def test_missing_config_file():
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(UserError, match="not found"):
         apply_overrides(DEFAULTS, ["config/does_not_exist.py"])
 
 
@@ -231,9 +232,9 @@ def test_configure_checks_the_final_values_once(capsys):
     rules = {k: at_least(1) for k in ("batch_size", "warmup_iters", "lr_decay_iters")}
     cross = [not_above("warmup_iters", "lr_decay_iters", "decay_lr")]
     run = lambda argv: configure(dict(namespace), argv, rules, cross)  # noqa: E731
-    with pytest.raises(SystemExit, match=r"^error: batch_size must be >= 1, not 0$"):
+    with pytest.raises(UserError, match=r"^batch_size must be >= 1, not 0$"):
         run(["--batch_size=8", "--batch_size=0"])
-    with pytest.raises(SystemExit, match=r"^error: warmup_iters must be <= lr_decay_iters \(1000\)"):
+    with pytest.raises(UserError, match=r"^warmup_iters must be <= lr_decay_iters \(1000\)"):
         run(["--warmup_iters=2000"])
     assert run(["--warmup_iters=2000", "--lr_decay_iters=3000"])["warmup_iters"] == 2000
     # resumed: the base is the checkpoint's settings, which the script merges and checks itself
@@ -241,7 +242,7 @@ def test_configure_checks_the_final_values_once(capsys):
     with pytest.raises(TypeError, match="no rule for the setting"):
         configure(dict(namespace), [], {})  # a number without a rule: a mistake of the script's, not the user's
     assert configure_command(dict(namespace), ["--batch_size=8", "--batch_size=9"], rules)[1] == {"batch_size"}
-    with pytest.raises(SystemExit, match=r"^error: max_new_tokens must be >= 2 \(at least two\), not 1$"):
+    with pytest.raises(UserError, match=r"^max_new_tokens must be >= 2 \(at least two\), not 1$"):
         configure(
             {"max_new_tokens": 500}, ["--max_new_tokens=1"], rules={"max_new_tokens": at_least(2, " (at least two)")}
         )

@@ -105,8 +105,6 @@ def test_one_process_and_ddp_wrap_as_before_and_save_plain_state(tmp_path):
     """Without torch.distributed: the model itself (or compiled); with it, DDP; their full state is the plain
     state dicts, loaded back as they are."""
     runtime = resolve_runtime("cpu", "float32")
-    with pytest.raises(ValueError, match="parallelism"):
-        wrap_model(tiny(), "zero3", runtime, False, "default")
     model = tiny()
     assert wrap_model(model, "fsdp", runtime, False, "default") is model
     assert wrap_model(tiny(), "ddp", runtime, True, "default")._orig_mod is not None

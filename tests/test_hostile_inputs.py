@@ -20,6 +20,7 @@ from conftest import assert_one_line_error, run_script
 from nanogpt_perf.data import token_check
 from nanogpt_perf.data.shards import HEADER_INTS, MAGIC, VERSION
 from nanogpt_perf.data.token_check import CACHE_NAME, check_token_ids
+from nanogpt_perf.errors import UserError
 
 T, S, B, G, H = "train.py", "sample.py", "bench.py", "benchmarks/generate.py", "hellaswag.py"
 OWT, FW, BL, BP = (
@@ -339,7 +340,7 @@ def test_inf_is_taken_where_it_means_no_limit_and_nan_nowhere():
         ("--tolerance_pct=nan", "tolerance_pct must be a finite number, or inf (no limit), not nan"),
         ("--learning_rate=inf", "learning_rate must be a finite number, not inf"),
     ]:
-        with pytest.raises(SystemExit, match=rf"^error: {re.escape(message)}$"):
+        with pytest.raises(UserError, match=rf"^{re.escape(message)}$"):
             run(flag)
 
 
@@ -383,7 +384,7 @@ def test_a_second_check_reads_no_tokens_and_a_changed_file_is_read_again(tmp_pat
     check_token_ids(folder, 29, cache_from_bytes=0)
     assert scanned == []  # every file unchanged: read from the cache
     (folder / "val.bin").write_bytes(uint16([*TOKENS[:1499], 29]))  # the same size, a new id and mtime
-    with pytest.raises(SystemExit, match=r"val\.bin holds token id 29, outside the vocabulary of 29 tokens"):
+    with pytest.raises(UserError, match=r"val\.bin holds token id 29, outside the vocabulary of 29 tokens"):
         check_token_ids(folder, 29, cache_from_bytes=0)
     assert scanned == ["val.bin"]
     assert json.loads((folder / CACHE_NAME).read_text())["files"] == cache  # a refusal writes nothing
@@ -415,6 +416,6 @@ def test_the_scan_reads_in_chunks_and_finds_the_largest_anywhere(tmp_path, monke
     tokens = np.zeros(10_000, dtype=np.uint16)
     tokens[7777] = 65535  # the last chunk but two; uint16's largest
     folder = dataset(tmp_path / "tiny", train=tokens)
-    with pytest.raises(SystemExit, match=r"train\.bin holds token id 65535"):
+    with pytest.raises(UserError, match=r"train\.bin holds token id 65535"):
         check_token_ids(folder, 50257)
     check_token_ids(folder, 65536)

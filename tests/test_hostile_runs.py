@@ -302,7 +302,7 @@ os.kill(os.getpid(), signal.SIGINT)
 """
 
 
-WAYS_OUT = [("exception", 1), ("keyboard", -signal.SIGINT), ("second_ctrl_c", 130)]  # die() is an exception too
+WAYS_OUT = [("exception", 1), ("keyboard", -signal.SIGINT), ("second_ctrl_c", 130)]  # a UserError is an exception too
 
 
 @pytest.mark.parametrize("how, code", WAYS_OUT)

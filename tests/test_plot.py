@@ -10,6 +10,7 @@ import pytest
 
 import plot
 from conftest import ROOT, assert_one_line_error, run_script
+from nanogpt_perf.errors import UserError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -126,13 +127,13 @@ def test_missing_log_and_bad_json_are_one_line_errors(tmp_path):
 
 def test_a_log_without_step_records_and_other_bad_input(tmp_path, monkeypatch, capsys):
     evals_only = write_log(tmp_path / "evals", [eval_record(0, 1.0)])
-    with pytest.raises(SystemExit, match="^error: .*has no step records"):
+    with pytest.raises(UserError, match="^.*has no step records"):
         plot.main([str(evals_only)])
-    with pytest.raises(SystemExit, match="^error: --out must name a .png file"):
+    with pytest.raises(UserError, match="^--out must name a .png file"):
         plot.main([str(evals_only), "--out=x.jpg"])
-    with pytest.raises(SystemExit, match="^error: .*required: OUT_DIR"):
+    with pytest.raises(UserError, match="^.*required: OUT_DIR"):
         plot.main([])
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    with pytest.raises(SystemExit, match="^error: .*pip install matplotlib"):
+    with pytest.raises(UserError, match="^.*pip install matplotlib"):
         plot.main([str(write_log(tmp_path / "a", a_run(1.0)))])
     assert capsys.readouterr().err == ""  # argparse printed no usage block

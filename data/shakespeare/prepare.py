@@ -9,6 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf` and `data.*`
 from data.tiny_shakespeare import load_text, save_dataset, split  # noqa: E402
 from nanogpt_perf.data.tokenizer import gpt2_encoding  # noqa: E402
+from nanogpt_perf.errors import report_errors  # noqa: E402
 
 
 def prepare(folder: Path) -> dict:
@@ -21,4 +22,5 @@ def prepare(folder: Path) -> dict:
 
 
 if __name__ == "__main__":
+    report_errors()  # a UserError is one line
     prepare(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent)

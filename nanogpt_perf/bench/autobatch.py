@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from nanogpt_perf.bench.cases import case_from_settings
 from nanogpt_perf.data.loader import SyntheticBatches
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.runtime import Runtime
 
 HOST_BATCH = 8
@@ -82,23 +83,23 @@ def step_shape(s: dict[str, Any], given: set[str], world_size: int, choose: Call
     )
     if not tokens:
         if batch == "auto":
-            raise ValueError("batch_size='auto' needs tokens_per_iter, the tokens of one optimizer step (e.g. 491520)")
+            raise UserError("batch_size='auto' needs tokens_per_iter, the tokens of one optimizer step (e.g. 491520)")
         return batch, accumulation
     if "gradient_accumulation_steps" in given:
-        raise ValueError(
+        raise UserError(
             f"tokens_per_iter={tokens} sets gradient_accumulation_steps: give one of the two (tokens_per_iter=0 to "
             "set the accumulation yourself)"
         )
     if tokens % (block * world_size):
-        raise ValueError(
+        raise UserError(
             f"tokens_per_iter={tokens} is not a whole number of {block}-token sequences on each of {world_size} ranks"
         )
     rows = tokens // (block * world_size)
     batch = choose(rows) if batch == "auto" else batch
     if batch == 0:
-        raise ValueError(f"batch_size='auto': not even 1 sequence of {block} tokens fits with these settings")
+        raise UserError(f"batch_size='auto': not even 1 sequence of {block} tokens fits with these settings")
     if rows % batch:
-        raise ValueError(
+        raise UserError(
             f"tokens_per_iter={tokens} is not a whole number of micro-batches of batch_size={batch} x {block} tokens"
             f" on each of {world_size} ranks ({rows} sequences per rank)"
         )

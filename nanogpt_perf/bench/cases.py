@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from model import ATTENTION, LOSS_IMPLS, GPTConfig
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.settings import COMPILE_MODES, model_config, round_up
 
 
@@ -139,7 +140,7 @@ def ladder_cases(
     rungs, skip = ladder_rungs(case.model.vocab_size, pad_vocab), set(skip)
     unknown = set(skip) - {r.key for r in rungs}
     if unknown:
-        raise ValueError(
+        raise UserError(
             f"no rung {', '.join(sorted(unknown))} to skip; the rungs are {', '.join(r.key for r in rungs)}"
         )
     case = replace(
@@ -177,19 +178,17 @@ SWEEPS: dict[str, type | tuple[str, ...]] = {
 def sweep_values(key: str, values: str) -> list[int | str]:
     """The comma-separated values of a sweep over the setting key, checked; ValueError says what is wrong."""
     if key not in SWEEPS:
-        raise ValueError(f"cannot sweep {key!r}; sweep one of {', '.join(SWEEPS)}")
+        raise UserError(f"cannot sweep {key!r}; sweep one of {', '.join(SWEEPS)}")
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not items:
-        raise ValueError(
-            f"sweep={key} needs values, e.g. --values={'1,2,4,8' if SWEEPS[key] is int else 'sdpa,manual'}"
-        )
+        raise UserError(f"sweep={key} needs values, e.g. --values={'1,2,4,8' if SWEEPS[key] is int else 'sdpa,manual'}")
     if SWEEPS[key] is int:
         if not all(v.isdigit() and int(v) >= 1 for v in items):
-            raise ValueError(f"{key} values must be whole numbers >= 1, not {values!r}")
+            raise UserError(f"{key} values must be whole numbers >= 1, not {values!r}")
         return [int(v) for v in items]
     bad = [v for v in items if v not in SWEEPS[key]]
     if bad:
-        raise ValueError(f"{key} values must be among {', '.join(SWEEPS[key])}, not {', '.join(bad)}")
+        raise UserError(f"{key} values must be among {', '.join(SWEEPS[key])}, not {', '.join(bad)}")
     return items
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.bench.report import fmt, markdown_table
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 
 # each compared figure, and whether a higher value is better
 METRICS = {
@@ -22,13 +22,13 @@ SAME_MACHINE = ("device_name", "torch")
 
 def load_results(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        die(f"no bench output at {path}")
+        raise UserError(f"no bench output at {path}")
     try:
         doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        die(f"{path} is not JSON: {e}")
+        raise UserError(f"{path} is not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list) or "manifest" not in doc:
-        die(f"{path} is not a bench.py output (no results list and manifest)")
+        raise UserError(f"{path} is not a bench.py output (no results list and manifest)")
     return doc
 
 

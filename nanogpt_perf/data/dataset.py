@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.data.shards import has_tokens
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.rules import shown
 
 STATE_FILE = "prepare_state.json"  # an unfinished preparation's progress (nanogpt_perf/data/preparation.py)
@@ -27,22 +27,24 @@ def prepare_if_missing(data_path: Path) -> None:
     web-scale dataset is never prepared unasked: the error says how."""
     if (data_path / STATE_FILE).is_file():  # shards of a preparation that was stopped part way
         again = resume_command(data_path) or shlex.join([sys.executable, str(data_path / "prepare.py")])
-        die(f"dataset {data_path.name} is only partly prepared: finish it with: {again}")
+        raise UserError(f"dataset {data_path.name} is only partly prepared: finish it with: {again}")
     if has_tokens(data_path):
         return
     if (data_path / "prepare.json").is_file():  # prepared, but every token went to the validation split
-        die(
+        raise UserError(
             f"dataset {data_path.name} is prepared but has no training shards ({data_path / 'prepare.json'}): its "
             f"corpus fit in the validation split; prepare it again with a smaller --val_tokens, or more text"
         )
     script = data_path / "prepare.py"
     if not script.is_file():
-        die(f"dataset {data_path.name!r} not found: no train.bin or *_train_*.bin shards in {data_path}, no {script}")
+        raise UserError(
+            f"dataset {data_path.name!r} not found: no train.bin or *_train_*.bin shards in {data_path}, no {script}"
+        )
     if data_path.name in WEB_SCALE:
-        die(f"dataset {data_path.name} is not prepared: run python {script} ({WEB_SCALE[data_path.name]})")
+        raise UserError(f"dataset {data_path.name} is not prepared: run python {script} ({WEB_SCALE[data_path.name]})")
     print(f"preparing dataset {data_path.name} with {script}", flush=True)
     if subprocess.run([sys.executable, str(script)]).returncode != 0:
-        die(f"{script} failed; see its message above")
+        raise UserError(f"{script} failed; see its message above")
 
 
 def resume_command(out_dir: Path) -> str | None:
@@ -72,9 +74,9 @@ def read_meta(path: Path) -> dict[str, Any]:
         with open(path, "rb") as f:
             meta = _PlainDataUnpickler(f).load()
     except Exception as e:  # no code runs (see above): whatever fails is a damaged file
-        die(f"{path} is not a valid meta.pkl: {type(e).__name__}: {e}")
+        raise UserError(f"{path} is not a valid meta.pkl: {type(e).__name__}: {e}") from None
     if problem := meta_problem(meta):
-        die(f"{path} is not a valid meta.pkl: {problem}")
+        raise UserError(f"{path} is not a valid meta.pkl: {problem}")
     return meta
 
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from nanogpt_perf.data.tokenizer import gpt2_encoding
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError, first_line
 
 EOT = 50256  # GPT-2's <|endoftext|>
 CHUNK = 128  # documents per task sent to a worker
 INPUT_KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError):
     """Bad input found while reading the documents (in the pool's feeder thread too): one line for the user."""
 
 
@@ -52,12 +52,12 @@ def local_source(paths: str) -> Source:
         if item and glob.has_magic(item):
             matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(item), recursive=True) if Path(m).is_file())
             if not matches:
-                die(f"--input {item!r} matches no file: give files or globs that match some")
+                raise UserError(f"--input {item!r} matches no file: give files or globs that match some")
             files += matches
         elif item:
             files.append(Path(os.path.expanduser(item)))
     if not files:
-        die("--input names no file: give comma-separated .txt, .jsonl, .json or .parquet files (or globs)")
+        raise UserError("--input names no file: give comma-separated .txt, .jsonl, .json or .parquet files (or globs)")
     for path in files:
         check_input(path)
     return Source(files=tuple(p.resolve() for p in files))
@@ -66,15 +66,17 @@ def local_source(paths: str) -> Source:
 def check_input(path: Path) -> None:
     if path.is_dir():
         example = shlex.quote(f"--input={path / '*.jsonl'}")
-        die(f"input {path} is a folder: give its files (.txt, .jsonl, .json, .parquet), e.g. {example}")
+        raise UserError(f"input {path} is a folder: give its files (.txt, .jsonl, .json, .parquet), e.g. {example}")
     if path.suffix.lower() not in INPUT_KINDS:
-        die(f"{path}: unknown kind of input {path.suffix or '(no extension)'!r}; use {', '.join(INPUT_KINDS)}")
+        raise UserError(
+            f"{path}: unknown kind of input {path.suffix or '(no extension)'!r}; use {', '.join(INPUT_KINDS)}"
+        )
     if not path.is_file():
-        die(f"input file {path} not found")
+        raise UserError(f"input file {path} not found")
     if not os.access(path, os.R_OK):
-        die(f"input file {path} is not readable (permission denied)")
+        raise UserError(f"input file {path} is not readable (permission denied)")
     if path.stat().st_size == 0 and path.suffix.lower() != ".txt":  # an empty text file is one empty document
-        die(f"input file {path} is empty: no documents")
+        raise UserError(f"input file {path} is empty: no documents")
 
 
 def default_processes() -> int:
@@ -124,8 +126,8 @@ def count_lines(path: Path) -> int:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 24), b""))
 
 
-def first_line(error: Exception) -> str:
-    return f"{type(error).__name__}: " + (str(error).strip().splitlines() or [""])[0]
+def named(error: Exception) -> str:
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def open_documents(source: Source, revision: str | None):
@@ -151,7 +153,7 @@ def open_documents(source: Source, revision: str | None):
     except CorpusError:
         raise
     except Exception as e:
-        raise CorpusError(f"cannot open {source.describe()}: {first_line(e)}") from e
+        raise CorpusError(f"cannot open {source.describe()}: {named(e)}") from e
 
 
 def text_column(dataset, where: str):
@@ -180,7 +182,7 @@ def document_chunks(dataset, skip: int, where: str) -> Iterator[list[str]]:
     except CorpusError:
         raise
     except Exception as e:  # a malformed file, a lost connection: one line (the hub's: a rerun resumes)
-        raise CorpusError(f"reading {where} failed after {seen:,} documents: {first_line(e)}{hint(e)}") from e
+        raise CorpusError(f"reading {where} failed after {seen:,} documents: {named(e)}{hint(e)}") from e
 
 
 def hint(error: Exception) -> str:

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from nanogpt_perf.data.order import RandomWindows, Window, window_order
-from nanogpt_perf.data.shards import ShardError, TokenFile, split_files
-from nanogpt_perf.errors import die
+from nanogpt_perf.data.shards import TokenFile, split_files
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.runtime import host_memory_bytes
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -26,15 +26,12 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 def token_files(data_path: Path, split: str, block_size: int) -> list[TokenFile]:
     """A split's token files, checked: present, readable, and holding at least one window."""
-    try:
-        files = split_files(data_path, split)
-    except ShardError as e:
-        die(str(e))
+    files = split_files(data_path, split)
     if not files:
-        die(f"{data_path} has no {split} tokens: neither {split}.bin nor shards named *_{split}_*.bin")
+        raise UserError(f"{data_path} has no {split} tokens: neither {split}.bin nor shards named *_{split}_*.bin")
     if sum(f.n_tokens for f in files) <= block_size:
         n = sum(f.n_tokens for f in files)
-        die(f"{data_path}: the {split} split has {n} tokens, too few for block_size={block_size}")
+        raise UserError(f"{data_path}: the {split} split has {n} tokens, too few for block_size={block_size}")
     return files
 
 
@@ -68,15 +65,10 @@ class TokenBatches:
         self.seed, self.rank = seed, rank
         self.files = {split: token_files(data_path, split, block_size) for split in ("train", "val")}
         sizes = [f.n_tokens for f in self.files["train"]]
-        try:
-            self.windows = window_order(data_order, sizes, block_size, seed, rank, world_size)
-        except ValueError as e:
-            die(str(e))
-        if prefetch < 1:
-            die(f"prefetch must be >= 1 (batches built ahead), not {prefetch}")
+        self.windows = window_order(data_order, sizes, block_size, seed, rank, world_size)
         buffers = (prefetch + 2) * batch_size * (block_size + 1) * 2  # see start(): uint16 batches in host memory
         if buffers > (host_memory_bytes() or buffers):
-            die(
+            raise UserError(
                 f"batch_size={batch_size}, block_size={block_size}, prefetch={prefetch}: the loader's {prefetch + 2} "
                 f"batches in host memory take {buffers / 1e9:,.0f} GB, more than this machine's "
                 f"{host_memory_bytes() / 1e9:,.0f} GB"

@@ -30,13 +30,13 @@ from nanogpt_perf.data.documents import (
     count_documents,
     document_chunks,
     encode_documents,
-    first_line,
     hub_revision_sha,
+    named,
     open_documents,
     ordered_map,
 )
 from nanogpt_perf.data.shards import ShardError, read_shard_header, shard_name, write_shard
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import WriteFailed, write_json
 from nanogpt_perf.rules import Rule, a_path, at_least
 
@@ -167,7 +167,7 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        die(f"{path} is unreadable ({first_line(e)}): remove {path.parent} to prepare again")
+        raise UserError(f"{path} is unreadable ({named(e)}): remove {path.parent} to prepare again") from None
 
 
 def shard_file(name: str, index: int) -> str:
@@ -181,10 +181,12 @@ def check_shards(out_dir: Path, names: list[str], shard_size: int, val_size: int
         try:
             n_tokens = read_shard_header(out_dir / file).n_tokens
         except (OSError, ShardError) as e:
-            die(f"{file} is missing or damaged ({first_line(e)}): remove {out_dir} to prepare again")
+            damaged = f"{file} is missing or damaged ({named(e)})"
+            raise UserError(f"{damaged}: remove {out_dir} to prepare again") from None
         size = val_size if i == 0 else shard_size
         if n_tokens != size and i < len(names) - 1:
-            die(f"{out_dir / file} holds {n_tokens:,} tokens, not {size:,}: remove {out_dir} to prepare again")
+            short = f"{out_dir / file} holds {n_tokens:,} tokens, not {size:,}"
+            raise UserError(f"{short}: remove {out_dir} to prepare again")
 
 
 def finished(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
@@ -194,7 +196,7 @@ def finished(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     record = read_json(out_dir / RECORD_FILE)
     record = {"val_tokens": 0, "val_size": record.get("shard_size")} | record  # prepared before val_tokens existed
     if {k: record.get(k) for k in ident} != ident:
-        die(
+        raise UserError(
             f"{out_dir} holds a finished preparation of other settings ({differences(record, ident)}): choose "
             f"another out_dir, or remove {out_dir} to prepare it again"
         )
@@ -209,7 +211,7 @@ def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     mine = sorted(out_dir.glob(f"{ident['name']}_*.bin*"))
     if not (out_dir / STATE_FILE).is_file():
         if mine:
-            die(f"{out_dir} holds shards ({mine[0].name}, ...) but no {STATE_FILE}: remove them first")
+            raise UserError(f"{out_dir} holds shards ({mine[0].name}, ...) but no {STATE_FILE}: remove them first")
         return None
     state = read_json(out_dir / STATE_FILE)
     state = {"val_size": ident["shard_size"]} | state  # started before val_tokens existed
@@ -219,7 +221,7 @@ def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
         state = dict(state, identity=ident, shards=0)
     elif state["identity"] != ident:
         how = f"resume it with: {state['command']}" if state.get("command") else "run it as it was"
-        die(
+        raise UserError(
             f"{out_dir} holds an unfinished preparation ({state['shards']} shards) of other settings "
             f"({differences(state['identity'], ident)}): {how}; or remove {out_dir} to start over"
         )
@@ -244,7 +246,7 @@ def prepare(
     prepare.json holds. A folder already prepared alike is left as it is. Each split must hold a window of
     block_size + 1 tokens, or the preparation is refused (and what it wrote removed)."""
     if out_dir.exists() and not out_dir.is_dir():
-        die(f"out_dir must be a folder (new or existing), not the file {out_dir}")
+        raise UserError(f"out_dir must be a folder (new or existing), not the file {out_dir}")
     created = not out_dir.exists()
     ident = identity(source, name, shard_size, val_tokens)
     if not created and (record := finished(out_dir, ident)) is not None:
@@ -261,7 +263,7 @@ def prepare(
     print(f"preparing {source.describe()} -> {out_dir}, {processes} process(es)", flush=True)
     if problem := tokenize_or_stop(source, out_dir, state, processes) or splits_problem(state, block_size):
         abandon(out_dir, state, created)
-        die(problem)
+        raise UserError(problem)
     return finish(out_dir, state)
 
 
@@ -274,11 +276,12 @@ def tokenize_or_stop(source: Source, out_dir: Path, state: dict[str, Any], proce
     except CorpusError as e:
         if source.repo is None:
             return str(e)
-        die(f"{e}; {resume}")
+        raise UserError(f"{e}; {resume}") from None
     except KeyboardInterrupt:
-        die(f"interrupted; {resume}")
+        raise KeyboardInterrupt(resume) from None
     except WriteFailed as e:
-        die(f"cannot write {e.path}: {e.reason}; {state['shards']} shard(s) kept: once it is fixed, {resume}")
+        kept = f"{state['shards']} shard(s) kept: once it is fixed, {resume}"
+        raise UserError(f"cannot write {e.path}: {e.reason}; {kept}") from None
     return None if state["shards"] else f"{source.describe()} holds no documents"
 
 

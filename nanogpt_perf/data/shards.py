@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_atomically
 
 MAGIC, VERSION = 20240520, 1
@@ -17,7 +18,7 @@ HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 
 
-class ShardError(ValueError):
+class ShardError(UserError):
     """A token file that cannot be read as what its name says: the message names the file."""
 
 

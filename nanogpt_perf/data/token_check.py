@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.data.shards import ShardError, TokenFile, split_files
-from nanogpt_perf.errors import die
+from nanogpt_perf.data.shards import TokenFile, split_files
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 
 CACHE_NAME = "token_ids.json"
@@ -31,7 +31,7 @@ def largest_id(file: TokenFile) -> int:
         tokens = file.tokens()
         return max(int(tokens[i : i + CHUNK_TOKENS].max()) for i in range(0, file.n_tokens, CHUNK_TOKENS))
     except OSError as e:
-        die(f"{file.path} cannot be read: {e.strerror or e}")
+        raise UserError(f"{file.path} cannot be read: {e.strerror or e}") from None
 
 
 def file_key(path: Path) -> dict[str, int]:
@@ -53,10 +53,7 @@ def read_cache(path: Path) -> dict[str, Any]:
 
 def dataset_files(data_path: Path) -> list[TokenFile]:
     """The token files of both splits, their headers checked (a split that is missing is the loader's to say)."""
-    try:
-        return [*split_files(data_path, "train"), *split_files(data_path, "val")]
-    except ShardError as e:
-        die(str(e))
+    return [*split_files(data_path, "train"), *split_files(data_path, "val")]
 
 
 def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES) -> None:
@@ -74,7 +71,7 @@ def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CA
         if largest >= vocab_size:
             meta = data_path / "meta.pkl"
             whose = f"{meta}'s vocab_size" if meta.is_file() else "GPT-2's: the dataset has no meta.pkl"
-            die(
+            raise UserError(
                 f"{file.path} holds token id {largest}, outside the vocabulary of {vocab_size} tokens ({whose}): "
                 "the tokens and the vocabulary do not belong together; prepare the dataset again"
             )

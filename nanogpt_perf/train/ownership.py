@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import process_alive
 from nanogpt_perf.train.checkpoint import saved_iterations
 from nanogpt_perf.train.parallel import close
@@ -168,7 +168,7 @@ class OutDirLock:
                 f.flush()
                 os.fsync(f.fileno())
             self.held = True
-            atexit.register(self.release)  # on an exception or die() too; the end of train.py releases it first
+            atexit.register(self.release)  # on an exception too; the end of train.py releases it first
             return None
         return f"could not take {self.path}: other runs are starting in {self.out_dir} at the same time"
 
@@ -225,8 +225,6 @@ def claim_out_dir(out_dir: Path, master: bool, ddp: bool, replace_earlier: bool)
         problem = said[0]
         if problem:
             close()  # together: gloo aborts a process that exits with its process group still up
-    if problem and master:
-        die(problem)  # rank 0 says it, once
     if problem:
-        raise SystemExit(1)
+        raise UserError(problem)  # every rank, with rank 0's line
     return lock

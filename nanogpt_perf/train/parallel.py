@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from model import GPT
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.runtime import PTDTYPES, Runtime
 
 PARALLELISMS = ("ddp", "fsdp")
@@ -80,7 +80,7 @@ def torchrun_problem(environ: Mapping[str, str]) -> str | None:
 def torchrun_rank(environ: Mapping[str, str]) -> int:
     """This process's rank (0 without torchrun), torchrun's variables checked: one error line when they are wrong."""
     if problem := torchrun_problem(environ):
-        die(problem)
+        raise UserError(problem)
     return int(environ.get("RANK", 0))
 
 
@@ -93,7 +93,7 @@ def start_ranks(device: str, backend: str) -> Ranks:
     rank, local_rank, world_size = (int(os.environ[k]) for k in RANK_VARIABLES)
     if device in ("auto", "cuda") and torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
-            die(f"LOCAL_RANK={local_rank}, but this machine has {torch.cuda.device_count()} CUDA devices")
+            raise UserError(f"LOCAL_RANK={local_rank}, but this machine has {torch.cuda.device_count()} CUDA devices")
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     if backend == "auto":
@@ -104,7 +104,9 @@ def start_ranks(device: str, backend: str) -> Ranks:
     try:
         dist.init_process_group(backend=backend)
     except (RuntimeError, ValueError) as e:  # the port taken, the address unknown
-        die(f"torch.distributed did not start ({backend}, MASTER_ADDR/MASTER_PORT): {str(e).splitlines()[0]}")
+        raise UserError(
+            f"torch.distributed did not start ({backend}, MASTER_ADDR/MASTER_PORT): {str(e).splitlines()[0]}"
+        ) from None
     return Ranks(rank, local_rank, world_size, device)
 
 
@@ -121,8 +123,6 @@ def wrap_model(model: GPT, parallelism: str, runtime: Runtime, compile: bool, co
     """The GPT as train.py runs it, moved to the device: compiled when asked and, when torch.distributed is
     initialised, wrapped in DDP or sharded with FSDP2 (one process: no wrapper). Build the optimizer from
     unwrap(result) afterwards: FSDP replaces every parameter by its shard."""
-    if parallelism not in PARALLELISMS:
-        raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, not {parallelism!r}")
     if parallelism == "fsdp" and dist.is_initialized():
         return shard(model, runtime, compile, compile_mode)
     model.to(runtime.device)

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.timing import DeviceClock
 
@@ -94,7 +94,9 @@ def import_wandb(wandb_log: bool, master: bool) -> ModuleType | None:
     try:
         import wandb
     except ImportError:
-        die("wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)")
+        raise UserError(
+            "wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)"
+        ) from None
     return wandb
 
 

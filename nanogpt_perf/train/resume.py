@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from configurator import ConfigError, convert
+from configurator import convert
 from model import ARCHITECTURE
+from nanogpt_perf.errors import UserError
 
 # settings a resumed run cannot change: the architecture (the vocabulary through pad_vocab and the data, which give
 # vocab_size), and the data it was trained on
@@ -35,7 +36,7 @@ def resume_settings(
     fixed = [k for k in changed if k in FIXED_ON_RESUME]
     if fixed:
         what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
-        raise ValueError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary and data are fixed")
+        raise UserError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary and data are fixed")
     lines = [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
     lines += [f"{k}={saved[k]!r} not applied (not a setting here)" for k in saved if k not in merged]
     per_command = [k for k in PER_COMMAND if k not in UNREPORTED and k not in given and k in saved and k in merged]
@@ -49,10 +50,10 @@ def saved_value(key: str, value: Any, default: Any, words: tuple[str, ...], rule
     """A checkpoint's setting as this train.py takes it (its type, within its rule), or ValueError naming it."""
     try:
         value = convert(key, value, default, words)
-    except ConfigError as e:
-        raise ValueError(f"the checkpoint's settings are not this train.py's: {e}") from None
+    except UserError as e:
+        raise UserError(f"the checkpoint's settings are not this train.py's: {e}") from None
     if rule and (valid := rule(value)):
-        raise ValueError(f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it")
+        raise UserError(f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it")
     return value
 
 
