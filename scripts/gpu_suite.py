@@ -23,9 +23,7 @@ output folder. A step that fails is a failed row with the last line of its stder
 1 if any step failed. A mistake in its flags is one line, 'error: ...', and exit status 2, before anything is written.
 """
 
-import argparse
 import json
-import math
 import os
 import shlex
 import shutil
@@ -36,14 +34,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from gpu_suite_args import RESERVE_S, load_doc, parse_args
 from gpu_suite_io import (
     ROOT,
     bench_rows,
     generation_rows,
     last_line,
-    load_results,
     merge_part,
     nanogpt_bench_ms,
     nanogpt_data,
@@ -65,8 +63,6 @@ from gpu_suite_io import (
 PY = sys.executable
 DATASET = "kjv_shakespeare"  # under DIR/work/data: llm.c shards of the offline corpus
 SHARD_SIZE = 2**18  # tokens: the corpus's 2.4M make 1 validation shard and 9 training shards
-RESERVE_S = 10  # of a part's budget, kept for writing its outputs
-MIN_BUDGET_S = 30  # the least --budget_s that leaves a step time to run
 
 
 @dataclass(frozen=True)
@@ -386,91 +382,15 @@ PARTS = {"train": part_train, "bench": part_bench, "generate": part_generate}
 # ----------------------------------------------------------------------------- main
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse whose refusals are one line, 'error: ...', with exit status 2 (no usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message}\n")
-
-
-def parse_args() -> argparse.Namespace:
-    parser = Parser(description=__doc__.split("\n\n")[0].strip())
-    parser.add_argument("--out", required=True, help="the output folder (results.*, PART-logs.tar.gz)")
-    parser.add_argument("--part", choices=[*PARTS, "all"], help="what to measure (the dry run: all by default)")
-    parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout: also time its train.py, bench.py, generate")
-    parser.add_argument("--dry-run", action="store_true", help="every step on the CPU with a tiny model")
-    parser.add_argument("--budget_s", type=float, help="seconds a part may take (default 525; dry run 600)")
-    args = parser.parse_args()
-    if args.part is None and not args.dry_run:
-        parser.error("--part=train|bench|generate|all is required (or --dry-run)")
-    if args.budget_s is not None and not (math.isfinite(args.budget_s) and args.budget_s >= MIN_BUDGET_S):
-        parser.error(
-            f"--budget_s must be a finite number of seconds >= {MIN_BUDGET_S} (a part keeps {RESERVE_S} s for its "
-            f"outputs), not {args.budget_s:g}"
-        )
-    if problem := out_problem(args.out):
-        parser.error(problem)
-    args.out = Path(args.out).resolve()
-    if args.nanogpt is not None:
-        args.nanogpt = args.nanogpt.resolve()
-        files = ("train.py", "bench.py", "model.py", "configurator.py", "config/train_gpt2.py")
-        if lacking := [f for f in files if not (args.nanogpt / f).is_file()]:
-            parser.error(f"--nanogpt={args.nanogpt} is not a nanoGPT checkout: no {', '.join(lacking)}")
-    return args
-
-
-def out_problem(name: str) -> str | None:
-    """What is wrong with --out as the suite's output folder: empty, a file or below one, or inside this repository
-    where git would see what the suite writes (a folder .gitignore ignores, out-gpu say, is fine)."""
-    if not name:
-        return "--out must name a folder, not ''"
-    out = Path(name).resolve()
-    if out.exists() and not out.is_dir():
-        return f"--out={out} is a file, not a folder"
-    if file := next((a for a in out.parents if a.exists() and not a.is_dir()), None):
-        return f"--out={out}: {file} is a file, not a folder"
-    if not out.is_relative_to(ROOT):
-        return None
-    if ".git" in out.relative_to(ROOT).parts:
-        return f"--out={out} is inside git's own folder"
-    try:  # whether git ignores what the suite writes there; None outside a git checkout or without git
-        check = ["git", "-C", str(ROOT), "check-ignore", "-q", str(out / "results.json")]
-        ignored = subprocess.run(check, capture_output=True).returncode
-    except OSError:
-        return None
-    if ignored == 1:
-        return f"--out={out} is inside the repository and not ignored by git: use a folder outside it, or out-gpu"
-    return None
-
-
-def load_doc(path: Path) -> dict[str, Any]:
-    """The rows an earlier invocation left in path (results.json), or none; one error line for a file that is not
-    the suite's."""
-    refuse = f"error: {path} is not the suite's results.json: move it away or choose another --out"
-    if path.exists() and not path.is_file():
-        sys.exit(refuse)
-    try:
-        doc = load_results(path)
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
-        sys.exit(refuse)
-    if not (isinstance(doc, dict) and isinstance(doc.get("rows"), list) and isinstance(doc.get("parts"), dict)):
-        sys.exit(refuse)
-    if set(doc["parts"]) - set(PARTS) or any(
-        not isinstance(r, dict) or r.get("part") not in PARTS for r in doc["rows"]
-    ):
-        sys.exit(refuse)
-    return doc
-
-
 def main() -> None:
-    args = parse_args()
+    args = parse_args(__doc__.split("\n\n")[0].strip(), list(PARTS))
     profile = DRY if args.dry_run else GPU
     profile = replace(profile, budget_s=args.budget_s) if args.budget_s else profile
     parts, out = list(PARTS) if args.part in (None, "all") else [args.part], args.out
     if "train" in parts and not (out / "work" / "data" / DATASET / "prepare.json").is_file():
         if problem := preparation_problem():
             sys.exit(f"error: {problem}")
-    doc = load_doc(out / "results.json")
+    doc = load_doc(out / "results.json", list(PARTS))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -13,7 +13,7 @@ from test_bad_input import contents
 from conftest import ROOT, assert_one_line_error, run_script
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import gpu_suite  # noqa: E402
+import gpu_suite_args  # noqa: E402
 import gpu_suite_io  # noqa: E402
 
 SUITE = "scripts/gpu_suite.py"
@@ -96,7 +96,7 @@ def test_refused_in_one_line_before_anything_is_written(name: str, tmp_path: Pat
 
 @pytest.mark.parametrize("out", ["out-gpu", "out-gpu/part/deeper", "{tmp}/new", "{tmp}"])
 def test_folders_the_suite_accepts(out: str, tmp_path: Path):
-    assert gpu_suite.out_problem(out.replace("{tmp}", str(tmp_path))) is None
+    assert gpu_suite_args.out_problem(out.replace("{tmp}", str(tmp_path))) is None
 
 
 def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(tmp_path: Path, monkeypatch):
