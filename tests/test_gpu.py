@@ -1,8 +1,8 @@
 """The CUDA paths, against the same references as on a CPU: `pytest -m gpu` on a machine with a GPU (every test here
 is skipped without CUDA; about 3 minutes on one H100). Graph decoding against eager decoding and the uncached
-reference, with no host sync per token; a compiled run stopped and resumed against the run never stopped (within
-the tolerance the README states); bf16 against fp32; DDP and FSDP2 over NCCL, saved and resumed; the fused losses
-against the plain one; batch_size='auto' probing the device."""
+reference, with no host sync per token, and in bf16 as the suite times it; a compiled run stopped and resumed against
+the run never stopped (within the tolerance docs/robustness.md states); bf16 against fp32; DDP and FSDP2 over NCCL,
+saved and resumed; the fused losses against the plain one; batch_size='auto' probing the device."""
 
 import json
 from dataclasses import replace
@@ -21,7 +21,7 @@ from nanogpt_perf.runtime import resolve_runtime
 pytestmark = pytest.mark.gpu
 
 CUDA = ["--device=cuda", "--dtype=bfloat16"]  # after TINY_MODEL's --device=cpu: the last flag wins
-RESUME_TOLERANCE = 1e-2  # relative, per step loss, bf16 and compiled (README, "Never losing work")
+RESUME_TOLERANCE = 1e-2  # relative, per step loss, bf16 and compiled (docs/robustness.md, "Never losing work")
 
 
 def generate(engine: Engine, idx: torch.Tensor, n: int, seed: int, **sampling) -> torch.Tensor:
@@ -56,6 +56,33 @@ def test_compiled_graph_decoding_gives_the_eager_tokens_without_a_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(tokens) == 10
+
+
+GREEDY, SAMPLED = dict(temperature=0, top_k=200), dict(temperature=1.0, top_k=200)
+
+
+@pytest.mark.parametrize(
+    "sampling, compile",
+    [(GREEDY, False), (GREEDY, True), (SAMPLED, False)],
+    ids=["greedy", "greedy-compiled", "sampled"],
+)
+def test_bf16_graph_decoding_gives_the_eager_tokens(sampling, compile):
+    """The path scripts/gpu_suite.py times: the weights cast to bf16 by the Engine under a bf16 runtime, more than
+    two sequences, top-k 200 over a vocabulary padded past the real one (whose tail is never drawn), past
+    block_size. A replay runs the eager step's own kernels, so the tokens are the same, not merely close."""
+    runtime = resolve_runtime("cuda", "bfloat16")
+    model = sharp_model(dtype=torch.float32, vocab_size=320).cuda()
+    sampling, idx = Sampling(**sampling, vocab_size=300), prompts(4, 5).cuda()
+    eager = Engine(model, runtime, compile=compile, cuda_graph=False)
+    graph = Engine(model, runtime, compile=compile, cuda_graph=True)
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    a, b = (
+        torch.cat([idx, *engine.tokens(idx, 30, sampling, torch.Generator("cuda").manual_seed(3))], dim=1)
+        for engine in (eager, graph)
+    )
+    assert torch.equal(a, b)
+    assert int(a.max()) < 300 and len(set(a[:, 5:].flatten().tolist())) > 1
+    assert all(d.graph is not None for d in graph.decoders.values())
 
 
 def test_compiled_run_stopped_and_resumed_stays_within_tolerance_of_the_straight_run(tiny_data, tmp_path):

@@ -2,6 +2,7 @@
 
 import csv
 import io
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,13 @@ from nanogpt_perf.files import write_atomically, write_json, write_text
 from nanogpt_perf.timing import PHASES
 
 
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+def markdown_table(headers: list[str], rows: list[list[str]], left: Collection[int] = (0,)) -> str:
+    """rows under headers, each column as wide as its widest cell: the columns numbered in left aligned left (names,
+    notes), the others right (figures)."""
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
-        aligned = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        aligned = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "| " + " | ".join(aligned) + " |"
 
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

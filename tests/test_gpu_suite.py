@@ -1,0 +1,128 @@
+"""scripts/gpu_suite.py's own flags: a budget or a folder that means nothing is refused in one 'error: ' line, exit
+status 2 (1 for an earlier results.json that is not the suite's), before anything is written; the folders it accepts;
+and the line that names carried wheels made for another Python. The steps themselves run in `make gpu-dry-run`."""
+
+import json
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from test_bad_input import contents
+
+from conftest import ROOT, assert_one_line_error, run_script
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_suite_args  # noqa: E402
+import gpu_suite_io  # noqa: E402
+
+SUITE = "scripts/gpu_suite.py"
+IN_REPO = "scripts/suite-results"  # not ignored by git (out*/ would be)
+
+
+class Case(NamedTuple):
+    flags: str  # space-separated; {dir} is the case's own folder
+    names: tuple[str, ...]  # what the error line must say
+    files: dict[str, str] = {}  # made in the folder first
+    status: int = 2
+
+
+NANOGPT_PART = {"nanogpt/train.py": "", "nanogpt/model.py": ""}
+RESULTS = "{dir}/out"  # a folder holding an earlier results.json
+
+CASES = {
+    "budget_s=-5": Case("--out={dir}/out --part=bench --budget_s=-5", ("--budget_s must be a finite number", "not -5")),
+    "budget_s=0": Case("--out={dir}/out --part=bench --budget_s=0", ("seconds >= 30", "not 0")),
+    "budget_s=nan": Case("--out={dir}/out --part=bench --budget_s=nan", ("finite number", "not nan")),
+    "budget_s=inf": Case("--out={dir}/out --part=bench --budget_s=inf", ("finite number", "not inf")),
+    "budget_s=text": Case("--out={dir}/out --part=bench --budget_s=soon", ("--budget_s", "invalid float", "'soon'")),
+    "part_missing": Case("--out={dir}/out", ("--part=train|bench|generate|all is required",)),
+    "part_unknown": Case("--out={dir}/out --part=ladder", ("--part", "invalid choice: 'ladder'")),
+    "out_missing": Case("--part=bench", ("required: --out",)),
+    "out_empty": Case("--out= --part=bench", ("--out must name a folder",)),
+    "out_a_file": Case(
+        "--out={dir}/notes.txt --part=bench", ("notes.txt is a file, not a folder",), {"notes.txt": "x"}
+    ),
+    "out_below_a_file": Case(
+        "--out={dir}/notes.txt/out --part=bench", ("notes.txt is a file, not a folder",), {"notes.txt": "x"}
+    ),
+    "out_in_the_repository": Case(f"--out={IN_REPO} --part=bench", ("inside the repository and not ignored by git",)),
+    "out_the_repository": Case("--out=. --part=bench", ("inside the repository and not ignored by git",)),
+    "nanogpt_not_a_checkout": Case(
+        "--out={dir}/out --part=train --nanogpt={dir}/nanogpt",
+        ("is not a nanoGPT checkout: no bench.py, configurator.py, config/train_gpt2.py",),
+        NANOGPT_PART,
+    ),
+    "results_not_json": Case(
+        f"--out={RESULTS} --part=bench --budget_s=30",
+        ("results.json is not the suite's",),
+        {"out/results.json": '{"rows": ['},
+        1,
+    ),
+    "results_not_utf8": Case(
+        f"--out={RESULTS} --part=bench --budget_s=30", ("not the suite's",), {"out/results.json": "\udcff"}, 1
+    ),
+    "results_of_something_else": Case(
+        f"--out={RESULTS} --part=bench --budget_s=30",
+        ("not the suite's",),
+        {"out/results.json": json.dumps({"kind": "ladder", "results": []})},
+        1,
+    ),
+    "results_rows_of_another_part": Case(
+        f"--out={RESULTS} --part=bench --budget_s=30",
+        ("not the suite's",),
+        {"out/results.json": json.dumps({"rows": [{"part": "ladder"}], "parts": {}})},
+        1,
+    ),
+    "results_a_folder": Case(
+        f"--out={RESULTS} --part=bench --budget_s=30", ("not the suite's",), {"out/results.json/x": "x"}, 1
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_refused_in_one_line_before_anything_is_written(name: str, tmp_path: Path):
+    case = CASES[name]
+    for path, text in case.files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(text.encode(errors="surrogateescape"))
+    before = contents(tmp_path)
+    result = run_script(SUITE, *case.flags.replace("{dir}", str(tmp_path)).split(), timeout=120)
+    assert_one_line_error(result, *case.names)
+    assert result.returncode == case.status
+    assert contents(tmp_path) == before
+    assert not (ROOT / IN_REPO).exists()
+
+
+@pytest.mark.parametrize("out", ["out-gpu", "out-gpu/part/deeper", "{tmp}/new", "{tmp}"])
+def test_folders_the_suite_accepts(out: str, tmp_path: Path):
+    assert gpu_suite_args.out_problem(out.replace("{tmp}", str(tmp_path))) is None
+
+
+def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(tmp_path: Path, monkeypatch):
+    python = f"{sys.version_info.major}{sys.version_info.minor}"
+    other = f"3{sys.version_info.minor + 1}"  # a newer Python's (an older one's pure wheel installs here)
+    for name in (f"multiprocess-0.70.19-py{other}-none-any.whl", f"dill-0.4.0-py{python}-none-any.whl"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "datasets-4.0.0-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.setattr(gpu_suite_io, "missing_packages", lambda: ["datasets", "multiprocess"])
+    problem = gpu_suite_io.preparation_problem(tmp_path)
+    assert f"multiprocess-0.70.19-py{other}-none-any.whl" in problem and "dill" not in problem
+    assert f"not for this Python {sys.version_info.major}.{sys.version_info.minor}" in problem
+    assert f"GPU_PYTHON={sys.version_info.major}.{sys.version_info.minor} scripts/gpu_wheels.sh" in problem
+    (tmp_path / f"multiprocess-0.70.19-py{other}-none-any.whl").unlink()  # every wheel fits: the packages are named
+    assert gpu_suite_io.wheel_problem(tmp_path) is None
+    assert "scripts/gpu_wheels.sh" in gpu_suite_io.preparation_problem(tmp_path)
+
+
+def test_the_step_shape_comes_from_the_manifest_as_train_py_ran(tmp_path: Path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        json.dumps({"settings": {"batch_size": 60, "gradient_accumulation_steps": 8, "block_size": 1024}})
+    )
+    assert gpu_suite_io.train_step_shape(manifest) == (60, 8, 1024)
+    manifest.write_text(
+        json.dumps({"settings": {"batch_size": "auto", "gradient_accumulation_steps": 8, "block_size": 1}})
+    )
+    with pytest.raises(ValueError, match="not numbers"):
+        gpu_suite_io.train_step_shape(manifest)
