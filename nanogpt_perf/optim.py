@@ -1,0 +1,208 @@
+"""The optimizers a run can train with: nanoGPT's AdamW over every parameter ('adamw'), or Muon over the
+transformer blocks' matrices and AdamW over the rest ('muon'): the embeddings, an untied lm_head and every vector,
+as nanochat and modded-nanogpt train.
+
+'muon' is one torch.optim.Optimizer (MuonAdamW), so that step(), zero_grad(), param_groups, state_dict() and a
+GradScaler work on it as on AdamW. Each of its groups keeps its base learning rate under BASE_LR; set_lr scales
+every group by the schedule's ratio."""
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+OPTIMIZERS = ("adamw", "muon")
+BASE_LR = "base_lr"  # each MuonAdamW group's own learning rate before the schedule: learning_rate or muon_lr
+# Keller Jordan's quintic Newton-Schulz coefficients and steps, as torch.optim.Muon has them
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+NS_EPS = 1e-7
+# torch.optim.Muon's adjust_lr_fn: "original" (Keller Jordan's sqrt(max(1, rows/cols)), which nanochat and
+# modded-nanogpt use with lrs of 0.02-0.05) rather than "match_rms_adamw" (Moonshot's 0.2 * sqrt(max(rows, cols)),
+# meant to let Muon reuse AdamW's lr): on the CPU demo model (benchmarks/muon.py's probe, 300 steps) "original" at
+# 0.02 reached a val loss of 2.25, "match_rms_adamw" at AdamW's own lr (2e-3) only 2.51, and needed 4x it to match
+ADJUST_LR = "original"
+
+
+def build_optimizer(
+    model: nn.Module,
+    optimizer: str,
+    *,
+    learning_rate: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    fused: bool = True,
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
+    muon_weight_decay: float = 0.0,
+    ns_dtype: torch.dtype | None = None,
+) -> torch.optim.Optimizer:
+    """'adamw': exactly model.configure_optimizers' AdamW. 'muon': a MuonAdamW whose Muon group (lr muon_lr,
+    decoupled decay muon_weight_decay) holds the 2-D weights of transformer.h, and whose two AdamW groups
+    (learning_rate, betas; weight_decay on the matrices and embeddings, none on vectors) hold the rest. ns_dtype:
+    the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32 elsewhere."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
+    if optimizer == "adamw":
+        return model.configure_optimizers(weight_decay, learning_rate, betas, fused=fused)
+    if is_sharded(model):
+        raise ValueError("optimizer='muon' cannot run Newton-Schulz on FSDP's shards: use parallelism='ddp'")
+    if not 0.0 <= muon_momentum < 1.0:
+        raise ValueError(f"muon_momentum must be in [0, 1), not {muon_momentum}")
+    muon, decay, no_decay = split_parameters(model)
+    groups = [
+        {"params": list(muon.values()), "muon": True, "lr": muon_lr, "weight_decay": muon_weight_decay},
+        {"params": list(decay.values()), "muon": False, "lr": learning_rate, "weight_decay": weight_decay},
+        {"params": list(no_decay.values()), "muon": False, "lr": learning_rate, "weight_decay": 0.0},
+    ]
+    return MuonAdamW(groups, momentum=muon_momentum, betas=betas, fused=fused, ns_dtype=ns_dtype)
+
+
+def split_parameters(model: nn.Module) -> tuple[dict[str, nn.Parameter], ...]:
+    """The trainable parameters by name, in three parts: Muon's (the 2-D weights of the blocks, transformer.h.*),
+    AdamW's with weight decay (the other matrices: wte, wpe, an untied lm_head) and AdamW's without (vectors:
+    biases, LayerNorm weights). A tied lm_head is wte itself."""
+    muon, decay, no_decay = {}, {}, {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        in_block = name.removeprefix("_orig_mod.").startswith("transformer.h.")
+        (muon if in_block and p.dim() == 2 else decay if p.dim() >= 2 else no_decay)[name] = p
+    return muon, decay, no_decay
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether any parameter is a DTensor (FSDP2's shards). Without torch.distributed.tensor imported, none can
+    be: so a run of one process never pays for importing it."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters())
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float, learning_rate: float) -> None:
+    """Each group's lr for this step, lr being the schedule's value for a peak of learning_rate: a MuonAdamW group
+    takes its BASE_LR scaled by lr / learning_rate; a group without one (configure_optimizers') takes lr as is."""
+    ratio = lr / learning_rate if learning_rate else 0.0
+    for group in optimizer.param_groups:
+        group["lr"] = group[BASE_LR] * ratio if BASE_LR in group else lr
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer over two kinds of group, told apart by group['muon']: Muon's (nesterov momentum, the update
+    orthogonalized by Newton-Schulz, decoupled weight decay) and AdamW's, which an inner torch.optim.AdamW runs
+    over the same group dicts and the same state. The Muon update is torch.optim.Muon's, but for the dtype of its
+    Newton-Schulz iteration (PyTorch's is always bfloat16, several times slower than float32 on a CPU without
+    bf16 units): equal to it bit for bit with ns_dtype=torch.bfloat16."""
+
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        *,
+        momentum: float = 0.95,
+        betas: tuple[float, float] = (0.9, 0.999),
+        fused: bool = False,
+        ns_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.ns_dtype = ns_dtype
+        muon_defaults = dict(momentum=momentum, nesterov=True, ns_coefficients=NS_COEFFICIENTS, ns_steps=NS_STEPS,
+                             eps=NS_EPS, adjust_lr_fn=ADJUST_LR)  # fmt: skip
+        for group in param_groups:
+            group.setdefault(BASE_LR, group["lr"])
+            if group["muon"]:
+                if any(p.dim() != 2 for p in group["params"]):
+                    raise ValueError("Muon takes 2-D parameters only")
+                for key, value in muon_defaults.items():
+                    group.setdefault(key, value)
+        adamw_groups = [g for g in param_groups if not g["muon"]]
+        self.adamw = adamw(adamw_groups, betas, fused) if adamw_groups else None
+        super().__init__(param_groups, {})
+        self._share_with_adamw()
+
+    def _share_with_adamw(self) -> None:
+        """The inner AdamW's groups are this optimizer's AdamW groups (the same dicts) and its state this state."""
+        if self.adamw is not None:
+            groups = [g for g in self.param_groups if not g["muon"]]
+            self.adamw.__setstate__({"state": self.state, "param_groups": groups})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["muon"]:
+                self._muon_step(group)
+        if self.adamw is not None:
+            self.adamw.step()
+        return loss
+
+    def _muon_step(self, group: dict[str, Any]) -> None:
+        lr, momentum = group["lr"], group["momentum"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1 - momentum)
+            update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+            dtype = self.ns_dtype or (torch.bfloat16 if p.device.type == "cuda" else torch.float32)
+            update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(update, alpha=-lr * lr_scale(group["adjust_lr_fn"], p.shape))
+
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle keep the inner AdamW and the dtype
+        return {**super().__getstate__(), "adamw": self.adamw, "ns_dtype": self.ns_dtype}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch.optim.Optimizer's, for a MuonAdamW's state with the same kinds of group only; each group keeps
+        its BASE_LR (the settings' learning rate wins over the checkpoint's, as nanoGPT's lr does)."""
+        kinds = [g["muon"] for g in self.param_groups]
+        saved = [g.get("muon") for g in state_dict.get("param_groups", [])]
+        if saved != kinds:
+            raise ValueError(f"the optimizer state is not Muon's (its groups are muon={saved}, not {kinds})")
+        base_lrs = [g[BASE_LR] for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, base_lr in zip(self.param_groups, base_lrs, strict=True):
+            group[BASE_LR] = base_lr
+        self._share_with_adamw()
+
+
+def adamw(groups: list[dict[str, Any]], betas: tuple[float, float], fused: bool) -> torch.optim.AdamW:
+    """torch.optim.AdamW over groups, fused where asked and the device has the kernel (as configure_optimizers)."""
+    if fused:
+        try:
+            return torch.optim.AdamW(groups, betas=betas, fused=True)
+        except RuntimeError:  # this device has no fused kernel
+            pass
+    return torch.optim.AdamW(groups, betas=betas)
+
+
+def orthogonalize(
+    G: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """torch.optim.Muon's quintic Newton-Schulz iteration, in dtype: G (2-D) with its singular values pushed
+    towards 1 (into about [0.7, 1.2]), computed on the wide orientation so that the Gram matrix is the small one."""
+    a, b, c = coefficients
+    tall = G.size(0) > G.size(1)
+    X = G.to(dtype).T if tall else G.to(dtype)
+    X = X / X.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        A = X @ X.T
+        X = torch.addmm(X, torch.addmm(A, A, A, beta=b, alpha=c), X, beta=a)  # aX + (bA + cA^2)X
+    return X.T if tall else X
+
+
+def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's lr adjustment for a (rows, cols) weight: Keller Jordan's sqrt(max(1, rows/cols)) or
+    Moonshot's 0.2 * sqrt(max(rows, cols)), which matches AdamW's update RMS."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn in (None, "original"):
+        return math.sqrt(max(1, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    raise ValueError(f"adjust_lr_fn must be 'original' or 'match_rms_adamw', not {adjust_lr_fn!r}")

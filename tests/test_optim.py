@@ -1,0 +1,239 @@
+"""nanogpt_perf/optim.py: the Muon update against a plain float64 reference and against torch.optim.Muon, the AdamW
+share against torch.optim.AdamW, the split of a GPT's parameters, the schedule's ratio, the state dict's round trip,
+a tiny GPT trained by it, and the 'adamw' option as configure_optimizers' AdamW bit for bit."""
+
+import io
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from model import GPT, GPTConfig
+from nanogpt_perf.optim import BASE_LR, MuonAdamW, build_optimizer, set_lr, split_parameters
+
+HYPER = dict(learning_rate=3e-3, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.03, muon_weight_decay=0.05)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tiny matrices run fastest on one thread (and never wait for a busy second core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64))
+
+
+def reference_muon(W, grads, lr, momentum, weight_decay, scale):
+    """Muon as Keller Jordan's post writes it, in float64: B <- mu B + g; Nesterov's g + mu B; X = that over its
+    Frobenius norm, on the wide side; 5 steps of X <- aX + b(XX^T)X + c(XX^T)^2 X; W <- W(1 - lr wd) - lr scale X."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    W, B = W.double(), torch.zeros_like(W, dtype=torch.float64)
+    for g in grads:
+        g = g.double()
+        B = momentum * B + g
+        X = g + momentum * B
+        X = X.T if X.shape[0] > X.shape[1] else X
+        X = X / torch.linalg.matrix_norm(X)
+        for _ in range(5):
+            A = X @ X.T
+            X = a * X + b * A @ X + c * A @ A @ X
+        X = X.T if W.shape[0] > W.shape[1] else X
+        W = W * (1 - lr * weight_decay) - lr * scale(*W.shape) * X
+    return W
+
+
+@pytest.mark.parametrize(
+    "adjust, scale",
+    [("original", lambda r, c: math.sqrt(max(1, r / c))), ("match_rms_adamw", lambda r, c: 0.2 * math.sqrt(max(r, c)))],
+)
+def test_muon_update_equals_a_plain_reference(adjust, scale):
+    torch.manual_seed(0)
+    shapes = [(12, 5), (5, 12), (7, 7)]
+    start = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    grads = [[torch.randn(s, dtype=torch.float64) for s in shapes] for _ in range(4)]
+    params = [nn.Parameter(w.clone()) for w in start]
+    group = {"params": params, "muon": True, "lr": 0.05, "weight_decay": 0.2, "adjust_lr_fn": adjust}
+    optimizer = MuonAdamW([group], momentum=0.9, ns_dtype=torch.float64)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone()
+        optimizer.step()
+    for i, p in enumerate(params):
+        expected = reference_muon(start[i], [g[i] for g in grads], 0.05, 0.9, 0.2, scale)
+        torch.testing.assert_close(p.detach(), expected, rtol=1e-10, atol=1e-12)
+        assert not torch.allclose(p.detach(), start[i], atol=0.05)  # it moved
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+def test_bfloat16_newton_schulz_is_torch_muon_bit_for_bit_and_a_cpu_takes_float32():
+    torch.manual_seed(0)
+    shapes = [(24, 8), (8, 24), (16, 16)]
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(3)]
+    runs = {}
+    for name, ns_dtype in (("bf16", torch.bfloat16), ("default", None), ("fp32", torch.float32), ("torch", None)):
+        params = [nn.Parameter(w.clone()) for w in start]
+        if name == "torch":
+            optimizer = torch.optim.Muon(params, lr=0.02, weight_decay=0.1, momentum=0.95)
+        else:
+            group = {"params": params, "muon": True, "lr": 0.02, "weight_decay": 0.1}
+            optimizer = MuonAdamW([group], momentum=0.95, ns_dtype=ns_dtype)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        runs[name] = [p.detach() for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(runs["bf16"], runs["torch"], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(runs["default"], runs["fp32"], strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(runs["fp32"], runs["bf16"], strict=True))
+    for a, b in zip(runs["fp32"], runs["bf16"], strict=True):  # the same update but for bf16's rounding
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
+
+
+def test_the_split_takes_every_parameter_once_on_its_side():
+    model = tiny()
+    muon, decay, no_decay = split_parameters(model)
+    blocks = [
+        f"transformer.h.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    ]
+    assert sorted(muon) == sorted(blocks)
+    assert sorted(decay) == ["transformer.wpe.weight", "transformer.wte.weight"]  # wte is the tied lm_head
+    assert sorted(no_decay) == sorted(n for n, p in model.named_parameters() if p.dim() == 1)
+    model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())  # untied
+    model.transformer.wpe.weight.requires_grad_(False)
+    optimizer = build_optimizer(model, "muon", **HYPER)
+    in_groups = [p for g in optimizer.param_groups for p in g["params"]]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len(in_groups) == len({id(p) for p in in_groups}) == len(trainable)
+    assert {id(p) for p in in_groups} == {id(p) for p in trainable}
+    names = {id(p): n for n, p in model.named_parameters()}
+    kinds = [
+        (g["muon"], g["lr"], g["weight_decay"], sorted(names[id(p)] for p in g["params"]))
+        for g in optimizer.param_groups
+    ]
+    assert kinds[0] == (True, 0.03, 0.05, sorted(blocks))
+    assert kinds[1] == (False, 3e-3, 0.1, ["lm_head.weight", "transformer.wte.weight"])
+    assert kinds[2] == (False, 3e-3, 0.0, sorted(no_decay))
+
+
+def test_adamw_share_is_torch_adamw_and_every_group_follows_the_schedule():
+    model, twin = tiny(), tiny()
+    optimizer = build_optimizer(model, "muon", **HYPER)
+    _, decay, no_decay = split_parameters(twin)
+    groups = [
+        {"params": list(decay.values()), "weight_decay": 0.1},
+        {"params": list(no_decay.values()), "weight_decay": 0.0},
+    ]
+    reference = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), fused=True)
+    for lr in (1e-3, 3e-3, 2e-3):
+        set_lr(optimizer, lr, HYPER["learning_rate"])
+        set_lr(reference, lr, HYPER["learning_rate"])
+        assert [g["lr"] for g in reference.param_groups] == [lr, lr]  # configure_optimizers' groups: lr as is
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.03 * lr / 3e-3, rel=1e-15)
+        assert [g["lr"] for g in optimizer.param_groups[1:]] == pytest.approx([lr, lr], rel=1e-15)
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        optimizer.step()
+        reference.step()
+        for name, q in [*decay.items(), *no_decay.items()]:
+            assert torch.equal(model.get_parameter(name), q), name
+    assert [g[BASE_LR] for g in optimizer.param_groups] == [0.03, 3e-3, 3e-3]
+
+
+def batches(n: int, seed: int = 0) -> list[torch.Tensor]:
+    """Windows of a learnable sequence (a fixed random cycle of 64 tokens), 33 tokens each."""
+    cycle = torch.randperm(64, generator=torch.Generator().manual_seed(0)).repeat(4)
+    starts = torch.randint(0, 64, (n, 8), generator=torch.Generator().manual_seed(seed))
+    return [torch.stack([cycle[s : s + 33] for s in row]) for row in starts]
+
+
+def train(model: GPT, optimizer: torch.optim.Optimizer, data: list[torch.Tensor], first: int = 0) -> list[float]:
+    losses = []
+    for it, x in enumerate(data, start=first):
+        set_lr(optimizer, HYPER["learning_rate"] * (1 - it / 40), HYPER["learning_rate"])
+        _, loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_adamw_is_configure_optimizers_bit_for_bit():
+    data = batches(4)
+    a, b = tiny(), tiny()
+    built = build_optimizer(a, "adamw", **HYPER, fused=True)
+    plain = b.configure_optimizers(HYPER["weight_decay"], HYPER["learning_rate"], HYPER["betas"], fused=True)
+    assert type(built) is torch.optim.AdamW and built.state_dict() == plain.state_dict()
+    assert train(a, built, data) == train(b, plain, data)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_a_saved_muon_optimizer_continues_bit_for_bit():
+    data = batches(6)
+    straight = tiny()
+    straight_losses = train(straight, build_optimizer(straight, "muon", **HYPER), data)
+    first = tiny()
+    optimizer = build_optimizer(first, "muon", **HYPER)
+    losses = train(first, optimizer, data[:3])
+    buffer = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    resumed = tiny(seed=1)
+    resumed.load_state_dict(saved["model"])
+    fresh = build_optimizer(resumed, "muon", **HYPER)
+    fresh.load_state_dict(saved["optimizer"])
+    losses += train(resumed, fresh, data[3:], first=3)
+    assert losses == straight_losses
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), straight.parameters(), strict=True))
+    # the settings' learning rates win over the checkpoint's, as nanoGPT's lr does; other kinds of state are refused
+    other = build_optimizer(tiny(), "muon", **(HYPER | {"muon_lr": 0.01}))
+    other.load_state_dict(saved["optimizer"])
+    assert [g[BASE_LR] for g in other.param_groups] == [0.01, 3e-3, 3e-3]
+    assert len(other.state) == len(saved["optimizer"]["state"]) == len(list(resumed.parameters()))
+    with pytest.raises(ValueError, match="not Muon's"):
+        other.load_state_dict(build_optimizer(tiny(), "adamw", **HYPER).state_dict())
+    with pytest.raises(ValueError):
+        build_optimizer(tiny(), "adamw", **HYPER).load_state_dict(saved["optimizer"])
+
+
+def test_a_tiny_gpt_learns_with_muon():
+    """30 steps: the loss falls from about ln(64) by over a third, and well below where AdamW's share alone (the
+    embeddings and vectors, Muon's lr 0) takes it."""
+    final = {}
+    for muon_lr in (0.0, HYPER["muon_lr"]):
+        model = tiny()
+        losses = train(model, build_optimizer(model, "muon", **(HYPER | {"muon_lr": muon_lr})), batches(30))
+        assert losses[0] > 4.1
+        final[muon_lr] = sum(losses[-5:]) / 5
+    assert final[HYPER["muon_lr"]] < min(0.7 * 4.1, final[0.0] - 0.2)
+
+
+def test_bad_choices_and_fsdp_shards_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, muon, not 'sgd'"):
+        build_optimizer(tiny(), "sgd", **HYPER)
+    with pytest.raises(ValueError, match="muon_momentum"):
+        build_optimizer(tiny(), "muon", **HYPER, muon_momentum=1.0)
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = tiny()
+        fc = model.transformer.h[0].mlp.c_fc
+        fc.weight = nn.Parameter(distribute_tensor(fc.weight.detach(), DeviceMesh("cpu", [0]), [Shard(0)]))
+        assert build_optimizer(model, "adamw", **HYPER) is not None  # AdamW takes shards
+        with pytest.raises(ValueError, match="FSDP's shards"):
+            build_optimizer(model, "muon", **HYPER)
+    finally:
+        dist.destroy_process_group()
