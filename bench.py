@@ -18,11 +18,11 @@ nanogpt_perf/bench/measure.py.
 
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from configurator import configure
-from nanogpt_perf.bench.cases import case_from_settings, ladder_cases, largest_fitting, sweep_values
+from nanogpt_perf import settings as shared
+from nanogpt_perf.bench.cases import Case, ladder_cases, largest_fitting, sweep_values
 from nanogpt_perf.bench.measure import add_speedups, run_case
 from nanogpt_perf.bench.regression import compare_results, comparison_table, load_results, machine_difference, verdict
 from nanogpt_perf.bench.report import beside, report, write_outputs
@@ -33,20 +33,35 @@ from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.rules import a_path, at_least, interval, output_file, takes_infinity
 from nanogpt_perf.runtime import resolve_runtime
 
-# the model's shape, AdamW and every performance switch: shared with train.py (one name, default and meaning each;
-# `python bench.py --help` lists them), overridden by config files and flags like the settings below
-from nanogpt_perf.settings import *  # noqa: F403
+# the model's shape, the optimizer and every performance switch, shared with train.py: each declared once (its
+# rule, default and meaning) in nanogpt_perf/settings.py; `python bench.py --help` lists them
+from nanogpt_perf.settings import (
+    GPT2_VOCAB_SIZE,
+    SHARED_CROSS,
+    block_size,
+    compile,
+    data_order,
+    device,
+    dtype,
+    n_embd,
+    n_head,
+    n_layer,
+    peak_flops,
+    prefetch,
+    seed,
+    tf32,
+)
 
 # -----------------------------------------------------------------------------
-# settings of bench.py alone
+# settings of bench.py alone, each with its rule
 # work
-batch_size = 12  # micro-batch size
-gradient_accumulation_steps = 1  # micro-batches per timed optimizer step
+batch_size: at_least(1) = 12  # micro-batch size
+gradient_accumulation_steps: at_least(1) = 1  # micro-batches per timed optimizer step
 dataset = ""  # '' for synthetic tokens, or a dataset under data_dir (prepared on first use), read as train.py does
-data_dir = "data"
-vocab_size = GPT2_VOCAB_SIZE  # of the synthetic tokens; a dataset brings its own (rounded up to pad_vocab)
-burn_in = 5  # iterations timed apart and left out of the median (>= 1: the first includes compilation)
-steps = 20  # timed iterations
+data_dir: a_path = "data"
+vocab_size: interval(1, 2**16) = GPT2_VOCAB_SIZE  # of the synthetic tokens (uint16); a dataset brings its own
+burn_in: at_least(1, " (the first iteration compiles)") = 5  # iterations timed apart, left out of the median
+steps: at_least(1) = 20  # timed iterations
 # what to run (one at most; none times the configuration above)
 ladder = False  # fp32 eager, +TF32, +bf16, +compile, +flash attention, +vocab padding, +fused AdamW
 skip_rungs = ""  # comma-separated rungs to leave out: tf32, bf16, compile, flash, pad_vocab, fused
@@ -54,25 +69,14 @@ sweep = ""  # a setting to vary: batch_size, block_size, gradient_accumulation_s
 values = ""  # the sweep's comma-separated values, e.g. 1,2,4,8
 find_max_batch = False  # the largest batch_size that fits in GPU memory (doubling, then bisecting)
 # outputs
-out_json = ""  # results as JSON, with a CSV and a PNG chart beside it; '' = print only
+out_json: output_file(".json") = ""  # results as JSON, with a CSV and a PNG chart beside it; '' = print only
 profile = False  # torch.profiler over 5 more steps: a Chrome trace beside out_json, the top 20 ops printed
 memory_snapshot = False  # CUDA: a memory snapshot of the timed steps beside out_json (pytorch.org/memory_viz)
 # regression check, instead of measuring: exit 1 when a figure of compare is worse than baseline's
 compare = ""  # a bench output (JSON)
 baseline = ""  # the bench output to compare it with
-tolerance_pct = 5.0  # how much worse a figure may be, in percent (inf: never fail)
-# the valid values of bench.py's own settings, beside the shared ones' (nanogpt_perf/settings.py)
-RULES = SHARED_RULES | {
-    "batch_size": at_least(1),
-    "gradient_accumulation_steps": at_least(1),
-    "data_dir": a_path,
-    "vocab_size": interval(1, 2**16),  # tokens are uint16, as in the datasets
-    "burn_in": at_least(1, " (the first iteration compiles)"),
-    "steps": at_least(1),
-    "tolerance_pct": takes_infinity(at_least(0)),  # inf: report, never fail
-    "out_json": output_file(".json"),  # its CSV, PNG, trace and snapshot go beside it
-}
-settings = configure(globals(), rules=RULES, cross=SHARED_CROSS)
+tolerance_pct: takes_infinity(at_least(0)) = 5.0  # how much worse a figure may be, in percent (inf: never fail)
+settings = configure(globals(), cross=SHARED_CROSS, shared=shared)
 # -----------------------------------------------------------------------------
 
 if compare or baseline:
@@ -117,16 +121,11 @@ if dataset:
     batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed, data_order=data_order, prefetch=prefetch)
 else:
     batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
-case = case_from_settings(settings, "as set", vocab_size)
+case = Case("as set", settings | {"vocab_size": vocab_size})
 if ladder:
-    skip = [k.strip() for k in skip_rungs.split(",") if k.strip()]
-    unpadded = case_from_settings(settings | {"pad_vocab": 1}, "", vocab_size)
-    cases = ladder_cases(unpadded, runtime.device, pad_vocab, skip)
+    cases = ladder_cases(case, runtime.device, [k.strip() for k in skip_rungs.split(",") if k.strip()])
 elif sweep:
-    sweep_cases = [
-        case_from_settings(settings | {sweep: v}, f"{sweep}={v}", vocab_size) for v in sweep_values(sweep, values)
-    ]
-    cases = [(c, None) for c in sweep_cases]
+    cases = [(case.but(f"{sweep}={v}", **{sweep: v}), None) for v in sweep_values(sweep, values)]
 else:
     cases = [(case, None)]
 
@@ -143,8 +142,8 @@ measure_args = dict(
     snapshot_path=beside(out_json, ".snapshot.pickle", "bench-snapshot.pickle") if memory_snapshot else None,
 )
 print(
-    f"model: {case.model.n_layer} layers, {case.model.n_head} heads, n_embd {case.model.n_embd}, vocab "
-    f"{case.model.vocab_size}; {gradient_accumulation_steps} x {batch_size} x {block_size} tokens per iteration"
+    f"model: {n_layer} layers, {n_head} heads, n_embd {n_embd}, vocab {case.measured()['vocab_size']}; "
+    f"{gradient_accumulation_steps} x {batch_size} x {block_size} tokens per iteration"
 )
 
 if find_max_batch:
@@ -154,7 +153,7 @@ if find_max_batch:
     results = []
 
     def fits(b: int) -> bool:
-        r = run_case(replace(case, name=f"batch_size={b}", batch_size=b), **(measure_args | {"steps": 1, "burn_in": 1}))
+        r = run_case(case.but(f"batch_size={b}", batch_size=b), **(measure_args | {"steps": 1, "burn_in": 1}))
         results.append(r)
         print(f"batch_size={b}: {r['status']} {r['reason']}", flush=True)
         if r["status"] == "failed" and r["reason"] != "out of memory":

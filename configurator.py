@@ -3,18 +3,18 @@ Overrides a script's module-level settings from config files and --key=value fla
 
     python train.py config/train_shakespeare_char.py --batch_size=32 --compile=false
 
-A setting is any module-level name of type bool, int, float or str defined before `configure(globals())`.
+A setting is any module-level name of type bool, int, float or str defined before `configure(globals())`, declared
+with its rule as its annotation (`eval_iters: at_least(1) = 200  # batches per eval`: name, rule, default, help).
 A config file is Python: its top-level assignments are overrides (imports and helpers in it are ignored).
 Unknown keys are errors that suggest the closest known key; values convert to the setting's type only where
 that loses nothing (1e5 -> 100000 for an int, 1 -> 1.0 for a float, false -> False for a bool). The final values
-are then checked against the rules the script gives (nanogpt_perf/rules.py): every float finite (inf only where a
+are then checked against their rules (nanogpt_perf/rules.py): every float finite (inf only where a
 rule takes it: --tolerance_pct=inf), every int within 64 bits, then each setting's own range. Every mistake is one
 error line, a config file that raises or exits included.
 """
 
 import ast
 import difflib
-import importlib.util
 import io
 import os
 import sys
@@ -22,10 +22,11 @@ import tokenize
 import types
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from nanogpt_perf.errors import UserError, report_errors
-from nanogpt_perf.rules import CrossRule, Rule, settings_problem, shown, unruled
+from nanogpt_perf.rules import CrossRule, Rule, convert, settings_problem, shown, unruled
 
 SETTING_TYPES = (bool, int, float, str)
 
@@ -36,30 +37,6 @@ def settings_of(namespace: dict[str, Any]) -> dict[str, Any]:
     return {
         k: v for k, v in namespace.items() if not k.startswith("_") and not k.isupper() and type(v) in SETTING_TYPES
     }
-
-
-def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:
-    """value as the type of default (or one of the words the setting also takes, e.g. 'auto'), or UserError if
-    that would lose or invent information. Only plain bool, int, float and str values are taken: a config file's
-    object of another type (a subclass too) is refused rather than asked what it is."""
-    kind, given = type(default), type(value)
-    if given is str and value in words:
-        return value
-    if kind is bool and given in (bool, int) and value in (0, 1):  # True, False, 1, 0
-        return bool(value)
-    if kind is int and given is int:
-        return value
-    if kind is int and given is float and value.is_integer():  # 1e5
-        return int(value)
-    if kind is float and given in (int, float):
-        try:
-            return float(value)
-        except OverflowError:  # an int past float's range (about 1.8e308)
-            raise UserError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
-    if kind is str and given is str:
-        return value
-    also = "".join(f" or {w!r}" for w in words)
-    raise UserError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
@@ -169,43 +146,49 @@ def described_assignments(path: Path) -> dict[str, str]:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline)
         if tok.type == tokenize.COMMENT
     }
+    targets = lambda node: node.targets if isinstance(node, ast.Assign) else [node.target]  # noqa: E731
     return {
         target.id: comments.get(node.end_lineno, "")
         for node in ast.parse(source).body
-        if isinstance(node, ast.Assign)
-        for target in node.targets
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+        for target in targets(node)
         if isinstance(target, ast.Name)
     }
 
 
-def imported_modules(script: Path) -> list[Path]:
-    """The files of the modules a script imports names from (`from module import ...`) that can be found."""
-    paths = []
-    for node in ast.parse(script.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            spec = importlib.util.find_spec(node.module)
-            if spec is not None and spec.origin and spec.origin.endswith(".py"):
-                paths.append(Path(spec.origin))
-    return paths
-
-
-def help_text(script: Path, defaults: dict[str, Any]) -> str:
-    """Every setting with its type, default and description: the script's own, then those it imports from a
-    module of shared settings, listed the same way by every script that imports them."""
+def help_text(script: Path, shared: Path | None, defaults: dict[str, Any], rules: dict[str, Rule]) -> str:
+    """Every setting with its type, default and description (and its choices, where its rule has some): the
+    script's own, then the shared ones, listed the same way by every script that takes them."""
     own = described_assignments(script)
     sections = {f"settings of {script.name}:": {k: own[k] for k in defaults if k in own}}
-    for module in imported_modules(script):
-        shared = described_assignments(module)
-        docs = {k: doc for k, doc in shared.items() if k in defaults and k not in own}
-        if docs:
-            sections[f"shared settings, defined in {module.parent.name}/{module.name}:"] = docs
+    if shared is not None:
+        docs = {k: doc for k, doc in described_assignments(shared).items() if k in defaults and k not in own}
+        sections[f"shared settings, defined in {shared.parent.name}/{shared.name}:"] = docs
     width = max(map(len, defaults))
     lines = [f"usage: python {script.name} [config_file.py ...] [--key=value ...]"]
     for title, docs in sections.items():
         lines += ["", title]
         for k, doc in docs.items():
+            choices = getattr(rules.get(k), "choices", None)
+            doc = f"{doc} (one of {', '.join(choices)})".strip() if choices else doc
             lines.append(f"  --{k:<{width}} {type(defaults[k]).__name__:<5} default {defaults[k]!r:<10} {doc}".rstrip())
     return "\n".join(lines)
+
+
+def rules_of(namespace: dict[str, Any]) -> dict[str, Rule]:
+    """The rules a module declares with its settings, as their annotations: `eval_iters: at_least(1) = 200`."""
+    annotations = namespace.get("__annotations__", {})
+    return {k: rule for k, rule in annotations.items() if callable(rule) and not isinstance(rule, type)}
+
+
+def declared(
+    namespace: dict[str, Any], shared: ModuleType | None = None, rules: dict[str, Rule] | None = None
+) -> tuple[dict[str, Any], dict[str, Rule]]:
+    """The settings of a script (namespace: its globals) and of the shared module it names, with their defaults,
+    and their rules: declared as annotations, or given (rules)."""
+    modules = [vars(shared)] if shared else []
+    defaults = {k: v for module in (*modules, namespace) for k, v in settings_of(module).items()}
+    return defaults, {k: v for module in (*modules, namespace) for k, v in rules_of(module).items()} | (rules or {})
 
 
 def configure(
@@ -213,13 +196,14 @@ def configure(
     argv: list[str] | None = None,
     rules: dict[str, Rule] | None = None,
     cross: Iterable[CrossRule] = (),
-    words: dict[str, tuple[str, ...]] | None = None,
+    shared: ModuleType | None = None,
 ) -> dict[str, Any]:
-    """Apply sys.argv's config files and flags to the settings in namespace (a script's globals()), check them
-    against rules (each int or float setting must have one) and the rules between settings, cross, and return
-    them all; words: the words a setting takes besides values of its type (e.g. {'batch_size': ('auto',)}).
-    Prints --help or one error line and exits; prints the resolved settings once (on rank 0 under torchrun)."""
-    return configure_command(namespace, argv, rules, cross, words)[0]
+    """Apply sys.argv's config files and flags to the settings in namespace (a script's globals()) and those of the
+    module shared (settings several scripts take: nanogpt_perf/settings.py), check each against its rule (the
+    annotation it is declared with, or rules[name]; every int or float setting must have one) and the rules between
+    settings, cross, and return them all. A rule's `words` (or_word's 'auto') are taken besides values of the
+    setting's type. Prints --help and exits; a mistake is a UserError; prints the resolved settings once (rank 0)."""
+    return configure_command(namespace, argv, rules, cross, shared)[0]
 
 
 def configure_command(
@@ -227,27 +211,26 @@ def configure_command(
     argv: list[str] | None = None,
     rules: dict[str, Rule] | None = None,
     cross: Iterable[CrossRule] = (),
-    words: dict[str, tuple[str, ...]] | None = None,
-) -> tuple[dict[str, Any], set[str]]:
-    """configure, and the settings this command's config files and flags gave (whatever their values)."""
+    shared: ModuleType | None = None,
+) -> tuple[dict[str, Any], set[str], dict[str, Rule]]:
+    """configure, the settings this command's config files and flags gave (whatever their values), and the rules."""
     report_errors()  # this script's one handler: a UserError is one line, 'error: ...', and exit status 1
     argv = sys.argv[1:] if argv is None else argv
-    defaults, rules = settings_of(namespace), rules or {}
+    defaults, rules = declared(namespace, shared, rules)
     if missing := unruled(defaults, defaults, rules):
-        raise TypeError(f"no rule for the setting(s) {', '.join(missing)}: add one to configure()'s rules")
+        raise TypeError(f"no rule for the setting(s) {', '.join(missing)}: declare one with each (name: rule = value)")
     if "-h" in argv or "--help" in argv:
-        print(help_text(Path(namespace.get("__file__", sys.argv[0])), defaults))
+        script = Path(namespace.get("__file__", sys.argv[0]))
+        print(help_text(script, Path(shared.__file__) if shared else None, defaults, rules))
         sys.exit(0)
+    words = {k: rule.words for k, rule in rules.items() if hasattr(rule, "words")}
     given = read_overrides(defaults, argv, words)
     settings = defaults | given
-    # a resumed run's base is its checkpoint's settings, not these defaults: the script checks the rules between
-    # settings once it has merged them
-    problem = settings_problem(settings, rules, cross if settings.get("init_from") != "resume" else ())
-    if problem:
+    if problem := settings_problem(settings, rules, cross):
         raise UserError(problem)
     namespace.update(settings)
     if os.environ.get("RANK", "0") == "0":
         print("settings: " + ", ".join(f"{k}={v!r}" for k, v in settings.items()))
         if changed := {k: v for k, v in settings.items() if v != defaults[k]}:
             print("overridden: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
-    return settings, set(given)
+    return settings, set(given), rules

@@ -17,58 +17,60 @@ import torch
 import torch.distributed as dist
 
 from configurator import configure_command
-from model import GPT
-from nanogpt_perf.bench.autobatch import micro_batch, step_shape
-from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
+
+# the model's shape, the optimizer and every performance switch, shared with bench.py: each declared once (its
+# rule, default and meaning) in nanogpt_perf/settings.py; config files and flags override them as they do the below
+from nanogpt_perf import settings as shared
 from nanogpt_perf.data.loader import TokenBatches
-from nanogpt_perf.data.token_check import check_token_ids
-from nanogpt_perf.data.tokenizer import Tokenizer, tokenizer_spec
+from nanogpt_perf.data.tokenizer import tokenizer_spec
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
-from nanogpt_perf.hellaswag import download_val, read_examples, score
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
+from nanogpt_perf.hellaswag import score
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, not_above, one_of, or_word, settings_problem
-from nanogpt_perf.runtime import dtype_problem, resolve_device, resolve_runtime
-
-# the model's shape, AdamW and every performance switch: shared with bench.py (one name, default, meaning and rule
-# each; `python train.py --help` lists them), overridden by config files and flags like the settings below
-from nanogpt_perf.settings import *  # noqa: F403
-from nanogpt_perf.train.checkpoint import restore_training, resume_checkpoint, save_iteration, training_state
-from nanogpt_perf.train.ownership import claim_out_dir, last_checkpoint, out_dir_problem
-from nanogpt_perf.train.parallel import (
-    PARALLELISMS,
-    close,
-    full_state,
-    mean_over_ranks,
-    start_ranks,
-    torchrun_rank,
-    unwrap,
-    wrap_model,
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, not_above, one_of, or_word
+from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.settings import (
+    block_size,
+    compile,
+    compile_mode,
+    data_order,
+    device,
+    dtype,
+    learning_rate,
+    peak_flops,
+    prefetch,
+    seed,
+    tf32,
 )
+from nanogpt_perf.train.admission import admit_data, hellaswag_task, import_wandb, initial_model, resolve_settings
+from nanogpt_perf.train.build import build_training
+from nanogpt_perf.train.checkpoint import restore_training, save_iteration, training_state
+from nanogpt_perf.train.ownership import claim_out_dir, last_checkpoint
+from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
-from nanogpt_perf.train.progress import Progress, RunLog, import_wandb
-from nanogpt_perf.train.resume import nothing_to_train, resume_settings, rng_state, set_rng_state
-from nanogpt_perf.train.step import TrainStep
+from nanogpt_perf.train.progress import Progress, RunLog
+from nanogpt_perf.train.resume import rng_state, set_rng_state
 
 # -----------------------------------------------------------------------------
-# settings of train.py alone: defaults train GPT-2 (124M); config files and --key=value flags override them
+# settings of train.py alone, each with its rule (what values are valid: nanogpt_perf/rules.py): defaults train
+# GPT-2 (124M); config files and --key=value flags override them, and the shared settings
 # I/O
-out_dir = "out"
-eval_interval = 2000
-log_interval = 1
-eval_iters = 200  # batches per split at each eval: the same fixed windows every time
+out_dir: a_path = "out"
+eval_interval: at_least(1) = 2000
+log_interval: at_least(1) = 1
+eval_iters: at_least(1, most=2**31 - 1) = 200  # batches per split at each eval: the same fixed windows every time
 eval_only = False  # evaluate once and exit
-hellaswag_interval = 0  # HellaSwag's accuracy too, every this many iterations and at the end (GPT-2 tokens); 0 = off
+hellaswag_interval: at_least(0, " (0 = off)") = 0  # HellaSwag's accuracy too, every this many iterations and at the end
 hellaswag_file = ""  # a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/ (once)
-hellaswag_examples = 0  # score the first this many examples each time; 0 = all 10,042
+hellaswag_examples: at_least(0, " (0 = all)") = 0  # score the first this many examples each time; 0 = all 10,042
 always_save_checkpoint = True  # save at every eval, not only when val loss improves
-save_interval = 0  # also save every this many iterations, evals or not; 0 = at evals only
-keep_last = 3  # checkpoints kept (out_dir/ckpt-NNNNNNN.pt), besides the best (ckpt-best.pt)
-init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a transformers folder
+save_interval: at_least(0, " (0 = at evals only)") = 0  # also save every this many iterations, evals or not
+keep_last: at_least(1) = 3  # checkpoints kept (out_dir/ckpt-NNNNNNN.pt), besides the best (ckpt-best.pt)
+init_from: init_from_one_of("scratch", "resume", *HF_HUB_NAMES) = "scratch"  # 'resume': from out_dir/ckpt.pt
 overwrite = False  # a new run (not init_from='resume') may replace an earlier run's checkpoints and log in out_dir
 resume_fallback = False  # resume from the newest whole checkpoint when ckpt.pt is truncated or corrupt
 # wandb logging
@@ -77,170 +79,74 @@ wandb_project = "owt"
 wandb_run_name = "gpt2"
 # data
 dataset = "openwebtext"  # as nanoGPT; prepare it first (data/openwebtext/prepare.py), or name another
-data_dir = "data"  # datasets live in data_dir/dataset: train.bin and val.bin, or llm.c shards (*_train_*.bin)
-gradient_accumulation_steps = 5 * 8  # micro-batches per optimizer step, counted across all ranks
-batch_size = 12  # micro-batch size per rank, or 'auto': the largest that fits the device (with tokens_per_iter)
-tokens_per_iter = 0  # tokens per optimizer step; when set, gradient_accumulation_steps follows from it; 0 = unset
-max_iters = 600000  # optimizer steps
+data_dir: a_path = "data"  # datasets live in data_dir/dataset: train.bin and val.bin, or llm.c shards
+gradient_accumulation_steps: at_least(1) = 5 * 8  # micro-batches per optimizer step, counted across all ranks
+batch_size: or_word("auto", at_least(1)) = 12  # micro-batch size per rank, or 'auto': the largest that fits
+tokens_per_iter: at_least(0, " (0 = unset)") = 0  # tokens per optimizer step, setting gradient_accumulation_steps
+max_iters: at_least(0) = 600000  # optimizer steps
 # learning rate schedule: linear warmup, then cosine decay to min_lr
 decay_lr = True
-warmup_iters = 2000
-lr_decay_iters = 600000  # ~= max_iters per Chinchilla
-min_lr = 6e-5  # ~= learning_rate / 10 per Chinchilla
+warmup_iters: at_least(0) = 2000
+lr_decay_iters: at_least(0) = 600000  # ~= max_iters per Chinchilla
+min_lr: at_least(0) = 6e-5  # ~= learning_rate / 10 per Chinchilla
 # system
-parallelism = "ddp"  # under torchrun: 'ddp' (a whole model per rank) or 'fsdp' (FSDP2: everything sharded)
-backend = "auto"  # DDP backend: 'auto' (nccl on CUDA, gloo on CPU), 'nccl' or 'gloo'
-profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops printed
-max_bad_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (each skipped)
-# the valid values of train.py's own settings, beside the shared ones' (nanogpt_perf/settings.py)
-RULES = SHARED_RULES | {
-    "out_dir": a_path,
-    "eval_interval": at_least(1),
-    "log_interval": at_least(1),
-    "eval_iters": at_least(1, most=2**31 - 1),  # a tensor of that length
-    "hellaswag_interval": at_least(0, " (0 = off)"),
-    "hellaswag_examples": at_least(0, " (0 = all)"),
-    "save_interval": at_least(0, " (0 = at evals only)"),
-    "keep_last": at_least(1),
-    "init_from": init_from_one_of("scratch", "resume", *HF_HUB_NAMES),
-    "data_dir": a_path,
-    "gradient_accumulation_steps": at_least(1),
-    "batch_size": or_word("auto", at_least(1)),
-    "tokens_per_iter": at_least(0, " (0 = batch_size x gradient_accumulation_steps x block_size)"),
-    "max_iters": at_least(0),
-    "warmup_iters": at_least(0),
-    "lr_decay_iters": at_least(0),
-    "min_lr": at_least(0),
-    "parallelism": one_of(*PARALLELISMS),
-    "backend": one_of("auto", "nccl", "gloo"),
-    "max_bad_steps": at_least(1),
-}
-CROSS = (
-    *SHARED_CROSS,
-    not_above("warmup_iters", "lr_decay_iters", "decay_lr"),
-    not_above("min_lr", "learning_rate", "decay_lr"),
-)
-settings, given = configure_command(globals(), rules=RULES, cross=CROSS, words={"batch_size": ("auto",)})
+parallelism: one_of(*PARALLELISMS) = "ddp"  # under torchrun: a whole model per rank, or FSDP2 (all of it sharded)
+backend: one_of("auto", "nccl", "gloo") = "auto"  # DDP's: 'auto' is nccl on CUDA, gloo on CPU
+profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops
+max_bad_steps: at_least(1) = 10  # stop after this many steps in a row with a non-finite loss or gradient norm
+CROSS = (not_above("warmup_iters", "lr_decay_iters", "decay_lr"), not_above("min_lr", "learning_rate", "decay_lr"))
+settings, given, rules = configure_command(globals(), shared=shared)
 # -----------------------------------------------------------------------------
 
-master = torchrun_rank(os.environ) == 0  # rank 0 (or the only process) prints and writes; torchrun's variables checked
-
-
-def print0(*args: object) -> None:
-    if master:
-        print(*args, flush=True)
-
-
-# an out_dir holds one run: refused while another run holds it, and a new run refused where an earlier one left
-# checkpoints, unless overwrite=True (these checks only read; the lock is taken once every check has passed)
-if master and (problem := out_dir_problem(Path(out_dir), init_from != "resume", overwrite, eval_only)):
-    raise UserError(problem)
-
-# resume: the checkpoint's settings are the base, overridden by the config files and flags given now (each change
-# printed); its architecture, vocabulary and data cannot change, and it must have iterations left to train
-checkpoint = resume_checkpoint(Path(out_dir), resume_fallback) if init_from == "resume" else None
-if checkpoint is not None:
-    settings, overrides = resume_settings(checkpoint["config"], settings, given, {"batch_size": ("auto",)}, RULES)
-    if problem := settings_problem(settings, RULES, CROSS):  # and those between settings, on the new base
-        raise UserError(problem)
-    globals().update(settings)
-    if not eval_only and (problem := nothing_to_train(Path(out_dir), checkpoint["iter_num"], max_iters)):
-        raise UserError(problem)
-    if overrides:
-        print0("resumed settings overridden: " + "; ".join(overrides))
+# admission, before anything is written (nanogpt_perf/train/admission.py): torchrun's variables, an out_dir that is
+# this run's to use, and on resume the checkpoint's settings overridden by the config files and flags given now
+settings, checkpoint = resolve_settings(settings, given, rules, CROSS)
+globals().update(settings)
 
 # DDP: torchrun sets RANK; each process drives one device (its own GPU) and sees 1/world of the micro-batches
 ranks = start_ranks(device, backend)
-device, ddp = ranks.device, ranks.distributed
+master, ddp = ranks.master, ranks.distributed
+print0 = lambda *args: print(*args, flush=True) if master else None  # rank 0 (or the only process) prints
 
-# device and precision: chosen after the overrides (a resumed run's dtype that this device has not, as nanoGPT saves
-# float16 from a CPU run, is auto here); TF32 is set here (CUDA only)
-if checkpoint is not None and "dtype" not in given and dtype_problem(resolve_device(device), dtype):
-    print0(f"resumed settings: dtype={dtype!r} not applied (not on {device}): auto")
-    dtype = settings["dtype"] = "auto"
+# device and precision, chosen once every override is in; TF32 is set here (CUDA only)
 runtime = resolve_runtime(device, dtype, tf32)
 print0(runtime.describe())
 torch.manual_seed(seed + ranks.rank)
 
-# data: prepared on first use (a small dataset); its vocabulary
-data_path = Path(data_dir) / dataset
-if master:
-    prepare_if_missing(data_path)
-if ddp:
-    dist.barrier()
-vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
-if master:  # every token id inside the vocabulary (rank 0 reads; its error line ends every rank)
-    check_token_ids(data_path, vocab_size)
-print0(f"vocab_size {vocab_size} from {data_path}")
-
-# the micro-batch and the accumulation (global, then per rank): as set, or with tokens_per_iter the accumulation
-# that makes exactly that many tokens a step, at batch_size or at the largest that fits ('auto': a step tried per
-# candidate, once, by nanogpt_perf/bench/autobatch.py)
-choose = lambda rows: micro_batch(rows, settings, vocab_size, runtime, print0)  # noqa: E731
-batch_size, gradient_accumulation_steps = step_shape(settings, given, ranks.world_size, choose)
-settings |= {"batch_size": batch_size, "gradient_accumulation_steps": gradient_accumulation_steps}  # as it runs
-if gradient_accumulation_steps % ranks.world_size:
-    raise UserError(
-        f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by {ranks.world_size} ranks"
-    )
-gradient_accumulation_steps //= ranks.world_size
+# data: prepared on first use (a small dataset), its token ids checked against its vocabulary; the micro-batch and
+# the accumulation as set, or with tokens_per_iter the accumulation that makes exactly that many tokens a step, at
+# batch_size or at the largest that fits ('auto': nanogpt_perf/train/autobatch.py)
+data = admit_data(settings, given, ranks, runtime)
+batch_size, gradient_accumulation_steps = data.batch_size, data.accumulation // ranks.world_size  # this rank's
+settings |= {"batch_size": batch_size, "gradient_accumulation_steps": data.accumulation}  # as it runs
 tokens_per_iter = gradient_accumulation_steps * ranks.world_size * batch_size * block_size
-print0(
-    f"tokens per iteration: {tokens_per_iter:,} ({gradient_accumulation_steps} micro-batches x "
-    f"{ranks.world_size} ranks x {batch_size} x {block_size})"
-)
 
-# the batches: in data_order, each rank its own share, built ahead by a background thread into pinned buffers
-# (CUDA) and copied without blocking; evaluation reads fixed windows of its own, so the training stream does not
-# depend on eval_interval or eval_iters
+# the batches: in data_order, each rank its own share, built ahead by a background thread into pinned buffers (CUDA)
+# and copied without blocking; evaluation reads fixed windows of its own (the training stream does not depend on it)
 batches = TokenBatches(
-    data_path, batch_size, block_size, runtime.device, seed, ranks.rank, ranks.world_size, data_order, prefetch
+    data.path, batch_size, block_size, runtime.device, seed, ranks.rank, ranks.world_size, data_order, prefetch
 )
 
-# model: from scratch (the vocabulary padded to a multiple of pad_vocab), the weights and architecture of
-# out_dir/ckpt.pt, or GPT-2's weights; the memory savers and the attention kernel are GPTConfig fields
-config = model_config(settings, vocab_size)
-if init_from == "scratch":
-    model = GPT(config)
-elif init_from == "resume":
-    model = GPT.from_checkpoint(checkpoint, config)
-else:  # GPT-2 weights: a hub name or a folder in transformers' format; the rest of config leaves them as they are
-    keep = ("dropout", "attention", "loss_chunk", "loss_impl", "activation_checkpointing")
-    model = load_gpt2(init_from, **{k: getattr(config, k) for k in keep})
-source = "checkpoint" if init_from == "resume" else init_from
-if block_size > model.config.block_size:
-    raise UserError(f"block_size={block_size} is larger than the {source}'s {model.config.block_size}")
-if vocab_size > model.config.vocab_size:
-    raise UserError(
-        f"dataset {dataset} has {vocab_size} tokens, more than the {source}'s vocabulary of {model.config.vocab_size}"
-    )
-if block_size < model.config.block_size:
-    model.crop_block_size(block_size)
+# the model: new (nanogpt_perf/settings.py's model_config: the vocabulary padded to a multiple of pad_vocab), the
+# weights and architecture of out_dir/ckpt.pt, or GPT-2's weights; cropped to block_size
+model = initial_model(settings, data.vocab_size, checkpoint)
 model_args = asdict(model.config)
 print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
-# onto the device; compiled (in compile_mode) when asked; under torchrun, DDP (a whole model per rank, gradients
-# all-reduced in buckets during backward) or, with parallelism='fsdp', FSDP2 (each block's parameters, gradients and
-# optimizer state sharded over the ranks, in the dtype's mixed precision)
+# what trains it, built as bench.py builds it (nanogpt_perf/train/build.py): the model on the device, compiled when
+# asked, under torchrun in DDP or FSDP2 (parallelism); the optimizer; a GradScaler (float16 only); the training step
+# that bench.py times: accumulation, autocast, clipping, DDP's no_sync, the next batch fetched while the device works
 if compile:
     print0(f"compiling the model, mode {compile_mode} (the first step takes longer)")
-model = wrap_model(model, parallelism if ddp else "ddp", runtime, compile, compile_mode)
-raw_model = unwrap(model)
+model, raw_model, optimizer, scaler, step = build_training(
+    settings, runtime, batches, model, gradient_accumulation_steps
+)
 
-# AdamW (fused where the device has the kernel, with fused_adamw) over the wrapped model's parameters (FSDP's are
-# shards), a GradScaler active for float16 only; on resume, their states and this rank's place in the data
-optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), fused=fused_adamw)
-scaler = runtime.grad_scaler()
+# on resume: the optimizer's and the scaler's states and this rank's place in the data
 iter_num, best_val_loss, rng = 0, float("inf"), None
 if checkpoint is not None:
-    iter_num, best_val_loss, rng = restore_training(
-        checkpoint, model, optimizer, scaler, batches, ranks.rank, ranks.world_size
-    )
+    iter_num, best_val_loss, rng = restore_training(checkpoint, model, optimizer, scaler, batches, ranks)
 checkpoint = None  # free its memory
-
-# the training step that bench.py times too: accumulation, autocast, GradScaler, clipping, DDP's no_sync, and the
-# next batch fetched while the device computes
-step = TrainStep(model, optimizer, scaler, runtime, batches, gradient_accumulation_steps, grad_clip)
 
 
 @torch.no_grad()
@@ -280,7 +186,7 @@ def save(best: bool) -> str | None:
     if master:
         state = training_state(
             model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict(), model_args=model_args,
-            iter_num=iter_num, best_val_loss=best_val_loss, config=settings, tokenizer=tokenizer_spec(data_path),
+            iter_num=iter_num, best_val_loss=best_val_loss, config=settings, tokenizer=tokenizer_spec(data.path),
             ranks=every_rank,
         )  # fmt: skip
         path = save_iteration(state, Path(out_dir), iter_num, best, keep_last)
@@ -289,24 +195,12 @@ def save(best: bool) -> str | None:
     return None
 
 
-# HellaSwag's examples, when asked for: downloaded once (rank 0), scored in GPT-2's tokens by every rank's share
-hellaswag = None
-if hellaswag_interval:
-    tokenizer = Tokenizer.for_dataset(data_path)
-    if tokenizer.itos is not None or parallelism == "fsdp" and ddp:
-        raise UserError(f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer.name} with {parallelism}")
-    path = Path(hellaswag_file) if hellaswag_file else Path(data_dir) / "hellaswag" / "hellaswag_val.jsonl"
-    if master and not hellaswag_file:
-        download_val(path)
-    if ddp:
-        dist.barrier()
-    hellaswag = read_examples(path, hellaswag_examples)
+# HellaSwag's examples, when asked for (downloaded once), scored in GPT-2's tokens by every rank's share; wandb
+hellaswag = hellaswag_task(settings, data.path, ranks)
+wandb = import_wandb(settings, master)  # the last check
 
-wandb = import_wandb(wandb_log, master)  # the last check
-
-# every check has passed: out_dir is this run's from here (rank 0 holds out_dir/train.lock until it exits; with
-# overwrite=True a new run deletes the earlier run's checkpoints and log first), and SIGTERM or Ctrl-C stops the run
-# cleanly (finish the step, save, exit)
+# every check has passed: out_dir is this run's (rank 0 holds out_dir/train.lock; overwrite=True deletes an earlier
+# run's checkpoints and log first), and SIGTERM or Ctrl-C stops the run cleanly (finish the step, save, exit)
 lock = claim_out_dir(Path(out_dir), master, ddp, overwrite and init_from != "resume")
 stop = StopRequest(lock.release if lock else None)
 
@@ -352,7 +246,8 @@ while True:
         saved = save(best=improved)
     scoring = hellaswag and not stopping and (iter_num % hellaswag_interval == 0 or iter_num == max_iters)
     if scoring:
-        log.hellaswag(iter_num, score(raw_model, hellaswag, tokenizer.encode, runtime.device, runtime.autocast_ctx))
+        examples, tokenizer = hellaswag
+        log.hellaswag(iter_num, score(raw_model, examples, tokenizer.encode, runtime.device, runtime.autocast_ctx))
     if evaluating or saving or scoring:
         progress.restart()  # evals and checkpoints are not the training step's
         batches.take_wait_seconds()

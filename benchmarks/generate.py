@@ -29,7 +29,7 @@ from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import model_size_problem, peak_memory_bytes
 from nanogpt_perf.rules import at_least, not_above, one_of, output_file
 from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
-from nanogpt_perf.settings import heads_divide_width
+from nanogpt_perf.settings import gpt_config_problem
 
 # -----------------------------------------------------------------------------
 n_layer = 12
@@ -65,7 +65,7 @@ settings = configure(
         "out_json": output_file(".json"),
     },
     cross=[
-        heads_divide_width,
+        gpt_config_problem,
         not_above("prompt_tokens", "block_size"),
         lambda s: model_size_problem(s["n_layer"], s["n_embd"], s["vocab_size"], s["block_size"]),
     ],

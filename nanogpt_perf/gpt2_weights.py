@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from model import GPT, HF_TRANSPOSED
+from model import GPT, HF_TRANSPOSED, GPTConfig
 from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.rules import shown
@@ -85,8 +85,10 @@ def config_problem(config: dict[str, Any]) -> str | None:
     for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
         if type(config.get(key)) is not int or config[key] < 1:
             return f"{key} must be a positive int, not {shown(config.get(key))}"
-    if config["n_embd"] % config["n_head"]:
-        return f"n_embd={config['n_embd']} is not divisible by n_head={config['n_head']}"
+    try:  # GPTConfig's own checks of a shape (n_embd divisible by n_head)
+        GPTConfig(n_layer=config["n_layer"], n_head=config["n_head"], n_embd=config["n_embd"])
+    except ValueError as e:
+        return str(e)
     different = {
         "n_inner": (None, 4 * config["n_embd"]),  # the MLP's width: 4 x n_embd
         "activation_function": ("gelu_new", "gelu_pytorch_tanh"),

@@ -18,6 +18,15 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def held_memory_bytes(device: torch.device) -> int | None:
+    """Memory in use now: allocated on the GPU, or the process's resident set on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    if device.type == "cpu" and Path("/proc/self/statm").is_file():
+        return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    return None
+
+
 def peak_reserved_bytes(device: torch.device) -> int | None:
     """Peak memory held by CUDA's caching allocator (allocated plus cached); None where there is no such pool."""
     return torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None

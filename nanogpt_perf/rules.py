@@ -1,10 +1,11 @@
 """The rules settings are checked by: a rule gives None for a valid value, else what would be valid ('>= 1'), and
 settings_problem turns the first broken one into the error line, e.g. "batch_size must be >= 1, not 0".
 
-Each rule sits beside the setting it checks: a script passes the rules of its own settings to configure(), and the
-settings it shares with other scripts bring theirs from where they are defined (nanogpt_perf/settings.py). A rule
-that needs a name of another module is written there (runtime.a_device, for one). This module imports no torch:
-the data preparation scripts' worker processes import the configurator, and so this.
+Each rule sits on the line of the setting it checks, as its annotation (`eval_iters: at_least(1) = 200`), in the
+script or in the module of shared settings (nanogpt_perf/settings.py); configure() reads them there. A rule that
+needs a name of another module is written there (runtime.device_problem, for one). This module imports no torch:
+the data preparation scripts' worker processes import the configurator, and so this. convert() turns a value given
+in a config file or a flag into its setting's type.
 
 Every number is also checked before its rule, whatever the script: a float must be finite (NaN never passes; inf only
 where a rule says it means something, with takes_infinity) and an int must fit in 64 bits, as torch, numpy and the
@@ -15,6 +16,8 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from nanogpt_perf.errors import UserError
 
 Rule = Callable[[Any], str | None]  # None for a valid value, else what would be valid, e.g. '>= 1'
 CrossRule = Callable[[dict[str, Any]], str | None]  # a rule between settings: the whole error line, or None
@@ -37,12 +40,21 @@ def interval(low: float, high: float, low_open: bool = False, high_open: bool = 
 
 
 def one_of(*choices: str) -> Rule:
-    return lambda v: None if v in choices else f"one of {', '.join(choices)}"
+    def among(value: Any) -> str | None:
+        return None if value in choices else f"one of {', '.join(choices)}"
+
+    among.choices = choices  # type: ignore[attr-defined] (--help lists them)
+    return among
 
 
 def or_word(word: str, rule: Rule) -> Rule:
-    """rule, or the word itself (e.g. 'auto')."""
-    return lambda v: None if v == word else (rule(v) and f"{word!r} or {rule(v)}")
+    """rule, or the word itself (e.g. 'auto'), which the setting takes besides values of its type."""
+
+    def rule_or_word(value: Any) -> str | None:
+        return None if value == word else (rule(value) and f"{word!r} or {rule(value)}")
+
+    rule_or_word.words = (word,)  # type: ignore[attr-defined]
+    return rule_or_word
 
 
 def list_of(*choices: str) -> Rule:
@@ -158,4 +170,33 @@ def settings_problem(settings: dict[str, Any], rules: dict[str, Rule], cross: It
 def init_from_one_of(*choices: str) -> Rule:
     """choices (e.g. 'scratch', 'resume' and GPT-2's hub names) or an existing folder in transformers' format."""
     folder = lambda v: v != "" and "\0" not in v and Path(v).is_dir()  # Path('') is the current folder
-    return lambda v: None if v in choices or folder(v) else f"{', '.join(choices)} or a transformers folder"
+
+    def choice_or_folder(value: str) -> str | None:
+        return None if value in choices or folder(value) else f"{', '.join(choices)} or a transformers folder"
+
+    choice_or_folder.choices = (*choices, "a transformers folder")  # type: ignore[attr-defined] (for --help)
+    return choice_or_folder
+
+
+def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:
+    """value as the type of default (or one of the words the setting also takes, e.g. 'auto'), or UserError if
+    that would lose or invent information. Only plain bool, int, float and str values are taken: a config file's
+    object of another type (a subclass too) is refused rather than asked what it is."""
+    kind, given = type(default), type(value)
+    if given is str and value in words:
+        return value
+    if kind is bool and given in (bool, int) and value in (0, 1):  # True, False, 1, 0
+        return bool(value)
+    if kind is int and given is int:
+        return value
+    if kind is int and given is float and value.is_integer():  # 1e5
+        return int(value)
+    if kind is float and given in (int, float):
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range (about 1.8e308)
+            raise UserError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
+    if kind is str and given is str:
+        return value
+    also = "".join(f" or {w!r}" for w in words)
+    raise UserError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")

@@ -6,34 +6,49 @@ import json
 import pytest
 
 from conftest import TINY_MODEL, assert_one_line_error, run_in_process, run_script
-from nanogpt_perf.bench.autobatch import auto_micro_batch, step_shape
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.train.autobatch import choose_micro_batch, divisors, step_shape
+
+GiB = 2**30
 
 
-def probed(rows: int, limit: int) -> tuple[int, list[int]]:
-    """auto_micro_batch against a device where micro-batches up to limit fit, and the sizes it tried."""
+def device(held: float, per_row: float, fits: float, grows: float = 0.0):
+    """A fake device for choose_micro_batch: a step at micro-batch b holds `held` GiB of weights and optimizer state
+    and peaks at held + per_row * b (+ grows * b * b: a peak that an extrapolation from a small b underestimates),
+    and fits when that peak is at most `fits` GiB. The probe's calls are recorded."""
     tried = []
-    chosen = auto_micro_batch(rows, lambda b: tried.append(b) or b <= limit)
-    return chosen, tried
+
+    def probe(b: int) -> tuple[int, int] | None:
+        tried.append(b)
+        peak = (held + per_row * b + grows * b * b) * GiB
+        return (int(peak), int(held * GiB)) if peak <= fits * GiB else None
+
+    return probe, tried
 
 
 @pytest.mark.parametrize(
-    "rows, limit, chosen, tried",
+    "rows, held, per_row, fits, grows, chosen, tried",
     [
-        (480, 40, 32, [256, 128, 64, 32]),  # GPT-2's step on one H100-like device: 32 x 15
-        (480, 70, 60, [256, 128, 64]),  # 64 fits but does not divide 480: 60 x 8
-        (60, 1000, 30, [32]),  # 8 ranks: 60 sequences each, 32 fits, 30 divides
-        (7, 3, 1, [4, 2]),  # 2 fits, but only 1 divides 7
-        (480, 0, 0, [256, 128, 64, 32, 16, 8, 4, 2, 1]),  # nothing fits
+        (480, 2, 0.63, 72, 0, 96, [4, 96]),  # GPT-2's step on an 80 GB H100-like device: one probe, one check
+        (480, 2, 0.63, 72, 0.002, 80, [4, 96, 80]),  # the peak grows faster than the probe says: 96 fails, 80 fits
+        (480, 2, 0.63, 4, 0, 3, [4, 3]),  # not even the probe fits: the smaller divisors, one by one
+        (480, 2, 0.63, 1, 0, 0, [4, 3, 2, 1]),  # nothing fits
+        (7, 1, 1, 100, 0, 7, [1, 7]),  # 7 sequences: 1 and 7 are the only micro-batches that keep them exact
+        (60, 1, 1, 4.5, 0, 3, [4, 3]),  # 60 = 8 ranks' share: the probe is the largest divisor <= 4, none above fits
     ],
 )
-def test_the_largest_power_of_two_that_fits_then_the_largest_divisor(rows, limit, chosen, tried):
-    assert probed(rows, limit) == (chosen, tried)
+def test_the_largest_divisor_predicted_to_fit_then_checked(rows, held, per_row, fits, grows, chosen, tried):
+    probe, probed = device(held, per_row, fits, grows)
+    budget = int(fits * GiB)
+    assert choose_micro_batch(rows, budget, probe, lambda line: None) == chosen
+    assert probed == tried
+    assert chosen == 0 or rows % chosen == 0
 
 
 def shape(given=(), world_size=1, fits_up_to=32, **settings):
     s = dict(batch_size="auto", gradient_accumulation_steps=40, block_size=1024, tokens_per_iter=491520) | settings
-    return step_shape(s, set(given), world_size, lambda rows: auto_micro_batch(rows, lambda b: b <= fits_up_to))
+    largest_that_fits = lambda rows: next((b for b in divisors(rows) if b <= fits_up_to), 0)  # noqa: E731
+    return step_shape(s, set(given), world_size, largest_that_fits)
 
 
 def test_step_shape_keeps_the_tokens_of_a_step():
@@ -86,12 +101,13 @@ def test_train_py_chooses_the_micro_batch_and_derives_the_accumulation(tiny_data
 
 def test_a_probe_runs_one_step_of_the_settings_as_set():
     import nanogpt_perf.settings as shared
-    from nanogpt_perf.bench.autobatch import step_fits
+    from configurator import declared
     from nanogpt_perf.runtime import resolve_runtime
+    from nanogpt_perf.train.autobatch import probe_steps
 
-    settings = {k: getattr(shared, k) for k in shared.__all__ if k != "model_config"}
-    settings |= dict(n_layer=1, n_head=2, n_embd=16, block_size=16, compile=False, batch_size="auto")
-    settings |= dict(gradient_accumulation_steps=40, loss_impl="fused", activation_checkpointing=True)
-    lines = []
-    assert step_fits(settings, 50, resolve_runtime("cpu", "float32"), lines.append)(4)
-    assert lines == ["batch_size auto: 4 fits"]
+    settings = declared({}, shared)[0] | dict(n_layer=1, n_head=2, n_embd=16, block_size=16, compile=False)
+    settings |= dict(
+        batch_size="auto", gradient_accumulation_steps=40, loss_impl="fused", activation_checkpointing=True
+    )
+    peak, held = probe_steps(settings, 50, resolve_runtime("cpu", "float32"))(4)
+    assert peak > 0 and held > 0  # a step ran (on a CPU the two are resident sets, not an allocator's figures)

@@ -8,8 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from configurator import declared
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_script
 from model import GPT, GPTConfig
+from nanogpt_perf import settings as shared
 from nanogpt_perf.bench.cases import Case, ladder_cases, largest_fitting, sweep_values
 from nanogpt_perf.bench.measure import FIGURES, run_case
 from nanogpt_perf.bench.regression import compare_results, verdict
@@ -120,30 +122,37 @@ def test_configure_optimizers_fused_switch():
     assert not model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), fused=False).defaults["fused"]
 
 
+def bench_case(name: str = "as set", **changes) -> Case:
+    """A Case of SMALL's shape with bench.py's defaults otherwise (compile off), as bench.py makes one."""
+    model = dict(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+    work = dict(batch_size=2, gradient_accumulation_steps=1, compile=False)
+    return Case(name, declared({}, shared)[0] | model | work | changes)
+
+
 def test_ladder_rungs_are_cumulative_and_skip_what_cannot_run():
-    base = Case("as set", replace(SMALL, vocab_size=50257), batch_size=2, compile=True, dtype="bfloat16")
-    cases = ladder_cases(base, torch.device("cpu"), pad_vocab=64)
-    first, last = cases[0][0], cases[-1][0]
-    assert (first.dtype, first.tf32, first.compile, first.fused, first.model.attention) == (
+    base = bench_case(vocab_size=50257, compile=True, dtype="bfloat16")
+    cases = ladder_cases(base, torch.device("cpu"))
+    first, last = cases[0][0].settings, cases[-1][0].settings
+    assert (first["dtype"], first["tf32"], first["compile"], first["fused_adamw"], first["attention"]) == (
         "float32",
         False,
         False,
         False,
         "manual",
     )
-    assert first.model.vocab_size == 50257 and last.model.vocab_size == 50304
-    assert (last.dtype, last.compile, last.fused, last.model.attention) == ("bfloat16", True, True, "sdpa")
+    assert cases[0][0].measured()["vocab_size"] == 50257 and cases[-1][0].measured()["vocab_size"] == 50304
+    assert (last["dtype"], last["compile"], last["fused_adamw"], last["attention"]) == ("bfloat16", True, True, "sdpa")
     reasons = {c.name: why for c, why in cases}
-    assert reasons["+TF32"] == "TF32 is CUDA only" and not last.tf32
+    assert reasons["+TF32"] == "TF32 is CUDA only" and not last["tf32"]
     assert sum(why is None for why in reasons.values()) == 6
 
-    skipped = ladder_cases(base, torch.device("cpu"), pad_vocab=64, skip=["compile"])
+    skipped = ladder_cases(base, torch.device("cpu"), skip=["compile"])
     assert dict((c.name, why) for c, why in skipped)["+torch.compile"] == "left out by skip_rungs"
-    assert not any(c.compile for c, _ in skipped)
-    padded = ladder_cases(replace(base, model=SMALL), torch.device("cpu"), pad_vocab=16)  # 80 is a multiple of 16
+    assert not any(c.settings["compile"] for c, _ in skipped)
+    padded = ladder_cases(base.but(vocab_size=80, pad_vocab=16), torch.device("cpu"))  # 80 is a multiple of 16
     assert padded[5][1] == "vocab_size 80 is a multiple of 16 already"
     with pytest.raises(UserError, match="no rung turbo"):
-        ladder_cases(base, torch.device("cpu"), pad_vocab=64, skip=["turbo"])
+        ladder_cases(base, torch.device("cpu"), skip=["turbo"])
 
 
 def test_sweep_values_are_parsed_and_checked():
@@ -168,7 +177,7 @@ def test_largest_fitting_doubles_then_bisects(largest, limit):
 
 
 def tiny_case(**changes) -> Case:
-    return replace(Case("tiny", replace(SMALL, block_size=32), batch_size=2), **changes)
+    return bench_case("tiny", block_size=32, **changes)
 
 
 def synthetic(B: int, T: int, device: torch.device) -> SyntheticBatches:
@@ -181,9 +190,9 @@ def test_measure_reports_the_sdpa_kernel_that_ran_and_failures():
     assert flash["status"] == "ok" and flash["sdpa_kernel"] == "flash (CPU)"
     assert flash["ms_median"] > 0 and flash["peak_mem_bytes"] > 0 and flash["fused_adamw"]
     assert set(flash["phases_ms"]) == set(PHASES) and flash["phases_ms"]["forward"] > 0
-    held = lambda attention: tiny_case(model=replace(SMALL, block_size=32, attention=attention))
+    held = lambda attention: tiny_case(attention=attention)
     assert run_case(held("math"), **args)["sdpa_kernel"] == "math"
-    manual = run_case(tiny_case(model=replace(SMALL, block_size=32, attention="manual")), **args)
+    manual = run_case(tiny_case(attention="manual"), **args)
     assert manual["sdpa_kernel"].startswith("manual")
     efficient = run_case(held("efficient"), **args)  # no memory-efficient kernel on a CPU
     assert efficient["status"] == "failed" and "RuntimeError" in efficient["reason"]

@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import pytest
 
-from configurator import apply_overrides, configure, configure_command, settings_of
+from configurator import apply_overrides, configure, configure_command, declared, settings_of
 from conftest import ROOT
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.rules import at_least, not_above, settings_problem, unruled
@@ -121,12 +121,15 @@ class Script(NamedTuple):
 
 
 def defaults_of(script: str, monkeypatch) -> Script:
-    """A script's settings as it defines them, its rules, its rules between settings and the words its settings
-    take besides values of their types, run up to its configure() call."""
+    """A script's settings as it defines them (and the shared ones it takes), its rules, its rules between settings
+    and the words its settings take besides values of their types, run up to its configure() call. train.py checks
+    its rules between settings itself, once a resumed run's are merged: its CROSS."""
     import configurator
 
-    def capture(namespace, argv=None, rules=None, cross=(), words=None):
-        raise Captured(Script(settings_of(namespace), rules or {}, tuple(cross), words or {}))
+    def capture(namespace, argv=None, rules=None, cross=(), shared=None):
+        settings, rules = declared(namespace, shared, rules)
+        words = {k: rule.words for k, rule in rules.items() if hasattr(rule, "words")}
+        raise Captured(Script(settings, rules, tuple(cross) or namespace.get("CROSS", ()), words))
 
     monkeypatch.setattr(configurator, "configure", capture)
     monkeypatch.setattr(configurator, "configure_command", capture)
@@ -237,8 +240,8 @@ def test_configure_checks_the_final_values_once(capsys):
     with pytest.raises(UserError, match=r"^warmup_iters must be <= lr_decay_iters \(1000\)"):
         run(["--warmup_iters=2000"])
     assert run(["--warmup_iters=2000", "--lr_decay_iters=3000"])["warmup_iters"] == 2000
-    # resumed: the base is the checkpoint's settings, which the script merges and checks itself
-    assert run(["--init_from=resume", "--lr_decay_iters=10"])["lr_decay_iters"] == 10
+    # resumed: the base is the checkpoint's settings, which the script merges and checks itself (no cross here)
+    assert configure(dict(namespace), ["--init_from=resume", "--lr_decay_iters=10"], rules)["lr_decay_iters"] == 10
     with pytest.raises(TypeError, match="no rule for the setting"):
         configure(dict(namespace), [], {})  # a number without a rule: a mistake of the script's, not the user's
     assert configure_command(dict(namespace), ["--batch_size=8", "--batch_size=9"], rules)[1] == {"batch_size"}

@@ -1,7 +1,8 @@
 """The house's layout: imports point down through the layers, never up or round in a circle, and none hides in a
 string. model.py stands alone; the package's core (errors, files, rules, the runtime and what measures it) imports
 only the model; data sits on the core; the shared settings on data; training and generation on those; the
-performance lab, which times the training step, on top; the scripts above it all."""
+performance lab, which times the training step, on top (training imports nothing from it); the configurator, which
+reads a script's command line, above the package (which never imports it); the scripts above it all."""
 
 import ast
 from pathlib import Path
@@ -12,12 +13,12 @@ from conftest import ROOT
 LAYERS = {
     "model": 0,
     "nanogpt_perf": 1,  # the core: errors, files, rules, runtime, timing, memory, peak_flops, manifest, ...
-    "configurator": 2,  # the core's rules and errors, over the settings of any script
     "nanogpt_perf.data": 2,
     "nanogpt_perf.settings": 3,
     "nanogpt_perf.train": 4,
     "nanogpt_perf.generate": 4,
     "nanogpt_perf.bench": 5,
+    "configurator": 6,  # a script's command line, over the core's rules and errors: the package never imports it
 }
 LIBRARY = [ROOT / "model.py", ROOT / "configurator.py", *sorted((ROOT / "nanogpt_perf").rglob("*.py"))]
 

@@ -1,2 +1,2 @@
-"""The performance lab: what bench.py times (cases), how (measure), its reports, the regression check, and the
-micro-batch that fits a device (autobatch)."""
+"""The performance lab: what bench.py times (cases), how (measure), its reports and the regression check. It builds
+what it times with training's own builder (nanogpt_perf/train/build.py); training imports nothing from here."""

@@ -1,79 +1,47 @@
-"""The configurations bench.py times: one Case per row, the ladder from fp32 eager to every switch on, and
-sweeps of one setting."""
+"""The configurations bench.py times: one Case per row (a name and the settings it runs with), the ladder from fp32
+eager to every switch on, and sweeps of one setting."""
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from model import ATTENTION, LOSS_IMPLS, GPTConfig
+from model import ATTENTION, LOSS_IMPLS
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.settings import COMPILE_MODES, model_config, round_up
+
+# bench.py's settings of what to run and where to write it: not settings of the configuration a row measured
+NOT_MEASURED = ("ladder", "skip_rungs", "sweep", "values", "find_max_batch", "out_json", "profile", "memory_snapshot")
+NOT_MEASURED += ("compare", "baseline", "tolerance_pct", "data_dir")
 
 
 @dataclass(frozen=True)
 class Case:
-    """One configuration to time: the model, the work per iteration, AdamW and every performance switch."""
+    """One configuration to time: a name, and the settings train.py's builder takes (the model, the work of an
+    iteration, the optimizer and every performance switch), vocab_size that of the tokens before padding."""
 
     name: str
-    model: GPTConfig
-    batch_size: int
-    gradient_accumulation_steps: int = 1
-    dtype: str = "float32"  # as nanogpt_perf.runtime.resolve_runtime takes it, 'auto' included
-    tf32: bool = False
-    compile: bool = False
-    compile_mode: str = "default"
-    fused: bool = True  # fused AdamW, where the device has the kernel
-    grad_clip: float = 1.0
-    weight_decay: float = 0.1
-    learning_rate: float = 6e-4
-    betas: tuple[float, float] = (0.9, 0.95)
+    settings: dict[str, Any]
+
+    def but(self, name: str | None = None, **changes: Any) -> "Case":
+        """This configuration with some settings changed (and another name)."""
+        return Case(self.name if name is None else name, self.settings | changes)
 
     @property
     def tokens_per_iter(self) -> int:
-        return self.gradient_accumulation_steps * self.batch_size * self.model.block_size
+        s = self.settings
+        return s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
 
-
-def case_from_settings(s: dict[str, Any], name: str, vocab_size: int) -> Case:
-    """The Case that bench.py's settings describe (checked by configure)."""
-    same_names = ("batch_size", "gradient_accumulation_steps", "dtype", "tf32", "compile", "compile_mode", "grad_clip")
-    return Case(
-        name,
-        model_config(s, vocab_size),
-        fused=s["fused_adamw"],
-        weight_decay=s["weight_decay"],
-        learning_rate=s["learning_rate"],
-        betas=(s["beta1"], s["beta2"]),
-        **{k: s[k] for k in same_names},
-    )
-
-
-def case_settings(case: Case) -> dict[str, Any]:
-    """What a row of the results was measured with: every setting that can change its figures."""
-    m = case.model
-    return {
-        "batch_size": case.batch_size,
-        "block_size": m.block_size,
-        "gradient_accumulation_steps": case.gradient_accumulation_steps,
-        "tokens_per_iter": case.tokens_per_iter,
-        "n_layer": m.n_layer,
-        "n_head": m.n_head,
-        "n_embd": m.n_embd,
-        "vocab_size": m.vocab_size,
-        "bias": m.bias,
-        "dropout": m.dropout,
-        "dtype": case.dtype,
-        "tf32": case.tf32,
-        "compile": case.compile,
-        "compile_mode": case.compile_mode if case.compile else None,
-        "attention": m.attention,
-        "fused": case.fused,
-        "grad_clip": case.grad_clip,
-        "loss_chunk": m.loss_chunk,
-        "loss_impl": m.loss_impl,
-        "activation_checkpointing": m.activation_checkpointing,
-    }
+    def measured(self) -> dict[str, Any]:
+        """What a row of the results was measured with: every setting that can change its figures, the model's
+        vocab_size padded as it ran, and the tokens of an iteration."""
+        s = self.settings
+        padded = model_config(s, s["vocab_size"]).vocab_size
+        return {k: v for k, v in s.items() if k not in NOT_MEASURED} | {
+            "vocab_size": padded,
+            "tokens_per_iter": self.tokens_per_iter,
+        }
 
 
 # the ladder: each rung adds one switch to all the rungs before it
@@ -114,51 +82,37 @@ def no_fused_adamw(case: Case, device: torch.device) -> str | None:
 def ladder_rungs(vocab_size: int, pad_vocab: int) -> list[Rung]:
     """From fp32 eager to every switch on, in the order of the story told for GPT-2 (124M) on an A100."""
     padded = round_up(vocab_size, pad_vocab)
+    multiple = lambda c, d: (
+        f"vocab_size {vocab_size} is a multiple of {pad_vocab} already" if padded == vocab_size else None
+    )  # noqa: E731
     return [
-        Rung("tf32", "+TF32", lambda c: replace(c, tf32=True), no_tf32),
-        Rung("bf16", "+bf16 autocast", lambda c: replace(c, dtype="bfloat16"), no_bf16),
-        Rung("compile", "+torch.compile", lambda c: replace(c, compile=True), no_compile),
-        Rung("flash", "+flash attention", lambda c: replace(c, model=replace(c.model, attention="sdpa"))),
-        Rung(
-            "pad_vocab",
-            f"+vocab padding ({vocab_size} -> {padded})",
-            lambda c: replace(c, model=replace(c.model, vocab_size=padded)),
-            lambda c, d: (
-                f"vocab_size {vocab_size} is a multiple of {pad_vocab} already" if padded == vocab_size else None
-            ),
-        ),
-        Rung("fused", "+fused AdamW", lambda c: replace(c, fused=True), no_fused_adamw),
+        Rung("tf32", "+TF32", lambda c: c.but(tf32=True), no_tf32),
+        Rung("bf16", "+bf16 autocast", lambda c: c.but(dtype="bfloat16"), no_bf16),
+        Rung("compile", "+torch.compile", lambda c: c.but(compile=True), no_compile),
+        Rung("flash", "+flash attention", lambda c: c.but(attention="sdpa")),
+        Rung("pad_vocab", f"+vocab padding ({vocab_size} -> {padded})", lambda c: c.but(pad_vocab=pad_vocab), multiple),
+        Rung("fused", "+fused AdamW", lambda c: c.but(fused_adamw=True), no_fused_adamw),
     ]
 
 
-def ladder_cases(
-    case: Case, device: torch.device, pad_vocab: int, skip: Iterable[str] = ()
-) -> list[tuple[Case, str | None]]:
+def ladder_cases(case: Case, device: torch.device, skip: Iterable[str] = ()) -> list[tuple[Case, str | None]]:
     """Each rung's Case with the reason it is skipped (None to run it). The first rung is case with every switch
-    off: fp32, eager, manual attention, case's vocab_size as it is, unfused AdamW. A skipped rung adds nothing to
-    the rungs after it."""
-    rungs, skip = ladder_rungs(case.model.vocab_size, pad_vocab), set(skip)
+    off: fp32, eager, manual attention, the vocabulary unpadded, unfused AdamW; case's pad_vocab is the padding
+    rung's. A skipped rung adds nothing to the rungs after it."""
+    rungs, skip = ladder_rungs(case.settings["vocab_size"], case.settings["pad_vocab"]), set(skip)
     unknown = set(skip) - {r.key for r in rungs}
     if unknown:
         raise UserError(
             f"no rung {', '.join(sorted(unknown))} to skip; the rungs are {', '.join(r.key for r in rungs)}"
         )
-    case = replace(
-        case,
-        name="fp32 eager",
-        dtype="float32",
-        tf32=False,
-        compile=False,
-        compile_mode="default",
-        fused=False,
-        model=replace(case.model, attention="manual"),
-    )
+    off = dict(dtype="float32", tf32=False, compile=False, compile_mode="default", fused_adamw=False, pad_vocab=1)
+    case = case.but("fp32 eager", attention="manual", **off)
     cases: list[tuple[Case, str | None]] = [(case, None)]
     for rung in rungs:
         why_not = "left out by skip_rungs" if rung.key in skip else rung.unavailable(case, device)
         if why_not is None:
             case = rung.apply(case)
-        cases.append((replace(case, name=rung.name), why_not))
+        cases.append((case.but(rung.name), why_not))
     return cases
 
 

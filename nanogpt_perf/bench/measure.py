@@ -13,15 +13,17 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from model import GPT
-from nanogpt_perf.bench.cases import Case, case_settings
+from nanogpt_perf.bench.cases import Case
 from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.errors import first_line
 from nanogpt_perf.files import write_through_path
 from nanogpt_perf.memory import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import Runtime, resolve_runtime
 from nanogpt_perf.timing import PHASES, PhaseClock
+from nanogpt_perf.train.autobatch import out_of_memory
+from nanogpt_perf.train.build import build_training
 from nanogpt_perf.train.step import TrainStep
 
 BatchSource = Callable[[int, int, torch.device], TokenBatches]  # (batch_size, block_size, device) -> batches
@@ -93,22 +95,9 @@ FIGURES = (
 
 def result(case: Case, status: str, reason: str = "", **figures: Any) -> dict[str, Any]:
     """One row of a bench output: 'ok' with every figure, or 'skipped'/'failed' with the reason and None figures."""
-    return {"name": case.name, "status": status, "reason": reason, "settings": case_settings(case)} | {
+    return {"name": case.name, "status": status, "reason": reason, "settings": case.measured()} | {
         k: figures.get(k) for k in FIGURES
     }
-
-
-def build_step(case: Case, runtime: Runtime, batches: BatchSource, seed: int) -> tuple[GPT, TrainStep]:
-    """The model of case and the TrainStep over it, made as train.py makes them (from scratch)."""
-    torch.manual_seed(seed)
-    model = GPT(case.model).to(runtime.device)
-    optimizer = model.configure_optimizers(case.weight_decay, case.learning_rate, case.betas, fused=case.fused)
-    train_model = torch.compile(model, mode=case.compile_mode) if case.compile else model
-    data = batches(case.batch_size, case.model.block_size, runtime.device)
-    step = TrainStep(
-        train_model, optimizer, runtime.grad_scaler(), runtime, data, case.gradient_accumulation_steps, case.grad_clip
-    )
-    return model, step
 
 
 def time_steps(step: TrainStep, runtime: Runtime, n: int) -> tuple[list[float], list[dict[str, float]], list]:
@@ -155,13 +144,16 @@ def measure(
     """Time burn_in + steps training iterations of case; the median and p90 are over the last `steps` only. The
     first iteration (compilation, allocator and kernel warm-up) is reported apart. trace_path: profile five more
     steps; snapshot_path: a CUDA memory snapshot of the timed ones."""
-    runtime = resolve_runtime(device, case.dtype, case.tf32)
+    s = case.settings
+    runtime = resolve_runtime(device, s["dtype"], s["tf32"])
     reset_peak_memory(runtime.device)
-    model, step = build_step(case, runtime, batches, seed)
+    torch.manual_seed(seed)  # the weights of every case alike
+    data = batches(s["batch_size"], s["block_size"], runtime.device)
+    _, model, optimizer, _, step = build_training(s, runtime, data, vocab_size=s["vocab_size"])
     with cuda_memory_history(snapshot_path, runtime):
         times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
     peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
-    manual = case.model.attention == "manual"
+    manual = s["attention"] == "manual"
     kernel = "manual (matmul + softmax)" if manual else sdpa_kernel_that_ran(step, runtime.device)
     if trace_path:
         with step_profiler(runtime.device, trace_path) as prof:
@@ -171,8 +163,8 @@ def measure(
     step.batches.stop()  # the loader's thread
     timed = times[burn_in:]
     median = statistics.median(timed)
-    sequences = case.batch_size * case.gradient_accumulation_steps  # forward and backward passes an iteration
-    compiled = lambda value: value if case.compile else None
+    sequences = s["batch_size"] * s["gradient_accumulation_steps"]  # forward and backward passes an iteration
+    compiled = lambda value: value if s["compile"] else None
     return result(
         case,
         "ok",
@@ -192,7 +184,7 @@ def measure(
         graph_breaks=compiled(end["graph_breaks"] - before["graph_breaks"]),
         phases_ms={p: statistics.median(ph[p] for ph in phases[burn_in:]) for p in PHASES},
         sdpa_kernel=kernel,
-        fused_adamw=bool(step.optimizer.defaults.get("fused")),
+        fused_adamw=bool(optimizer.defaults.get("fused")),
     )
 
 
@@ -211,10 +203,8 @@ def run_case(case: Case, skip_reason: str | None = None, **measure_args: Any) ->
     try:
         row = measure(case, **measure_args)
     except RuntimeError as e:  # so are running out of memory and torch.compile's and SDPA's errors
-        oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)  # compile may wrap an OOM
-        row = result(
-            case, "failed", "out of memory" if oom else f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
-        )
+        reason = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {first_line(e)}"
+        row = result(case, "failed", reason)
     release_memory()  # after the except block, which drops the traceback and the tensors its frames hold
     return row
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from nanogpt_perf.errors import UserError
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.timing import DeviceClock
 
@@ -84,20 +83,6 @@ class Progress:
             f"for data {wait:.3f} ms, {wait / in_step:.1%}), the loop around it {around:.2f} ms (logging, the "
             "schedule, Python)"
         )
-
-
-def import_wandb(wandb_log: bool, master: bool) -> ModuleType | None:
-    """wandb, where wandb_log asks for it (rank 0): imported before the run writes anything, one error line
-    without it."""
-    if not (wandb_log and master):
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise UserError(
-            "wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)"
-        ) from None
-    return wandb
 
 
 class RunLog:

@@ -41,9 +41,11 @@ class TrainStep:
         self.batches, self.accum, self.grad_clip = batches, gradient_accumulation_steps, grad_clip
         self.ddp = isinstance(model, DistributedDataParallel)
         self.fsdp = is_fsdp(model)
-        self.fetch(None)  # each later batch is fetched during the step before it
+        self.x = self.y = None  # the first batch is fetched by the first step (once a resume placed the loader)
 
     def __call__(self, mark: Callable[[str], None] | None = None) -> StepResult:
+        if self.x is None:
+            self.fetch(None)  # each later batch is fetched during the step before it
         loss_sum = None
         for micro_step in range(self.accum):
             last = micro_step == self.accum - 1

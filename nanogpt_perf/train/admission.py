@@ -1,0 +1,192 @@
+"""Admission: what a run checks before its first write, in the order train.py asks, each refusal a UserError naming
+the problem and what would be valid; each step returns what it resolved. torchrun's variables, the out_dir (one run
+each) and a resumed checkpoint (its settings merged with this command's, and its limits); the dataset (prepared on
+first use, every token id inside the vocabulary) and the shape of a step; the model's fit to the data; HellaSwag's
+needs; wandb. train.py takes its out_dir (train/ownership.py) only once all of them have passed, so that a refused
+run writes nothing."""
+
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import torch.distributed as dist
+
+from model import ARCHITECTURE, GPT
+from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.data.token_check import check_token_ids
+from nanogpt_perf.data.tokenizer import Tokenizer
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.hellaswag import download_val, read_examples
+from nanogpt_perf.rules import Rule, convert, settings_problem
+from nanogpt_perf.runtime import Runtime, dtype_problem, resolve_device
+from nanogpt_perf.settings import GPT2_VOCAB_SIZE, SHARED_CROSS, model_config
+from nanogpt_perf.train.autobatch import micro_batch, step_shape
+from nanogpt_perf.train.checkpoint import resume_checkpoint
+from nanogpt_perf.train.ownership import out_dir_problem
+from nanogpt_perf.train.parallel import Ranks, torchrun_rank
+
+# settings a resumed run cannot change: the architecture (the vocabulary through pad_vocab and the data, which give
+# vocab_size), and the data it was trained on
+FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), "pad_vocab", "dataset", "data_dir")
+# settings that say how this command runs, not what the run is: always taken from the command
+PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "overwrite")
+UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of these is no news
+# the GPTConfig fields that leave GPT-2's weights as they are: a run from GPT-2 takes them from its settings
+FREE_OF_WEIGHTS = ("dropout", "attention", "loss_chunk", "loss_impl", "activation_checkpointing")
+
+
+def resolve_settings(
+    s: dict[str, Any], given: set[str], rules: dict[str, Rule], cross: tuple
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The settings this run goes by, and its checkpoint when it resumes: torchrun's variables checked, the out_dir
+    free for this run (refused while another holds it, and a new run where an earlier one left checkpoints unless
+    overwrite=True), and on resume the checkpoint's settings as the base, overridden by those given (each change
+    printed); its architecture, vocabulary and data fixed, iterations left to train. Then every rule between
+    settings (the shared ones' and cross), once, on what was merged."""
+    master = torchrun_rank(os.environ) == 0
+    out_dir, resuming = Path(s["out_dir"]), s["init_from"] == "resume"
+    if master and (problem := out_dir_problem(out_dir, not resuming, s["overwrite"], s["eval_only"])):
+        raise UserError(problem)
+    checkpoint = resume_checkpoint(out_dir, s["resume_fallback"]) if resuming else None
+    if checkpoint is not None:
+        s, overrides = resume_settings(checkpoint["config"], s, given, rules)
+        if master and overrides:
+            print("resumed settings overridden: " + "; ".join(overrides), flush=True)
+    if problem := settings_problem(s, rules, (*SHARED_CROSS, *cross)):
+        raise UserError(problem)
+    if checkpoint is not None and not s["eval_only"] and s["max_iters"] <= checkpoint["iter_num"]:
+        raise UserError(
+            f"the checkpoint in {out_dir} is at iter {checkpoint['iter_num']} and max_iters={s['max_iters']}: "
+            f"nothing to train (max_iters counts from the run's start): set max_iters above "
+            f"{checkpoint['iter_num']}, or eval_only=True to evaluate it"
+        )
+    # a resumed run's dtype that this device has not (nanoGPT saves float16 from a CPU run) is auto here
+    if checkpoint is not None and "dtype" not in given and dtype_problem(resolve_device(s["device"]), s["dtype"]):
+        if master:
+            print(f"resumed settings: dtype={s['dtype']!r} not applied (not on {s['device']}): auto", flush=True)
+        s = s | {"dtype": "auto"}
+    return s, checkpoint
+
+
+def resume_settings(
+    saved: dict[str, Any], s: dict[str, Any], given: set[str], rules: dict[str, Rule]
+) -> tuple[dict, list[str]]:
+    """The checkpoint's settings (ours, or nanoGPT's, which has the same names), overridden by those given on this
+    command: the merged settings, and a line for each override that differs from the checkpoint and for each saved
+    setting that does not apply here. A UserError for an override that cannot apply to the checkpoint, or a saved
+    value that is not a valid value here (by its rule, whose words, or_word's 'auto', it takes beside its type)."""
+    merged = dict(s)
+    for key, value in saved.items():
+        if key in merged and key not in given and key not in PER_COMMAND:
+            merged[key] = saved_value(key, value, s[key], rules.get(key))
+    changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
+    if fixed := [k for k in changed if k in FIXED_ON_RESUME]:
+        what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
+        raise UserError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary and data are fixed")
+    lines = [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
+    lines += [f"{k}={saved[k]!r} not applied (not a setting here)" for k in saved if k not in merged]
+    per_command = [k for k in PER_COMMAND if k not in UNREPORTED and k not in given and k in saved and k in merged]
+    lines += [
+        f"{k}={saved[k]!r} not applied (this command's {merged[k]!r})" for k in per_command if saved[k] != merged[k]
+    ]
+    return merged, lines
+
+
+def saved_value(key: str, value: Any, default: Any, rule: Rule | None) -> Any:
+    """A checkpoint's setting as this train.py takes it (its type, within its rule), or a UserError naming it."""
+    try:
+        value = convert(key, value, default, getattr(rule, "words", ()))
+    except UserError as e:
+        raise UserError(f"the checkpoint's settings are not this train.py's: {e}") from None
+    if rule and (valid := rule(value)):
+        raise UserError(f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it")
+    return value
+
+
+class Data(NamedTuple):
+    path: Path  # data_dir/dataset
+    vocab_size: int  # the dataset's, before padding
+    batch_size: int  # the micro-batch of each rank
+    accumulation: int  # micro-batches a step, over all ranks
+
+
+def admit_data(s: dict[str, Any], given: set[str], ranks: Ranks, runtime: Runtime) -> Data:
+    """The dataset, prepared on first use (rank 0; the others wait), its vocabulary, every token id inside it
+    (rank 0 reads; its error ends every rank), and the shape of a step: the micro-batch as set, or with
+    tokens_per_iter the accumulation that makes that many tokens, at the largest micro-batch that fits ('auto')."""
+    path = Path(s["data_dir"]) / s["dataset"]
+    if ranks.master:
+        prepare_if_missing(path)
+    if ranks.distributed:
+        dist.barrier()
+    vocab_size = dataset_vocab_size(path) or GPT2_VOCAB_SIZE
+    if ranks.master:
+        check_token_ids(path, vocab_size)
+    say = lambda line: print(line, flush=True) if ranks.master else None  # noqa: E731
+    choose = lambda rows: micro_batch(rows, s, vocab_size, runtime, say)  # noqa: E731
+    batch_size, accumulation = step_shape(s, given, ranks.world_size, choose)
+    if accumulation % ranks.world_size:
+        raise UserError(f"gradient_accumulation_steps={accumulation} is not divisible by {ranks.world_size} ranks")
+    say(f"vocab_size {vocab_size} from {path}")
+    say(
+        f"tokens per iteration: {accumulation * batch_size * s['block_size']:,} ({accumulation // ranks.world_size} "
+        f"micro-batches x {ranks.world_size} ranks x {batch_size} x {s['block_size']})"
+    )
+    return Data(path, vocab_size, batch_size, accumulation)
+
+
+def initial_model(s: dict[str, Any], vocab_size: int, checkpoint: dict[str, Any] | None) -> GPT:
+    """The model a run starts from: new (the vocabulary padded to a multiple of pad_vocab), the weights and
+    architecture of its checkpoint, or GPT-2's weights (a hub name or a transformers folder); cropped to block_size,
+    and refused when the data's vocabulary or block_size does not fit it."""
+    config = model_config(s, vocab_size)
+    if s["init_from"] == "scratch":
+        return GPT(config)
+    if checkpoint is not None:
+        model, source = GPT.from_checkpoint(checkpoint, config), "checkpoint"
+    else:
+        model, source = load_gpt2(s["init_from"], **{k: getattr(config, k) for k in FREE_OF_WEIGHTS}), s["init_from"]
+    if s["block_size"] > model.config.block_size:
+        raise UserError(f"block_size={s['block_size']} is larger than the {source}'s {model.config.block_size}")
+    if vocab_size > model.config.vocab_size:
+        raise UserError(
+            f"dataset {s['dataset']} has {vocab_size} tokens, more than the {source}'s vocabulary of "
+            f"{model.config.vocab_size}"
+        )
+    if s["block_size"] < model.config.block_size:
+        model.crop_block_size(s["block_size"])
+    return model
+
+
+def hellaswag_task(s: dict[str, Any], data_path: Path, ranks: Ranks) -> tuple[list, Tokenizer] | None:
+    """HellaSwag's examples and the tokenizer that scores them, when hellaswag_interval asks for them: GPT-2's
+    tokens and no FSDP; the official file downloaded once (rank 0) unless hellaswag_file names a copy."""
+    if not s["hellaswag_interval"]:
+        return None
+    tokenizer = Tokenizer.for_dataset(data_path)
+    if tokenizer.itos is not None or s["parallelism"] == "fsdp" and ranks.distributed:
+        raise UserError(
+            f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer.name} with {s['parallelism']}"
+        )
+    file = s["hellaswag_file"]
+    path = Path(file) if file else Path(s["data_dir"]) / "hellaswag" / "hellaswag_val.jsonl"
+    if ranks.master and not file:
+        download_val(path)
+    if ranks.distributed:
+        dist.barrier()
+    return read_examples(path, s["hellaswag_examples"]), tokenizer
+
+
+def import_wandb(s: dict[str, Any], master: bool) -> ModuleType | None:
+    """wandb, where wandb_log asks for it (rank 0): imported before the run writes anything (the last check)."""
+    if not (s["wandb_log"] and master):
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise UserError(
+            "wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)"
+        ) from None
+    return wandb

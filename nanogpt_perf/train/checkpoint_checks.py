@@ -1,0 +1,137 @@
+"""Forensics on checkpoint files: whether a file is a whole checkpoint (every record's CRC), and whether what it
+holds is a model this code can build (ours, or nanoGPT's: model_args of the right types whose weights have the
+names and shapes they describe, checked on the meta device without memory) and a training state that can be resumed.
+Everything else, a pickled class that loading would run included, is one UserError naming the file; nothing of a
+foreign file is run or trusted before these checks pass."""
+
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import ARCHITECTURE, GPT, GPTConfig
+from nanogpt_perf.errors import UserError
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why path is not a whole checkpoint (missing, truncated, a record whose CRC fails), or None."""
+    if not path.is_file():
+        return "missing"
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()  # torch.load alone would load a flipped byte in a tensor without a word
+    except (zipfile.BadZipFile, OSError) as e:
+        return f"truncated or not a checkpoint ({e})"
+    return f"corrupt: record {bad} fails its CRC" if bad else None
+
+
+def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
+    if problem := training_problem(checkpoint):
+        raise UserError(f"checkpoint {path} cannot be resumed: {problem}")
+    return checkpoint
+
+
+def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """torch.load of a file whose CRCs were checked, as plain data; one error line if it is not a checkpoint of
+    ours or nanoGPT's, or if its weights do not fit its model_args."""
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refuses what could run code when loaded
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
+        what = f"a Python object ({found[1]})" if found else "Python objects"
+        raise UserError(
+            f"checkpoint {path} holds {what} beyond tensors and plain data: not loaded (it could run code)"
+        ) from None
+    except (RuntimeError, EOFError, ValueError) as e:  # torch's own words, less its request for feedback
+        reason = str(e).splitlines()[0].split("  (Could this error message be improved?")[0]
+        raise UserError(f"checkpoint {path} is corrupt or not a torch checkpoint: {reason}") from None
+    missing = {"model", "model_args"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model", "model_args"}
+    if missing:
+        raise UserError(f"checkpoint {path} is not a nanogpt-perf checkpoint (missing {', '.join(sorted(missing))})")
+    if problem := model_problem(checkpoint["model_args"], checkpoint["model"]):
+        raise UserError(f"checkpoint {path} is not one this code can load: {problem}")
+    checkpoint["model_args"] = ARCHITECTURE_DEFAULTS | checkpoint["model_args"]
+    return checkpoint
+
+
+# what a checkpoint's model_args lack is GPTConfig's default, as nanoGPT's GPTConfig(**model_args) takes it (its
+# checkpoints from before bias was a setting have none, and biases)
+ARCHITECTURE_DEFAULTS = {k: GPTConfig.__dataclass_fields__[k].default for k in ARCHITECTURE}
+
+
+def model_problem(model_args: Any, weights: Any) -> str | None:
+    """Why model_args (nanoGPT's GPTConfig fields, GPTConfig's defaults for those missing) and the weights are not
+    a model this code can build and load, or None."""
+    if not isinstance(model_args, dict):
+        return f"its model_args are a {type(model_args).__name__}, not a dict"
+    missing = [k for k in ARCHITECTURE if k not in model_args]
+    problem = model_args_problem(ARCHITECTURE_DEFAULTS | model_args)
+    problem = problem or weights_problem(ARCHITECTURE_DEFAULTS | model_args, weights)
+    if problem and missing:
+        return f"{problem} (its model_args lack {', '.join(missing)}: GPTConfig's defaults were taken)"
+    return problem
+
+
+def model_args_problem(model_args: dict[str, Any]) -> str | None:
+    for key in ARCHITECTURE:
+        value, kind = model_args[key], bool if key == "bias" else int
+        if type(value) is not kind or (kind is int and value < 1):
+            return f"its model_args' {key} must be {'a bool' if kind is bool else 'an int >= 1'}, not {value!r}"
+    dropout = model_args.get("dropout", 0.0)
+    if type(dropout) not in (int, float) or not 0 <= dropout < 1:
+        return f"its model_args' dropout must be a number in [0, 1), not {dropout!r}"
+    return None
+
+
+def weights_problem(model_args: dict[str, Any], weights: Any) -> str | None:
+    """Whether the weights are the model that model_args describe: the same names (a torch.compile prefix aside),
+    as many layers and the same shapes, checked against the model built on the meta device (no memory)."""
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        return "its model is not a state dict (names to tensors)"
+    weights = {str(k).removeprefix("_orig_mod."): v for k, v in weights.items()}
+    layers = {int(m[1]) for k in weights if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
+    if layers != set(range(model_args["n_layer"])):
+        return f"its model_args say n_layer={model_args['n_layer']}, its weights hold {len(layers)} layers"
+    try:
+        fields = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__} | {"n_layer": 1}
+        with torch.device("meta"):
+            expected = {k: v.shape for k, v in GPT(GPTConfig(**fields)).state_dict().items()}
+    except (ValueError, TypeError) as e:
+        return f"its model_args are inconsistent: {e}"
+    as_layer_0 = {re.sub(r"^transformer\.h\.\d+\.", "transformer.h.0.", k): v.shape for k, v in weights.items()}
+    if unknown := sorted(set(as_layer_0) - set(expected)):
+        return f"its weights hold {unknown[0]}, which the model of its model_args has not"
+    if missing := sorted(set(expected) - set(as_layer_0)):
+        return f"its weights lack {missing[0]}"
+    for name, shape in ((k, v.shape) for k, v in weights.items()):
+        if (want := expected[re.sub(r"^transformer\.h\.\d+\.", "transformer.h.0.", name)]) != shape:
+            return f"its weight {name} is {tuple(shape)}, its model_args make it {tuple(want)}"
+    return None
+
+
+def training_problem(checkpoint: dict[str, Any]) -> str | None:
+    """What a checkpoint lacks to be resumed (ours or nanoGPT's: the iteration, the best val loss, the optimizer
+    and the settings), or None."""
+    iter_num, best = checkpoint.get("iter_num"), checkpoint.get("best_val_loss")
+    if type(iter_num) is not int or iter_num < 0:
+        return f"its iter_num must be an int >= 0, not {iter_num!r}"
+    if not (type(best) in (int, float) or isinstance(best, torch.Tensor) and best.numel() == 1):
+        return f"its best_val_loss must be a number, not {best!r}"
+    optimizer = checkpoint.get("optimizer")
+    if not (
+        isinstance(optimizer, dict)
+        and isinstance(optimizer.get("state"), dict)
+        and isinstance(optimizer.get("param_groups"), list)
+    ):
+        return "its optimizer is not an optimizer's state dict (state and param_groups)"
+    if not isinstance(checkpoint.get("config"), dict):
+        return "its config (the settings it was trained with) is not a dict"
+    ranks = checkpoint.get("ranks") or []
+    if not isinstance(ranks, list) or not all(
+        r is None or isinstance(r, dict) and {"rng", "data"} <= set(r) for r in ranks
+    ):
+        return "its ranks (each rank's generators and place in the data) are not a list of dicts"
+    return None
