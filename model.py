@@ -349,10 +349,11 @@ def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
     return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
 
 
-# The fused loss's chunks hold about this many bytes of logits each: few and large, since each chunk's three GEMMs
-# read the whole weight and its dW is added onto one (vocab, C) buffer (finding 3 of the GPU review: 64 chunks of 512
-# rows at B=32 starve the GEMMs). A CPU's, smaller, measured in benchmarks/losses.py.
-CHUNK_BYTES = {"cpu": 128 << 20, "other": 1 << 30}
+# The fused loss's chunks hold about this many bytes of logits each. On a GPU, few and large: each chunk's three GEMMs
+# read the whole weight (finding 3 of the GPU review: 64 chunks of 512 rows at B=32 starve the GEMMs). On a CPU, under
+# glibc's 32 MiB mmap threshold, so that malloc reuses a chunk's blocks for the next: larger ones are mapped afresh and
+# page-faulted in each time, at ~1.5 ms a MiB on the test machine, 5x the cost of writing them.
+CHUNK_BYTES = {"cpu": 24 << 20, "other": 1 << 30}
 
 
 def chunk_rows(n: int, vocab: int, device: torch.device, itemsize: int = 4) -> int:
@@ -387,6 +388,7 @@ def fused_linear_cross_entropy(
     dx = torch.empty_like(x) if needs_dx else x.new_empty(0)
     dw = torch.zeros_like(weight, dtype=wide(weight.dtype)) if needs_dw else weight.new_empty(0)
     total = torch.zeros((), dtype=wide(x.dtype), device=x.device)
+    count = (targets != -1).sum()
     with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen here, whatever the caller's autocast
         for start in range(0, x.size(0), rows):
             xc, tc = x[start : start + rows].to(gemm_dtype), targets[start : start + rows]
@@ -394,11 +396,10 @@ def fused_linear_cross_entropy(
             total += losses.sum()
             valid = (tc != -1).unsqueeze(1)  # an ignored row's gradient is zeroed in the (rows, C) operands
             if needs_dx:
-                mm_into(dx[start : start + rows], grad, w).mul_(valid)
+                mm_into(dx[start : start + rows], grad, w).mul_(valid / count.to(total.dtype))
             if needs_dw:
                 addmm_into(dw, grad.t(), xc * valid)
-    count = (targets != -1).sum()
-    return total / count, dx.div_(count), dw.div_(count).to(weight.dtype)
+    return total / count, dx, dw.div_(count).to(weight.dtype)
 
 
 @fused_linear_cross_entropy.register_fake
