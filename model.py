@@ -379,7 +379,7 @@ def fused_linear_cross_entropy(
     """The mean cross-entropy of the logits x @ weight.T (x: (N, C); targets of -1 ignored; capped at softcap when
     > 0) and, where needs_dx and needs_dw ask for them, its gradients for x and weight (else empty tensors).
 
-    One operator, which torch.compile leaves whole: rows rows at a time, a chunk's logits become its losses and
+    One operator, which torch.compile leaves whole: `rows` rows at a time, a chunk's logits become its losses and
     their gradient softmax - onehot (in torch, or in one Triton kernel over the logits in place), which two GEMMs in
     gemm_dtype turn into the chunk's rows of d/dx and its share of d/dweight, added in place to one wide buffer.
     At most one chunk of logits exists at a time, no GEMM runs twice, and the weight is cast once."""
@@ -403,7 +403,7 @@ def fused_linear_cross_entropy(
 
 
 @fused_linear_cross_entropy.register_fake
-def _(x, weight, targets, rows, softcap, gemm_dtype, use_triton, needs_dx, needs_dw):
+def _fused_linear_cross_entropy_shapes(x, weight, targets, rows, softcap, gemm_dtype, use_triton, needs_dx, needs_dw):
     dx = torch.empty_like(x) if needs_dx else x.new_empty(0)
     dw = torch.empty_like(weight) if needs_dw else weight.new_empty(0)
     return x.new_empty((), dtype=wide(x.dtype)), dx, dw
@@ -417,9 +417,9 @@ def _keep_gradients(ctx, inputs: tuple, output: tuple) -> None:
 
 
 def _scale_gradients(ctx, grad_loss: torch.Tensor, *_) -> tuple:
-    dx, dw = ctx.saved_tensors
+    dx, dw = ctx.saved_tensors  # in place: nothing else holds them (a second backward is refused as modified)
     needs_dx, needs_dw = ctx.needs_input_grad[:2]
-    return dx * grad_loss if needs_dx else None, dw * grad_loss if needs_dw else None, *[None] * 7
+    return dx.mul_(grad_loss) if needs_dx else None, dw.mul_(grad_loss) if needs_dw else None, *[None] * 7
 
 
 fused_linear_cross_entropy.register_autograd(_scale_gradients, setup_context=_keep_gradients)

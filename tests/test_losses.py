@@ -117,6 +117,15 @@ def test_no_vocab_sized_tensor_is_kept_for_backward():
     assert sorted(saved) == sorted([x.shape, w.shape])  # d/dx and d/dweight, made in forward, and nothing else
 
 
+def test_a_second_backward_through_the_same_loss_is_refused():
+    """backward scales the gradients made in forward in place: once."""
+    x, w, targets = head_inputs()
+    loss = fused_cross_entropy(x, w, targets)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_the_chunks_are_few_even_and_within_the_budget():
     for n, vocab, device, itemsize in [(32768, 50304, "cuda", 4), (32768, 50304, "cuda", 2), (2048, 50304, "cpu", 4),
                                        (70, 50, "cpu", 8), (1, 50304, "cuda", 4), (5000, 65, "cpu", 4)]:  # fmt: skip
