@@ -5,6 +5,7 @@ References: OpenAI's GPT-2 release and the transformers implementation (for the 
 """
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,8 +25,9 @@ SDPA_BACKENDS = {
 }
 # the masked-softmax reference, SDPA choosing its kernel, or SDPA held to one
 ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
-# lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0), ours fused, liger-kernel's fused
-LOSS_IMPLS = ("plain", "fused", "liger")
+# lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0); ours fused, its softmax in torch or
+# in a Triton kernel (CUDA; pip install -e ".[triton]"); liger-kernel's fused
+LOSS_IMPLS = ("plain", "fused", "triton", "liger")
 # the GPTConfig fields that fix the shapes of the weights: what a checkpoint's weights cannot do without
 ARCHITECTURE = ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size")
 A100_BF16_PEAK_FLOPS = 312e12  # nanoGPT's MFU yardstick
@@ -47,7 +49,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linears and LayerNorms, as in GPT-2; False is a little better and faster
     attention: str = "sdpa"  # "sdpa", "manual" (the masked-softmax reference), or one of SDPA_BACKENDS
     loss_chunk: int = 0  # rows of the (B*T, n_embd) hidden states per chunk of lm_head + cross-entropy; 0 = unchunked
-    loss_impl: str = "plain"  # one of LOSS_IMPLS: "fused" and "liger" never make the (B*T, vocab) logits
+    loss_impl: str = "plain"  # one of LOSS_IMPLS: "fused", "triton" and "liger" never make the (B*T, vocab) logits
     activation_checkpointing: bool = False  # recompute each block's activations in backward instead of keeping them
 
     def __post_init__(self) -> None:
@@ -179,12 +181,14 @@ class GPT(nn.Module):
         x = self.hidden_states(idx)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
-        if self.config.loss_impl == "fused":
-            return None, fused_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
+        softcap = getattr(self.config, "logit_softcap", 0.0)  # a GPTConfig field from the architecture branch
+        if self.config.loss_impl in ("fused", "triton"):
+            triton = self.config.loss_impl == "triton"
+            return None, fused_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk, softcap, triton)
         if self.config.loss_impl == "liger":
-            return None, liger_cross_entropy(x, self.lm_head.weight, targets)
+            return None, liger_cross_entropy(x, self.lm_head.weight, targets, softcap)
         if self.config.loss_chunk:
-            return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
+            return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk, softcap)
         logits = self.lm_head(x)
         loss = F.cross_entropy(
             logits.view(-1, logits.size(-1)).to(wide(logits.dtype)), targets.reshape(-1), ignore_index=-1
@@ -321,56 +325,153 @@ class GPT(nn.Module):
         return idx
 
 
-def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
-    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1), chunk rows of x at a time.
+def chunked_cross_entropy(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, softcap: float = 0.0
+) -> torch.Tensor:
+    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1; capped at softcap when > 0), chunk
+    rows of x at a time.
 
     Each chunk's logits are made, reduced to a summed loss and dropped, then made again in backward (activation
     checkpointing), so at most one (chunk, vocab) block of fp32 logits exists instead of all (B*T, vocab)."""
     x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
     total = sum(
-        checkpoint(_summed_cross_entropy, xc, weight, tc, use_reentrant=False)
+        checkpoint(_summed_cross_entropy, xc, weight, tc, softcap, use_reentrant=False)
         for xc, tc in zip(x.split(chunk), targets.split(chunk), strict=True)
     )
     return total / (targets != -1).sum()
 
 
-def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float) -> torch.Tensor:
     logits = F.linear(x, weight)
-    return F.cross_entropy(logits.to(wide(logits.dtype)), targets, ignore_index=-1, reduction="sum")
+    logits = logits.to(wide(logits.dtype))
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
 
 
-class FusedLinearCrossEntropy(torch.autograd.Function):
-    """The mean cross-entropy of the logits x @ weight.T (x: (N, C), targets of -1 ignored), with both gradients
-    made in forward, chunk rows at a time: a chunk's logits become its loss and, in place, its gradient
-    softmax - onehot, which two GEMMs turn into the chunk's share of d/dx and d/dweight before the next chunk. So
-    at most one (chunk, vocab) block of fp32 logits exists, and no GEMM is run twice (three, as the plain path,
-    where the checkpointed chunks of loss_chunk run four). Under autocast the GEMMs run in its dtype, as the
-    plain path's do; backward only scales what forward made."""
+# The fused loss's chunks hold about this many bytes of logits each. On a GPU, few and large: each chunk's three GEMMs
+# read the whole weight (finding 3 of the GPU review: 64 chunks of 512 rows at B=32 starve the GEMMs). On a CPU, under
+# glibc's 32 MiB mmap threshold, so that malloc reuses a chunk's blocks for the next: larger ones are mapped afresh and
+# page-faulted in each time, at ~1.5 ms a MiB on the test machine, 5x the cost of writing them.
+CHUNK_BYTES = {"cpu": 24 << 20, "other": 1 << 30}
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
-        count = (targets != -1).sum()
-        gemm_dtype = autocast_dtype(x)
-        grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight, dtype=wide(weight.dtype))
-        loss = torch.zeros((), dtype=wide(x.dtype), device=x.device)
-        for xc, tc, gc in zip(x.split(chunk), targets.split(chunk), grad_x.split(chunk), strict=True):
-            logits = F.linear(xc, weight)
-            logits = logits.to(wide(logits.dtype))
-            lse = logits.logsumexp(dim=-1, keepdim=True)
-            valid = (tc != -1).unsqueeze(1)
-            target = tc.clamp(min=0).unsqueeze(1)
-            loss += ((lse - logits.gather(1, target)) * valid).sum()
-            grad = logits.sub_(lse).exp_().scatter_add_(1, target, -valid.to(logits.dtype)).mul_(valid)  # p - onehot
-            grad = grad.to(gemm_dtype)
-            gc.copy_(grad @ weight.to(gemm_dtype))
-            grad_w += grad.t() @ xc.to(gemm_dtype)
-        ctx.save_for_backward(grad_x / count, grad_w.div_(count).to(weight.dtype))
-        return loss / count
 
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor) -> tuple:
-        grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad_loss, grad_w * grad_loss, None, None
+def chunk_rows(n: int, vocab: int, device: torch.device, itemsize: int = 4) -> int:
+    """Rows per chunk of the fused loss over n rows: the fewest chunks, all of about one size, whose (rows, vocab)
+    logits of itemsize bytes each stay within the device's CHUNK_BYTES."""
+    budget = CHUNK_BYTES["cpu" if device.type == "cpu" else "other"]
+    chunks = max(1, -(-n * vocab * itemsize // budget))
+    return max(1, -(-n // chunks))
+
+
+@torch.library.custom_op("nanogpt::fused_linear_cross_entropy", mutates_args=())
+def fused_linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    rows: int,
+    softcap: float,
+    gemm_dtype: torch.dtype,
+    use_triton: bool,
+    needs_dx: bool,
+    needs_dw: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mean cross-entropy of the logits x @ weight.T (x: (N, C); targets of -1 ignored; capped at softcap when
+    > 0) and, where needs_dx and needs_dw ask for them, its gradients for x and weight (else empty tensors).
+
+    One operator, which torch.compile leaves whole: `rows` rows at a time, a chunk's logits become its losses and
+    their gradient softmax - onehot (in torch, or in one Triton kernel over the logits in place), which two GEMMs in
+    gemm_dtype turn into the chunk's rows of d/dx and its share of d/dweight, added in place to one wide buffer.
+    At most one chunk of logits exists at a time, no GEMM runs twice, and the weight is cast once."""
+    classify = triton_cross_entropy(x.device) if use_triton else cross_entropy_rows
+    w = weight.to(gemm_dtype)
+    dx = torch.empty_like(x) if needs_dx else x.new_empty(0)
+    dw = torch.zeros_like(weight, dtype=wide(weight.dtype)) if needs_dw else weight.new_empty(0)
+    total = torch.zeros((), dtype=wide(x.dtype), device=x.device)
+    count = (targets != -1).sum()
+    with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen here, whatever the caller's autocast
+        for start in range(0, x.size(0), rows):
+            xc, tc = x[start : start + rows].to(gemm_dtype), targets[start : start + rows]
+            losses, grad = classify(xc @ w.t(), tc, softcap, needs_dx or needs_dw)
+            total += losses.sum()
+            valid = (tc != -1).unsqueeze(1)  # an ignored row's gradient is zeroed in the (rows, C) operands
+            if needs_dx:
+                mm_into(dx[start : start + rows], grad, w).mul_(valid / count.to(total.dtype))
+            if needs_dw:
+                addmm_into(dw, grad.t(), xc * valid)
+    return total / count, dx, dw.div_(count).to(weight.dtype)
+
+
+@fused_linear_cross_entropy.register_fake
+def _fused_linear_cross_entropy_shapes(x, weight, targets, rows, softcap, gemm_dtype, use_triton, needs_dx, needs_dw):
+    dx = torch.empty_like(x) if needs_dx else x.new_empty(0)
+    dw = torch.empty_like(weight) if needs_dw else weight.new_empty(0)
+    return x.new_empty((), dtype=wide(x.dtype)), dx, dw
+
+
+def _keep_gradients(ctx, inputs: tuple, output: tuple) -> None:
+    _, dx, dw = output
+    ctx.mark_non_differentiable(dx, dw)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(dx, dw)
+
+
+def _scale_gradients(ctx, grad_loss: torch.Tensor, *_) -> tuple:
+    dx, dw = ctx.saved_tensors  # in place: nothing else holds them (a second backward is refused as modified)
+    needs_dx, needs_dw = ctx.needs_input_grad[:2]
+    return dx.mul_(grad_loss) if needs_dx else None, dw.mul_(grad_loss) if needs_dw else None, *[None] * 7
+
+
+fused_linear_cross_entropy.register_autograd(_scale_gradients, setup_context=_keep_gradients)
+
+
+def cross_entropy_rows(
+    logits: torch.Tensor, targets: torch.Tensor, softcap: float, with_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's cross-entropy of logits (rows, V), in a wide dtype (0 where the target is -1), and with_grad its
+    gradient softmax - onehot in the logits' dtype (through the softcap; the rows of ignored targets are not
+    zeroed). The logits are overwritten."""
+    z = logits.to(wide(logits.dtype))  # logits itself when already wide
+    if softcap:
+        tanh = z.div_(softcap).tanh_()
+        z = tanh * softcap
+    logp = F.log_softmax(z, dim=1)
+    del z
+    target = targets.clamp(min=0).unsqueeze(1)
+    losses = -logp.gather(1, target).squeeze(1) * (targets != -1)
+    if not with_grad:
+        return losses, None
+    grad = logp.exp_().scatter_add_(1, target, torch.full_like(target, -1, dtype=logp.dtype))
+    if softcap:
+        grad.mul_(tanh.square_().neg_().add_(1))  # d(c tanh(z / c))/dz = 1 - tanh^2
+    return losses, grad.to(logits.dtype)
+
+
+def mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """out = a @ b, where out may be wider than a and b."""
+    return torch.mm(a, b, out=out) if out.dtype == a.dtype else out.copy_(a @ b)
+
+
+def addmm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """out += a @ b, where out may be fp32 and a, b bf16 or fp16: cuBLAS then adds onto out itself in fp32 (addmm's
+    out_dtype, CUDA only); a CPU adds its product in a's dtype."""
+    if out.dtype == a.dtype:
+        return out.addmm_(a, b)
+    if out.is_cuda:
+        return torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
+    return out.add_(a @ b)
+
+
+def triton_cross_entropy(device: torch.device) -> Callable:
+    """The Triton classifier of nanogpt_perf.kernels, imported only when loss_impl='triton' asks for it; ValueError
+    on a device where it cannot run."""
+    from nanogpt_perf.kernels import triton_problem
+
+    if problem := triton_problem(device):
+        raise ValueError(f"loss_impl='triton' cannot run here: {problem}")
+    from nanogpt_perf.kernels.classifier import cross_entropy_in_place
+
+    return cross_entropy_in_place
 
 
 # transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's
@@ -390,18 +491,35 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return state
 
 
-def fused_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
-    """FusedLinearCrossEntropy over the rows of x (..., C); chunk 0 picks one whose fp32 logits take about as
-    much memory as x itself (a power of two, as liger-kernel picks it)."""
+def fused_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int = 0,
+    softcap: float = 0.0,
+    use_triton: bool = False,
+) -> torch.Tensor:
+    """The mean cross-entropy of the logits x @ weight.T over the rows of x (..., C) by the operator
+    fused_linear_cross_entropy, chunk rows at a time (0: as few chunks as CHUNK_BYTES allows), each chunk's softmax
+    in torch or, use_triton, in one Triton kernel. Its GEMMs run in the autocast dtype, as the plain path's do, and
+    it makes only the gradients autograd will ask for: none under no_grad (eval), none for a frozen weight."""
     x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
-    if chunk <= 0:
-        chunk = 1 << max(0, math.ceil(math.log2(x.size(0) / math.ceil(weight.size(0) / x.size(1)))))
-    return FusedLinearCrossEntropy.apply(x, weight, targets, chunk)
+    gemm_dtype = autocast_dtype(x)
+    itemsize = gemm_dtype.itemsize if use_triton else wide(gemm_dtype).itemsize  # the dtype its logits are worked in
+    rows = chunk or chunk_rows(x.size(0), weight.size(0), x.device, itemsize)
+    grad = torch.is_grad_enabled()
+    needs = (grad and x.requires_grad, grad and weight.requires_grad)
+    loss, _, _ = fused_linear_cross_entropy(x, weight, targets, rows, softcap, gemm_dtype, use_triton, *needs)
+    return loss
 
 
-def liger_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def liger_cross_entropy(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0
+) -> torch.Tensor:
     """liger-kernel's fused linear cross-entropy (Triton, CUDA only; pip install liger-kernel), its inputs in the
     autocast dtype as the plain path's GEMM would take them."""
+    if softcap:
+        raise ValueError("loss_impl='liger' is not run with a logit softcap here: use plain, fused or triton")
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     dtype = autocast_dtype(x)

@@ -1,0 +1,19 @@
+"""Hand-written GPU kernels in Triton, below model.py: they import torch and triton, nothing of the project, and are
+imported only when a setting asks for one (loss_impl='triton'; pip install -e ".[triton]")."""
+
+import importlib.util
+import os
+
+import torch
+
+
+def triton_problem(device: torch.device | str) -> str | None:
+    """Why the kernels cannot run on device, or None: they need triton, and a CUDA device or, on a CPU, triton's
+    interpreter (TRITON_INTERPRET=1: slow, for tests)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install -e '.[triton]')"
+    device = torch.device(device)
+    interpreted = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+    if device.type == "cuda" or (device.type == "cpu" and interpreted):
+        return None
+    return f"its Triton kernel runs on CUDA devices, not {device.type} (on a CPU only under TRITON_INTERPRET=1)"
