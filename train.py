@@ -17,9 +17,6 @@ import torch
 import torch.distributed as dist
 
 from configurator import configure_command
-
-# the model's shape, the optimizer and every performance switch, shared with bench.py: each declared once (its
-# rule, default and meaning) in nanogpt_perf/settings.py; config files and flags override them as they do the below
 from nanogpt_perf import settings as shared
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.tokenizer import tokenizer_spec
@@ -29,23 +26,11 @@ from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
 from nanogpt_perf.hellaswag import score
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.optim import muon_not_sharded, set_lr
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, not_above, one_of, or_word
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, not_above, one_of, or_word
 from nanogpt_perf.runtime import resolve_runtime
-from nanogpt_perf.settings import (
-    block_size,
-    compile,
-    compile_mode,
-    data_order,
-    device,
-    dtype,
-    learning_rate,
-    peak_flops,
-    prefetch,
-    seed,
-    tf32,
-)
 from nanogpt_perf.train.admission import admit_data, hellaswag_task, import_wandb, initial_model, resolve_settings
 from nanogpt_perf.train.build import build_training
 from nanogpt_perf.train.checkpoint import restore_training, save_iteration, training_state
@@ -54,6 +39,11 @@ from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_ov
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
 from nanogpt_perf.train.progress import Progress, RunLog
 from nanogpt_perf.train.resume import rng_state, set_rng_state
+
+# the model's shape, the optimizer and every performance switch, shared with bench.py: each declared once (its rule,
+# default and meaning) in nanogpt_perf/settings.py, handed to configure() below; these are the ones used here by name
+from nanogpt_perf.settings import block_size, compile, compile_mode, data_order, device, dtype  # isort: skip
+from nanogpt_perf.settings import learning_rate, peak_flops, prefetch, seed, tf32  # isort: skip
 
 # -----------------------------------------------------------------------------
 # settings of train.py alone, each with its rule (what values are valid: nanogpt_perf/rules.py): defaults train
@@ -84,8 +74,10 @@ gradient_accumulation_steps: at_least(1) = 5 * 8  # micro-batches per optimizer 
 batch_size: or_word("auto", at_least(1)) = 12  # micro-batch size per rank, or 'auto': the largest that fits
 tokens_per_iter: at_least(0, " (0 = unset)") = 0  # tokens per optimizer step, setting gradient_accumulation_steps
 max_iters: at_least(0) = 600000  # optimizer steps
-# learning rate schedule: linear warmup, then cosine decay to min_lr
+# learning rate schedule: linear warmup, then cosine decay to min_lr, or warmup-stable-decay
 decay_lr = True
+lr_schedule: one_of("cosine", "wsd") = "cosine"  # 'wsd': the peak until the cooldown, then linear to min_lr
+cooldown_frac: interval(0, 1, low_open=True) = 0.2  # wsd: the last fraction of lr_decay_iters that decays
 warmup_iters: at_least(0) = 2000
 lr_decay_iters: at_least(0) = 600000  # ~= max_iters per Chinchilla
 min_lr: at_least(0) = 6e-5  # ~= learning_rate / 10 per Chinchilla
@@ -95,6 +87,7 @@ backend: one_of("auto", "nccl", "gloo") = "auto"  # DDP's: 'auto' is nccl on CUD
 profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops
 max_bad_steps: at_least(1) = 10  # stop after this many steps in a row with a non-finite loss or gradient norm
 CROSS = (not_above("warmup_iters", "lr_decay_iters", "decay_lr"), not_above("min_lr", "learning_rate", "decay_lr"))
+CROSS += (muon_not_sharded,)
 settings, given, rules = configure_command(globals(), shared=shared)
 # -----------------------------------------------------------------------------
 
@@ -166,11 +159,15 @@ def estimate_loss() -> dict[str, float]:
 
 
 def get_lr(it: int) -> float:
-    """Linear warmup (non-zero from the first step), cosine decay to min_lr, then min_lr."""
+    """Linear warmup (non-zero from the first step), cosine decay to min_lr (wsd: the peak, then a linear cooldown
+    over the last cooldown_frac of lr_decay_iters), then min_lr."""
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
     if it >= lr_decay_iters:
         return min_lr
+    if lr_schedule == "wsd":
+        left = (lr_decay_iters - it) / (cooldown_frac * lr_decay_iters)  # 1 as the cooldown starts, 0 at its end
+        return min_lr + min(left, 1.0) * (learning_rate - min_lr)
     ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
@@ -224,8 +221,7 @@ if rng is not None:
 start_iter, bad_steps, progress = iter_num, 0, Progress(runtime, iter_num, max_iters, tokens_per_iter)
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(optimizer, lr, learning_rate)  # every group by the schedule's ratio (Muon's from muon_lr)
 
     stopping = stop.requested(ddp, runtime.device)  # every rank the same answer, so that they save together
     evaluating = not stopping and (iter_num % eval_interval == 0 or iter_num == max_iters or eval_only)

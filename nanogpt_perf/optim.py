@@ -49,7 +49,7 @@ def build_optimizer(
     if optimizer == "adamw":
         return model.configure_optimizers(weight_decay, learning_rate, betas, fused=fused)
     if is_sharded(model):
-        raise ValueError("optimizer='muon' cannot run Newton-Schulz on FSDP's shards: use parallelism='ddp'")
+        raise ValueError(MUON_ON_SHARDS)
     if not 0.0 <= muon_momentum < 1.0:
         raise ValueError(f"muon_momentum must be in [0, 1), not {muon_momentum}")
     muon, decay, no_decay = split_parameters(model)
@@ -59,6 +59,14 @@ def build_optimizer(
         {"params": list(no_decay.values()), "muon": False, "lr": learning_rate, "weight_decay": 0.0},
     ]
     return MuonAdamW(groups, momentum=muon_momentum, betas=betas, fused=fused, ns_dtype=ns_dtype)
+
+
+MUON_ON_SHARDS = "optimizer='muon' cannot run Newton-Schulz on FSDP's shards: use parallelism='ddp'"
+
+
+def muon_not_sharded(s: dict[str, Any]) -> str | None:
+    """The rule between the optimizer and train.py's parallelism: Muon needs each matrix whole."""
+    return MUON_ON_SHARDS if s["optimizer"] == "muon" and s.get("parallelism") == "fsdp" else None
 
 
 def split_parameters(model: nn.Module) -> tuple[dict[str, nn.Parameter], ...]:
@@ -79,6 +87,12 @@ def is_sharded(model: nn.Module) -> bool:
     be: so a run of one process never pays for importing it."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters())
+
+
+def adamw_is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the AdamW that optimizer is, or holds (MuonAdamW's), runs the fused kernel."""
+    adamw = getattr(optimizer, "adamw", optimizer)
+    return adamw is not None and bool(adamw.defaults.get("fused"))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float, learning_rate: float) -> None:

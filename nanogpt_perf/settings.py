@@ -10,6 +10,7 @@ from model import ATTENTION, LOSS_IMPLS, GPTConfig
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.memory import model_size_problem
+from nanogpt_perf.optim import OPTIMIZERS
 from nanogpt_perf.rules import CrossRule, at_least, interval, one_of
 from nanogpt_perf.runtime import PTDTYPES, device_problem
 
@@ -34,11 +35,15 @@ n_embd: at_least(1) = 768
 block_size: at_least(1) = 1024  # tokens of context
 bias = False  # biases in Linears and LayerNorms (GPT-2 has them; without is a little better and faster)
 dropout: interval(0, 1, high_open=True) = 0.0  # 0 for pretraining, try 0.1+ for fine-tuning
-# AdamW
-learning_rate: at_least(0) = 6e-4  # the peak learning rate
-weight_decay: at_least(0) = 1e-1  # on matrices and embeddings only
+# the optimizer: AdamW over every parameter, or Muon over the blocks' matrices and AdamW over the rest
+optimizer: one_of(*OPTIMIZERS) = "adamw"  # 'adamw', or 'muon' (nanogpt_perf/optim.py)
+learning_rate: at_least(0) = 6e-4  # AdamW's peak learning rate
+weight_decay: at_least(0) = 1e-1  # AdamW's, on matrices and embeddings only
 beta1: interval(0, 1, high_open=True) = 0.9
 beta2: interval(0, 1, high_open=True) = 0.95
+muon_lr: at_least(0) = 0.02  # Muon's peak learning rate (the schedule scales it as it scales learning_rate)
+muon_momentum: interval(0, 1, high_open=True) = 0.95  # Muon's Nesterov momentum
+muon_weight_decay: at_least(0) = 0.0  # Muon's decoupled weight decay
 grad_clip: at_least(0, " (0 = off)") = 1.0  # clip the gradient norm to this; 0.0 = off
 # performance switches
 device: device_problem = "auto"  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'

@@ -18,6 +18,7 @@ from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.errors import first_line
 from nanogpt_perf.files import write_through_path
 from nanogpt_perf.memory import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
+from nanogpt_perf.optim import adamw_is_fused
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import Runtime, resolve_runtime
@@ -184,7 +185,7 @@ def measure(
         graph_breaks=compiled(end["graph_breaks"] - before["graph_breaks"]),
         phases_ms={p: statistics.median(ph[p] for ph in phases[burn_in:]) for p in PHASES},
         sdpa_kernel=kernel,
-        fused_adamw=bool(optimizer.defaults.get("fused")),
+        fused_adamw=adamw_is_fused(optimizer),
     )
 
 

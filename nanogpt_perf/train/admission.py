@@ -28,8 +28,8 @@ from nanogpt_perf.train.ownership import out_dir_problem
 from nanogpt_perf.train.parallel import Ranks, torchrun_rank
 
 # settings a resumed run cannot change: the architecture (the vocabulary through pad_vocab and the data, which give
-# vocab_size), and the data it was trained on
-FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), "pad_vocab", "dataset", "data_dir")
+# vocab_size), the data it was trained on, and the optimizer whose state it holds
+FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), "pad_vocab", "dataset", "data_dir", "optimizer")
 # settings that say how this command runs, not what the run is: always taken from the command
 PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "overwrite")
 UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of these is no news
@@ -84,7 +84,7 @@ def resume_settings(
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
     if fixed := [k for k in changed if k in FIXED_ON_RESUME]:
         what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
-        raise UserError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary and data are fixed")
+        raise UserError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary, data and optimizer are fixed")
     lines = [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
     lines += [f"{k}={saved[k]!r} not applied (not a setting here)" for k in saved if k not in merged]
     per_command = [k for k in PER_COMMAND if k not in UNREPORTED and k not in given and k in saved and k in merged]

@@ -8,6 +8,7 @@ import torch
 
 from model import GPT
 from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.optim import build_optimizer
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.settings import model_config
 from nanogpt_perf.train.parallel import unwrap, wrap_model
@@ -22,11 +23,11 @@ class Training(NamedTuple):
     step: TrainStep
 
 
-def build_optimizer(model: GPT, s: dict[str, Any]) -> torch.optim.Optimizer:
+def optimizer_for(model: GPT, s: dict[str, Any]) -> torch.optim.Optimizer:
     """The optimizer the settings s name, over model's parameters (FSDP's shards, once it is sharded)."""
-    return model.configure_optimizers(
-        s["weight_decay"], s["learning_rate"], (s["beta1"], s["beta2"]), fused=s["fused_adamw"]
-    )
+    hyper = dict(learning_rate=s["learning_rate"], weight_decay=s["weight_decay"], betas=(s["beta1"], s["beta2"]))
+    muon = dict(muon_lr=s["muon_lr"], muon_momentum=s["muon_momentum"], muon_weight_decay=s["muon_weight_decay"])
+    return build_optimizer(model, s["optimizer"], fused=s["fused_adamw"], **hyper, **muon)
 
 
 def build_training(
@@ -44,7 +45,7 @@ def build_training(
     caller seeds torch's generator first: a new model draws its weights here."""
     model = model if model is not None else GPT(model_config(s, vocab_size))
     wrapped = wrap_model(model, s.get("parallelism", "ddp"), runtime, s["compile"], s["compile_mode"])
-    optimizer = build_optimizer(unwrap(wrapped), s)
+    optimizer = optimizer_for(unwrap(wrapped), s)
     scaler = runtime.grad_scaler()
     accumulation = accumulation or s["gradient_accumulation_steps"]
     step = TrainStep(wrapped, optimizer, scaler, runtime, batches, accumulation, s["grad_clip"])
