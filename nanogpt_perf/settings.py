@@ -9,10 +9,11 @@ from typing import Any
 from model import ATTENTION, LOSS_IMPLS, GPTConfig
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.kernels import triton_problem
 from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.optim import OPTIMIZERS
 from nanogpt_perf.rules import CrossRule, at_least, interval, one_of
-from nanogpt_perf.runtime import PTDTYPES, device_problem
+from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_device
 
 GPT2_VOCAB_SIZE = 50257  # the vocabulary of GPT-2's BPE, for a dataset with no meta.pkl and for synthetic tokens
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -55,7 +56,7 @@ attention: one_of(*ATTENTION) = "sdpa"  # 'sdpa' (PyTorch picks), 'manual' (the 
 fused_adamw = True  # AdamW's fused kernel, where the device has one
 pad_vocab: at_least(1, " (1 = off)") = 64  # vocab_size rounded up to a multiple of this (50257 -> 50304); 1 = off
 loss_chunk: at_least(0, " (0 = unchunked)") = 0  # rows per chunk of a chunked lm_head + cross-entropy; 0 = off
-loss_impl: a_loss_impl = "plain"  # 'plain' (logits, then the loss), 'fused' (ours) or 'liger' (liger-kernel)
+loss_impl: a_loss_impl = "plain"  # 'plain' (logits, then the loss), 'fused' or 'triton' (ours), 'liger'
 activation_checkpointing = False  # recompute each block's activations in backward instead of keeping them
 # the data loader (a dataset's batches; bench.py's synthetic tokens have none)
 data_order: one_of(*DATA_ORDERS) = "random"  # 'random' windows (nanoGPT's, with replacement) or 'epochs'
@@ -73,7 +74,13 @@ def gpt_config_problem(s: dict[str, Any]) -> str | None:
     return None
 
 
-SHARED_CROSS: tuple[CrossRule, ...] = (gpt_config_problem,)  # the rules between the shared settings
+def loss_impl_runs_here(s: dict[str, Any]) -> str | None:
+    """loss_impl='triton' needs triton and a device its kernel runs on."""
+    problem = triton_problem(resolve_device(s["device"])) if s["loss_impl"] == "triton" else None
+    return problem and f"loss_impl='triton' cannot run here: {problem}; 'plain' or 'fused' run everywhere"
+
+
+SHARED_CROSS: tuple[CrossRule, ...] = (gpt_config_problem, loss_impl_runs_here)  # the rules between shared settings
 
 
 def model_fields(s: dict[str, Any]) -> dict[str, Any]:

@@ -84,7 +84,9 @@ def resume_settings(
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
     if fixed := [k for k in changed if k in FIXED_ON_RESUME]:
         what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
-        raise UserError(f"cannot resume with {what}: the checkpoint's architecture, vocabulary, data and optimizer are fixed")
+        raise UserError(
+            f"cannot resume with {what}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
+        )
     lines = [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
     lines += [f"{k}={saved[k]!r} not applied (not a setting here)" for k in saved if k not in merged]
     per_command = [k for k in PER_COMMAND if k not in UNREPORTED and k not in given and k in saved and k in merged]
