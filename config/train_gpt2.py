@@ -10,9 +10,10 @@ wandb_project = "owt"
 wandb_run_name = "gpt2-124M"
 
 # tokens per optimizer step: 491,520 (nanoGPT's 12 sequences x 1024 tokens x 40 micro-batches), about 0.5M as in
-# GPT-3's table for this size. The micro-batch is chosen for the device: the largest that fits and divides the 480
-# sequences of a step among the ranks (an H100 fits 32: 32 x 15 micro-batches); gradient accumulation follows.
-# nanoGPT's own split: --batch_size=12 (tokens_per_iter then gives 40 micro-batches)
+# GPT-3's table for this size. The micro-batch is chosen for the device: the largest divisor of a rank's share of the
+# 480 sequences whose step fits (nanogpt_perf/train/autobatch.py); gradient accumulation follows. On H100s of 80 GB
+# (a compiled step at 32 x 1024 peaks at 22.3 GB, about 0.63 GB a sequence) that is 96 x 5 micro-batches on one GPU
+# and 60 x 1 on each of 8 (an estimate until measured). nanoGPT's own split: --batch_size=12 (then 40 micro-batches)
 tokens_per_iter = 491520
 batch_size = "auto"
 block_size = 1024

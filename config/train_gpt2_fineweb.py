@@ -7,7 +7,8 @@ out_dir = "out-gpt2-fineweb"
 data_order = "epochs"  # each window once: 10B tokens are read once, not sampled with replacement
 
 # tokens per optimizer step: 524,288 (2**19, 512 sequences of 1024 tokens), as llm.c; the micro-batch is the
-# largest that fits the device (32 x 16 micro-batches on an H100), gradient accumulation follows
+# largest divisor of a rank's share that fits the device, gradient accumulation follows: on H100s of 80 GB about
+# 64 x 8 micro-batches on one GPU and 64 x 1 on each of 8 (see config/train_gpt2.py)
 tokens_per_iter = 524288
 batch_size = "auto"
 block_size = 1024
