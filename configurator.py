@@ -188,7 +188,8 @@ def declared(
     and their rules: declared as annotations, or given (rules)."""
     modules = [vars(shared)] if shared else []
     defaults = {k: v for module in (*modules, namespace) for k, v in settings_of(module).items()}
-    return defaults, {k: v for module in (*modules, namespace) for k, v in rules_of(module).items()} | (rules or {})
+    declared_rules = {k: v for module in (*modules, namespace) for k, v in rules_of(module).items() if k in defaults}
+    return defaults, declared_rules | (rules or {})
 
 
 def configure(

@@ -12,7 +12,7 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.kernels import triton_problem
 from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.optim import OPTIMIZERS
-from nanogpt_perf.rules import CrossRule, at_least, interval, one_of
+from nanogpt_perf.rules import at_least, interval, one_of
 from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_device
 
 GPT2_VOCAB_SIZE = 50257  # the vocabulary of GPT-2's BPE, for a dataset with no meta.pkl and for synthetic tokens
@@ -80,7 +80,7 @@ def loss_impl_runs_here(s: dict[str, Any]) -> str | None:
     return problem and f"loss_impl='triton' cannot run here: {problem}; 'plain' or 'fused' run everywhere"
 
 
-SHARED_CROSS: tuple[CrossRule, ...] = (gpt_config_problem, loss_impl_runs_here)  # the rules between shared settings
+SHARED_CROSS = (gpt_config_problem, loss_impl_runs_here)  # the rules between the shared settings
 
 
 def model_fields(s: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from configurator import apply_overrides, configure, configure_command, declared
 from conftest import ROOT
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.rules import at_least, not_above, settings_problem, unruled
+from nanogpt_perf.settings import SHARED_CROSS
 
 DEFAULTS = {"max_iters": 100, "learning_rate": 6e-4, "compile": True, "out_dir": "out", "wandb_run_name": "gpt2"}
 
@@ -129,7 +130,9 @@ def defaults_of(script: str, monkeypatch) -> Script:
     def capture(namespace, argv=None, rules=None, cross=(), shared=None):
         settings, rules = declared(namespace, shared, rules)
         words = {k: rule.words for k, rule in rules.items() if hasattr(rule, "words")}
-        raise Captured(Script(settings, rules, tuple(cross) or namespace.get("CROSS", ()), words))
+        if "CROSS" in namespace:  # train.py's, checked by its admission with the shared ones, once merged on resume
+            cross = (*SHARED_CROSS, *namespace["CROSS"])
+        raise Captured(Script(settings, rules, cross, words))
 
     monkeypatch.setattr(configurator, "configure", capture)
     monkeypatch.setattr(configurator, "configure_command", capture)
