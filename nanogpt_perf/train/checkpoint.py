@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from model import ARCHITECTURE, GPT, GPTConfig
+from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
 from nanogpt_perf.errors import die
 from nanogpt_perf.files import write_atomically, write_through_path
 from nanogpt_perf.train.parallel import load_full_state
@@ -142,7 +142,7 @@ def model_problem(model_args: Any, weights: Any) -> str | None:
     a model this code can build and load, or None."""
     if not isinstance(model_args, dict):
         return f"its model_args are a {type(model_args).__name__}, not a dict"
-    missing = [k for k in ARCHITECTURE if k not in model_args]
+    missing = [k for k in ARCHITECTURE if k not in model_args and k not in RECIPE_ARCHITECTURE]
     problem = model_args_problem(ARCHITECTURE_DEFAULTS | model_args)
     problem = problem or weights_problem(ARCHITECTURE_DEFAULTS | model_args, weights)
     if problem and missing:
@@ -152,8 +152,10 @@ def model_problem(model_args: Any, weights: Any) -> str | None:
 
 def model_args_problem(model_args: dict[str, Any]) -> str | None:
     for key in ARCHITECTURE:
-        value, kind = model_args[key], bool if key == "bias" else int
-        if type(value) is not kind or (kind is int and value < 1):
+        value, kind = model_args[key], type(ARCHITECTURE_DEFAULTS[key])
+        if kind is float and (type(value) not in (int, float) or not 0 <= value < float("inf")):
+            return f"its model_args' {key} must be a finite number >= 0, not {value!r}"
+        if kind is not float and (type(value) is not kind or (kind is int and value < 1)):
             return f"its model_args' {key} must be {'a bool' if kind is bool else 'an int >= 1'}, not {value!r}"
     dropout = model_args.get("dropout", 0.0)
     if type(dropout) not in (int, float) or not 0 <= dropout < 1:
@@ -170,19 +172,18 @@ def weights_problem(model_args: dict[str, Any], weights: Any) -> str | None:
     layers = {int(m[1]) for k in weights if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
     if layers != set(range(model_args["n_layer"])):
         return f"its model_args say n_layer={model_args['n_layer']}, its weights hold {len(layers)} layers"
-    try:
-        fields = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__} | {"n_layer": 1}
+    try:  # every layer: which weights a layer has can depend on its place (value embeddings, U-net skips)
+        fields = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
         with torch.device("meta"):
             expected = {k: v.shape for k, v in GPT(GPTConfig(**fields)).state_dict().items()}
     except (ValueError, TypeError) as e:
         return f"its model_args are inconsistent: {e}"
-    as_layer_0 = {re.sub(r"^transformer\.h\.\d+\.", "transformer.h.0.", k): v.shape for k, v in weights.items()}
-    if unknown := sorted(set(as_layer_0) - set(expected)):
+    if unknown := sorted(set(weights) - set(expected)):
         return f"its weights hold {unknown[0]}, which the model of its model_args has not"
-    if missing := sorted(set(expected) - set(as_layer_0)):
+    if missing := sorted(set(expected) - set(weights)):
         return f"its weights lack {missing[0]}"
     for name, shape in ((k, v.shape) for k, v in weights.items()):
-        if (want := expected[re.sub(r"^transformer\.h\.\d+\.", "transformer.h.0.", name)]) != shape:
+        if (want := expected[name]) != shape:
             return f"its weight {name} is {tuple(shape)}, its model_args make it {tuple(want)}"
     return None
 
@@ -219,13 +220,16 @@ def training_state(**state: Any) -> dict[str, Any]:
     checkpoint of nanoGPT's has the first six of these but the scaler."""
     if set(state) != set(CHECKPOINT_KEYS):
         raise TypeError(f"a training checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}")
-    return {k: state[k] for k in CHECKPOINT_KEYS} | {"model_args": {k: state["model_args"][k] for k in MODEL_ARGS}}
+    model_args = {k: state["model_args"][k] for k in MODEL_ARGS}
+    model_args = {k: v for k, v in model_args.items() if k not in RECIPE_ARCHITECTURE or v != ARCHITECTURE_DEFAULTS[k]}
+    return {k: state[k] for k in CHECKPOINT_KEYS} | {"model_args": model_args}
 
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "model_args", "iter_num", "best_val_loss", "config")
 CHECKPOINT_KEYS += ("tokenizer", "ranks")
 # model_args as nanoGPT's GPTConfig takes them, so that its sample.py loads our checkpoints: the architecture and
-# dropout (the kernels and memory savers are settings, in config)
+# dropout (the kernels and memory savers are settings, in config); the recipe's fields only where they are on (a
+# GPT-2 is what nanoGPT can load, and what it cannot, it refuses: its GPTConfig takes no such field)
 MODEL_ARGS = (*ARCHITECTURE, "dropout")
 
 
