@@ -264,6 +264,19 @@ def test_training_checkpoints_name_the_options_that_are_on_and_only_those():
     assert set(recipe["model_args"]) - set(gpt2) == {"rotary", "logit_softcap"}
 
 
+def test_hellaswag_scores_with_the_logits_the_model_gives():
+    from torch.nn import functional as F
+
+    from nanogpt_perf.hellaswag import ending_scores
+
+    model = randomise(model_with(logit_softcap=1.0), std=0.5).eval()
+    x, _ = batch()
+    total, _ = ending_scores(model, x, torch.ones_like(x, dtype=torch.bool))
+    logits, _ = model(x[:, :-1], x[:, 1:])
+    expected = F.log_softmax(logits, dim=-1).gather(-1, x[:, 1:, None]).squeeze(-1).sum(dim=1)
+    torch.testing.assert_close(total, expected)
+
+
 def test_config_refuses_what_cannot_work():
     for softcap in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="logit_softcap"):
