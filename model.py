@@ -5,7 +5,7 @@ References: OpenAI's GPT-2 release and the transformers implementation (for the 
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,14 +28,22 @@ ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
 # lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0); ours fused, its softmax in torch or
 # in a Triton kernel (CUDA; pip install -e ".[triton]"); liger-kernel's fused
 LOSS_IMPLS = ("plain", "fused", "triton", "liger")
-# the GPTConfig fields that fix the shapes of the weights: what a checkpoint's weights cannot do without
-ARCHITECTURE = ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size")
+# the GPTConfig fields that fix the weights' set and shapes, or what the weights compute: what a checkpoint's weights
+# cannot do without (a model trained with ReLU^2 or a softcap computes something else without it)
+# (a checkpoint from before the recipe's fields lacks them: their defaults, all off, are what it is)
+RECIPE_ARCHITECTURE = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head", "logit_softcap", "value_embeds")
+RECIPE_ARCHITECTURE += ("unet_skips",)
+ARCHITECTURE = ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size", *RECIPE_ARCHITECTURE)
 A100_BF16_PEAK_FLOPS = 312e12  # nanoGPT's MFU yardstick
 # A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
 # and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes no mask there); cuDNN,
 # which SDPA prefers on Hopper, is left out: it builds an execution plan for every new shape it meets. On a CPU,
 # flash takes the mask.
 DECODE_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+# A prefill (causal, one call per prompt length) under attention="sdpa": flash or memory-efficient, math where neither
+# takes the dtype (float64); not cuDNN, which would build a new execution plan for every prompt length.
+PREFILL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+ROTARY_BASE = 10000.0
 
 
 @dataclass
@@ -51,6 +59,16 @@ class GPTConfig:
     loss_chunk: int = 0  # rows of the (B*T, n_embd) hidden states per chunk of lm_head + cross-entropy; 0 = unchunked
     loss_impl: str = "plain"  # one of LOSS_IMPLS: "fused", "triton" and "liger" never make the (B*T, vocab) logits
     activation_checkpointing: bool = False  # recompute each block's activations in backward instead of keeping them
+    # the modern recipe (modded-nanogpt's records), each off by default: with all of them off, the model is GPT-2
+    rotary: bool = False  # rotary position embeddings on q and k (base 10000, rotate-half) and no learned wpe
+    rmsnorm: bool = False  # RMSNorm without a weight instead of LayerNorm, in ln_1, ln_2 and ln_f
+    qk_norm: bool = False  # q and k RMS-normalised per head (no weight) before attention
+    relu2: bool = False  # ReLU(x)^2 in the MLP instead of tanh-GELU
+    untied_head: bool = False  # lm_head gets its own weight (drawn as every Linear's) instead of sharing wte's
+    logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c), which keeps them within (-c, c)
+    zero_init_proj: bool = False  # attn.c_proj and mlp.c_proj, which write into the residual stream, start at zero
+    value_embeds: bool = False  # embeddings of the tokens mixed into the values of the first and the last layers
+    unet_skips: bool = False  # each block of the second half also takes, weighted, the output of one of the first
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head != 0:
@@ -61,10 +79,55 @@ class GPTConfig:
             raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, not {self.loss_impl!r}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {self.attention!r}")
+        if not 0 <= self.logit_softcap < math.inf:
+            raise ValueError(f"logit_softcap must be a finite number >= 0 (0 = off), not {self.logit_softcap}")
+        self.logit_softcap = float(self.logit_softcap)
+        if self.logit_softcap and self.loss_impl == "liger":
+            raise ValueError(
+                "logit_softcap is not liger-kernel's: loss_impl='plain', 'fused' or 'triton' cap the logits"
+            )
+        if self.rotary and self.n_embd // self.n_head % 2:
+            raise ValueError(f"rotary needs an even head size, not n_embd / n_head = {self.n_embd // self.n_head}")
+
+
+def norm(config: GPTConfig) -> nn.Module:
+    """GPT-2's LayerNorm, or an RMSNorm without a weight: a per-channel gain before a Linear is one that the Linear
+    can learn itself (and one parameter tensor fewer for the optimizer and the kernels)."""
+    if config.rmsnorm:
+        return nn.RMSNorm(config.n_embd, elementwise_affine=False)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+def rotary_angles(
+    block_size: int, head_size: int, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (T, head_size / 2), of the angles by which rotary turns q and k at positions (T,): pair i at
+    position p by p * base^(-2i / head_size). Made for every position below block_size and looked up, so that a
+    position gets the same bits whether it runs alone (a decode step) or among others; no buffer to crop or cast."""
+    inv_freq = ROTARY_BASE ** -(torch.arange(0, head_size, 2, device=positions.device, dtype=dtype) / head_size)
+    angles = torch.arange(block_size, device=positions.device, dtype=dtype).outer(inv_freq)
+    return angles.cos()[positions], angles.sin()[positions]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, nh, T, hs) with each pair (x_i, x_{i + hs/2}) turned by its angle (the rotate-half form), computed in
+    the dtype of cos and sin."""
+    x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
+def value_embed_tables(n_layer: int) -> list[int | None]:
+    """Which value-embedding table each layer mixes into its values, or None: with n = min(3, n_layer // 2) tables
+    (at least one), table i serves layer i and layer n_layer - n + i, the layers in between have none."""
+    n = max(1, min(3, n_layer // 2))
+    tables: list[int | None] = [None] * n_layer
+    for i in range(n):
+        tables[i] = tables[n_layer - n + i] = i
+    return tables
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v for all heads
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -73,68 +136,111 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.dropout = config.dropout
         self.attention = config.attention
+        self.qk_norm = config.qk_norm
+        if value_embed:  # the weights of v and of the token's value embedding in the values
+            self.ve_mix = nn.Parameter(torch.tensor([0.5, 0.5]))
 
     def forward(
-        self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None = None, pos: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ve: torch.Tensor | None = None,
+        cache: tuple | None = None,
     ) -> torch.Tensor:
-        """Causal self-attention over x (B, T, C). With a cache kv = (k, v), each (B, nh, L, hs): without pos, a
-        prefill that writes the keys and values of positions 0..T-1; with pos (a 0-d tensor), one decode step for
-        the token at that position, attending to the whole cache masked past it (the same shapes at every pos)."""
+        """Causal self-attention over x (B, T, C); q and k turned by rope = (cos, sin), ve (B, T, C) mixed into the
+        values. cache = (k, v, pos, mask): this layer's KV cache, k and v (B, nh, L, hs) each; without pos, a prefill
+        that writes positions 0..T-1; with pos (a 0-d tensor), one decode step for the token at pos, attending to the
+        whole cache, the positions past pos hidden by the additive mask (1, 1, 1, L): the same shapes at every pos."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
+        if ve is not None:
+            v = self.ve_mix[0] * v + self.ve_mix[1] * ve.to(v.dtype)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        mask = None  # None: causal over the T positions of x
-        if kv is not None and pos is None:
-            kv[0][:, :, :T] = k
-            kv[1][:, :, :T] = v
-        elif kv is not None:
-            kv[0].index_copy_(2, pos.view(1), k)
-            kv[1].index_copy_(2, pos.view(1), v)
-            k, v = kv
-            mask = (torch.arange(k.size(2), device=x.device) <= pos).view(1, 1, 1, -1)
-        y = self.attend(q, k, v, mask)
+        if self.qk_norm:  # before rotary or after is the same: a rotation keeps the norm
+            q, k = (F.rms_norm(t, (t.size(-1),)).to(t.dtype) for t in (q, k))
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
+        mask, kernels = None, SDPA_BACKENDS.get(self.attention)  # mask None: causal over the T positions of x
+        if cache is not None:
+            k, v, mask, kernels = self.cached(k, v, *cache)
+        y = self.attend(q, k, v, mask, kernels)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def cached(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        pos: torch.Tensor | None,
+        mask: torch.Tensor | None,
+    ) -> tuple:
+        """k and v written into the cache; the keys, values, mask and SDPA kernels to attend with."""
+        if pos is None:
+            k_cache[:, :, : k.size(2)] = k
+            v_cache[:, :, : v.size(2)] = v
+            return k, v, None, PREFILL_KERNELS if self.attention == "sdpa" else SDPA_BACKENDS.get(self.attention)
+        k_cache.index_copy_(2, pos.view(1), k)
+        v_cache.index_copy_(2, pos.view(1), v)
+        return k_cache, v_cache, mask, DECODE_KERNELS
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        kernels: SDPBackend | list[SDPBackend] | None = None,
+    ) -> torch.Tensor:
+        """softmax(q k^T / sqrt(hs) + mask) v: causal when mask is None, else mask is added (0 or -inf)."""
         dropout_p = self.dropout if self.training else 0.0
         if self.attention != "manual":
-            backend = DECODE_KERNELS if mask is not None else SDPA_BACKENDS.get(self.attention)
-            with sdpa_kernel(backend) if backend else nullcontext():
+            with sdpa_kernel(kernels) if kernels else nullcontext():
                 if mask is None:
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        if mask is None:
-            mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        return self.attn_dropout(att) @ v
+        if mask is None:
+            causal = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
+            att = att.masked_fill(~causal, float("-inf"))
+        else:
+            att = att + mask
+        return self.attn_dropout(att.softmax(dim=-1)) @ v
 
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU, so that its weights give its logits
+        self.relu2 = config.relu2
+        if not config.relu2:
+            self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU, so that its weights give its logits
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        h = self.c_fc(x)
+        h = F.relu(h).square() if self.relu2 else self.gelu(h)
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm(config)
+        self.attn = CausalSelfAttention(config, value_embed)
+        self.ln_2 = norm(config)
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None = None, pos: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ve: torch.Tensor | None = None,
+        cache: tuple | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv, pos)
+        x = x + self.attn(self.ln_1(x), rope, ve, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -142,21 +248,28 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-            )
-        )
+        self.ve_tables = value_embed_tables(config.n_layer) if config.value_embeds else [None] * config.n_layer
+        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if not config.rotary:
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        modules["drop"] = nn.Dropout(config.dropout)
+        modules["h"] = nn.ModuleList([Block(config, t is not None) for t in self.ve_tables])
+        modules["ln_f"] = norm(config)
+        if config.value_embeds:
+            tables = max(t for t in self.ve_tables if t is not None) + 1
+            modules["ve"] = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd) for _ in range(tables)])
+        self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # tied input and output embeddings
+        if not config.untied_head:
+            self.transformer.wte.weight = self.lm_head.weight  # tied input and output embeddings
+        if config.unet_skips:  # one weight per skip, from block i of the first half to block n_layer - 1 - i
+            self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2))
         self.apply(self._init_weights)
         # GPT-2 scales the init of the projections that write into the residual stream by 1/sqrt(2 * n_layer)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if name.endswith("c_proj.weight") and config.zero_init_proj:
+                nn.init.zeros_(p)
+            elif name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -168,9 +281,13 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; the position embedding is left out by default (the token one is the tied lm_head)."""
+        """Parameter count; non_embedding leaves out the embeddings that are only looked up (wpe, the value
+        embeddings, and wte when lm_head has its own weight): a tied wte is lm_head's matmul and counts."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+        if non_embedding:
+            lookups = (m.weight for m in self.modules() if isinstance(m, nn.Embedding))
+            n -= sum(w.numel() for w in lookups if w is not self.lm_head.weight)
+        return n
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
@@ -180,8 +297,8 @@ class GPT(nn.Module):
         logits are None: the chunked loss never makes them all at once."""
         x = self.hidden_states(idx)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
-        softcap = getattr(self.config, "logit_softcap", 0.0)  # a GPTConfig field from the architecture branch
+            return self.head(x[:, [-1], :]), None
+        softcap = self.config.logit_softcap
         if self.config.loss_impl in ("fused", "triton"):
             triton = self.config.loss_impl == "triton"
             return None, fused_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk, softcap, triton)
@@ -189,11 +306,18 @@ class GPT(nn.Module):
             return None, liger_cross_entropy(x, self.lm_head.weight, targets, softcap)
         if self.config.loss_chunk:
             return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk, softcap)
-        logits = self.lm_head(x)
+        logits = self.head(x)
         loss = F.cross_entropy(
             logits.view(-1, logits.size(-1)).to(wide(logits.dtype)), targets.reshape(-1), ignore_index=-1
         )
         return logits, loss
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """lm_head's logits of the hidden states x; with logit_softcap c, c * tanh(logits / c), in float32 at least."""
+        logits = self.lm_head(x)
+        if c := self.config.logit_softcap:
+            logits = c * torch.tanh(logits.to(wide(logits.dtype)) / c)
+        return logits
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """The trunk: (B, T, n_embd) after the last LayerNorm, which lm_head turns into logits."""
@@ -201,20 +325,40 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            if self.config.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+        return self.transformer.ln_f(self.blocks(idx, pos))
+
+    def blocks(self, idx: torch.Tensor, positions: torch.Tensor, caches: list | None = None) -> torch.Tensor:
+        """The residual stream (B, T, n_embd) after the last block, for the tokens idx (B, T) at positions (T,);
+        with caches (one (k, v, pos, mask) per layer, as CausalSelfAttention takes it), through the KV cache."""
+        cfg = self.config
+        x = self.transformer.wte(idx)
+        rope = None
+        if cfg.rotary:
+            rope = rotary_angles(cfg.block_size, cfg.n_embd // cfg.n_head, positions, wide(x.dtype))
+        else:
+            x = x + self.transformer.wpe(positions)
+        x = self.transformer.drop(x)
+        embeds = [table(idx) for table in self.transformer.ve] if cfg.value_embeds else []
+        skips, n_skips = [], cfg.n_layer // 2 if cfg.unet_skips else 0
+        for i, block in enumerate(self.transformer.h):
+            if i >= cfg.n_layer - n_skips:  # the second half takes the first half's outputs, last in first out
+                x = x + self.skip_weights[i - (cfg.n_layer - n_skips)] * skips.pop()
+            ve = None if self.ve_tables[i] is None else embeds[self.ve_tables[i]]
+            if cfg.activation_checkpointing and self.training:
+                x = checkpoint(block, x, rope, ve, use_reentrant=False)
             else:
-                x = block(x)
-        return self.transformer.ln_f(x)
+                x = block(x, rope, ve, None if caches is None else caches[i])
+            if i < n_skips:
+                skips.append(x)
+        return x
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length, e.g. to fine-tune GPT-2 (1024) at 256."""
         if block_size > self.config.block_size:
             raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
-        self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        self.config.block_size = block_size  # rotary's angles are made for block_size positions at each forward
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def configure_optimizers(
         self,
@@ -260,7 +404,9 @@ class GPT(nn.Module):
         """The model saved in a checkpoint, ours or nanoGPT's (its model_args and model, whose names may carry
         torch.compile's _orig_mod. prefix): with config, that config but for the architecture, which is the
         checkpoint's (the kernels, dropout and memory savers are free to change)."""
-        saved = {k: v for k, v in checkpoint["model_args"].items() if k in GPTConfig.__dataclass_fields__}
+        fields = GPTConfig.__dataclass_fields__
+        saved = {k: v for k, v in checkpoint["model_args"].items() if k in fields}
+        saved = {k: fields[k].default for k in ARCHITECTURE} | saved  # a field newer than the checkpoint: its default
         config = replace(config, **{k: saved[k] for k in ARCHITECTURE}) if config else GPTConfig(**saved)
         model = cls(config)
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()})
@@ -291,17 +437,29 @@ class GPT(nn.Module):
     # nanogpt_perf/generate.py builds its one-shape decoding
 
     def cached_forward(
-        self, idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor | None = None
+        self,
+        idx: torch.Tensor,
+        k_cache: Sequence[torch.Tensor],
+        v_cache: Sequence[torch.Tensor],
+        pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits (B, V) of the token after idx, keeping every layer's keys and values in the caches, each
-        (n_layer, B, n_head, L, head_size). Without pos: a prefill of idx (B, T) from position 0. With pos (a 0-d
-        tensor on the device): the one token idx (B, 1) at position pos, attending to the whole cache masked past
-        pos, so that every shape is the same at every position."""
-        positions = torch.arange(idx.size(1), device=idx.device) if pos is None else pos.view(1)
-        x = self.transformer.wte(idx) + self.transformer.wpe(positions)
-        for i, block in enumerate(self.transformer.h):
-            x = block(x, (k_cache[i], v_cache[i]), pos)
-        return self.lm_head(self.transformer.ln_f(x[:, -1, :]))
+        """Logits (B, V) of the token after idx, keeping every layer's keys and values in its caches: k_cache and
+        v_cache hold one (B, n_head, L, head_size) tensor per layer (rotary keys as turned). Without pos: a prefill
+        of idx (B, T) from position 0. With pos (a 0-d tensor on the device): the one token idx (B, 1) at position
+        pos, attending to the whole cache, masked past pos by one additive mask made here for every layer, so that
+        every shape is the same at every position. A cache of per-layer tensors, not one (n_layer, ...) tensor:
+        under torch.compile, writes into views of one tensor become copies of all of it at every step."""
+        mask = None
+        if pos is None:
+            positions = torch.arange(idx.size(1), device=idx.device)
+        else:
+            positions, L = pos.view(1), k_cache[0].size(2)
+            past = torch.arange(L, device=idx.device) > pos
+            mask = torch.zeros(L, dtype=k_cache[0].dtype, device=idx.device).masked_fill(past, float("-inf"))
+            mask = mask.view(1, 1, 1, L)
+        caches = [(k, v, pos, mask) for k, v in zip(k_cache, v_cache, strict=True)]
+        x = self.blocks(idx, positions, caches)
+        return self.head(self.transformer.ln_f(x[:, -1, :]))
 
     @torch.no_grad()
     def generate(

@@ -4,8 +4,9 @@ token replays (one launch instead of ~450 kernels). Sampling (temperature, top-k
 stays on the device: the only host sync per token is the caller's read of it. GPT.generate (model.py) is the slow
 reference: greedy, or sampled with the same seed, both give the same tokens (tests/test_generate.py)."""
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -38,12 +39,40 @@ def cache_length(prompt_len: int, max_new_tokens: int, block_size: int) -> int:
     return min(block_size, -(-needed // 64) * 64)
 
 
+@functools.cache
+def graph_pool() -> tuple:
+    """The one memory pool of every decode step's CUDA graph in this process, so that a Decoder per shape and
+    sampling does not hold a pool of its own. Sharing is safe: a step leaves nothing of its own alive between
+    replays (it writes its results into tensors made outside the graph), so graphs replayed in any order never
+    read what another wrote."""
+    return torch.cuda.graph_pool_handle()
+
+
+def compile_decode_step(model: GPT, caches: list[torch.Tensor]) -> Callable:
+    """model.cached_forward compiled for one shape, the caches marked as static addresses (the same tensors at
+    every step, so that cudagraphs need not copy them in). torch.compile keeps its graphs per code object, so
+    every Decoder of the process shares cached_forward's; past dynamo's recompile limit (8) the step would run
+    eagerly without a word, and a CUDA graph would capture that: the limit is raised with every Decoder compiled."""
+    import torch._dynamo
+
+    for cache in caches:
+        torch._dynamo.mark_static_address(cache)
+    Decoder.compiled += 1
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    setattr(config, name, max(getattr(config, name), Decoder.compiled + 8))
+    return torch.compile(model.cached_forward, dynamic=False, fullgraph=True)
+
+
 class Decoder:
-    """The decoding state of batch_size sequences, all on the device: a KV cache of cache_len positions per layer,
-    the current token (B, 1) and its position pos (a 0-d tensor). step() runs token at pos against the cache, draws
-    the next token into token with exponential noise drawn just before (what torch.multinomial would draw from the
-    same generator) and advances pos. Nothing in it changes shape or returns to the host, so on CUDA it is captured
-    once as a CUDA graph; the noise is drawn outside the graph, so a graph and an eager step draw alike."""
+    """The decoding state of batch_size sequences, all on the device: a KV cache of cache_len positions (one K and
+    one V tensor per layer), the current token (B, 1) and its position pos (a 0-d tensor). step() runs token at pos
+    against the cache, draws the next token into token with exponential noise drawn just before (what
+    torch.multinomial would draw from the same generator) and advances pos. Nothing in it changes shape or returns
+    to the host, so on CUDA it is captured once as a CUDA graph; the noise is drawn outside the graph, so a graph
+    and an eager step draw alike."""
+
+    compiled = 0  # Decoders built with compile=True in this process
 
     def __init__(
         self,
@@ -56,13 +85,14 @@ class Decoder:
         cuda_graph: bool = True,
     ):
         cfg, dev, dtype = model.config, runtime.device, model.lm_head.weight.dtype
-        shape = (cfg.n_layer, batch_size, cfg.n_head, cache_len, cfg.n_embd // cfg.n_head)
-        self.k, self.v = torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev)
+        shape = (batch_size, cfg.n_head, cache_len, cfg.n_embd // cfg.n_head)
+        self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self.pos = torch.zeros((), dtype=torch.long, device=dev)
         self.noise = torch.ones(batch_size, sampling.noise_size(cfg.vocab_size), device=dev)
         self.model, self.runtime, self.sampling, self.cache_len = model, runtime, sampling, cache_len
-        self.forward = torch.compile(model.cached_forward, dynamic=False) if compile else model.cached_forward
+        self.forward = compile_decode_step(model, self.k + self.v) if compile else model.cached_forward
         self.graph: torch.cuda.CUDAGraph | None = None
         start = time.perf_counter()
         if cuda_graph and dev.type == "cuda":
@@ -88,7 +118,7 @@ class Decoder:
                 self.run_step()
         torch.cuda.current_stream(self.runtime.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=graph_pool()):
             self.run_step()
         return graph
 
@@ -101,10 +131,10 @@ class Decoder:
         num_samples sequences (rows b * num_samples ... (b + 1) * num_samples - 1), and draw their first tokens."""
         B, T = idx.shape
         with torch.no_grad():
-            logits = self.model.cached_forward(idx, self.k[:, :B], self.v[:, :B])
+            logits = self.model.cached_forward(idx, [k[:B] for k in self.k], [v[:B] for v in self.v])
             if num_samples > 1:
-                for cache in (self.k, self.v):
-                    cache.copy_(cache[:, :B].repeat_interleave(num_samples, dim=1))
+                for cache in self.k + self.v:
+                    cache.copy_(cache[:B].repeat_interleave(num_samples, dim=0))
                 logits = logits.repeat_interleave(num_samples, dim=0)
             self.draw_noise(generator)
             self.token.copy_(self.sampling.draw(logits, self.noise))

@@ -80,7 +80,7 @@ def render(example: dict[str, Any], encode) -> tuple[torch.Tensor, torch.Tensor]
 @torch.no_grad()
 def ending_scores(model: GPT, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum, mean) per row of the log-probabilities of the masked tokens, each given the tokens before it."""
-    logits = model.lm_head(model.hidden_states(tokens[:, :-1]))
+    logits = model.head(model.hidden_states(tokens[:, :-1]))  # softcapped where the model is
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, float64 kept
     logprobs = F.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
     taken = mask[:, 1:]

@@ -1,5 +1,7 @@
 """Generation: the KV cache against full recomputation, sampling filters, streaming, GPT-2 interop."""
 
+import re
+
 import pytest
 import torch
 
@@ -13,6 +15,14 @@ from nanogpt_perf.train.checkpoint import save_checkpoint
 
 CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 CPU = resolve_runtime("cpu", "float32")
+ALL = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untied_head=True, logit_softcap=20.0)
+ALL |= dict(zero_init_proj=True, value_embeds=True, unet_skips=True)
+RECIPES = {
+    "default": {},
+    **{k: {k: v} for k, v in ALL.items()},
+    "all": ALL,
+    "all, 3 layers": dict(ALL, n_layer=3),  # a middle layer: no skip, no value embedding
+}
 
 
 def sharp_model(seed: int = 0, dtype=torch.float64, **overrides) -> GPT:
@@ -20,8 +30,11 @@ def sharp_model(seed: int = 0, dtype=torch.float64, **overrides) -> GPT:
     float64 so that rounding never decides a token."""
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**{**CONFIG, **overrides})).to(dtype).eval()
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
+            if p.dim() == 2 and not p.any():  # a zero init (zero_init_proj) would leave no path to test
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
             p.mul_(4)
     return model
 
@@ -60,6 +73,18 @@ def test_cached_sampling_equals_uncached_with_the_same_seed(new_tokens):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("options", [k for k in RECIPES if k != "default"])
+def test_cached_equals_uncached_with_the_recipes_options(options):
+    model = sharp_model(**RECIPES[options])
+    idx = prompts(3, 5)
+    greedy = engine_generate(model, idx, 24, temperature=0)  # 29 tokens: past block_size 16
+    assert torch.equal(greedy, model.generate(idx, 24, temperature=0))
+    assert all(len(set(row[5:].tolist())) >= 3 for row in greedy)  # not a degenerate repetition
+    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)
+    sampled = engine_generate(model, idx, 20, generator=seeded(), **kwargs)
+    assert torch.equal(sampled, model.generate(idx, 20, generator=seeded(), **kwargs))
+
+
 def test_sampling_draws_as_torch_multinomial_does():
     logits = 3 * torch.randn(3, 1000, generator=seeded(0))
     g1, g2 = seeded(7), seeded(7)
@@ -69,10 +94,11 @@ def test_sampling_draws_as_torch_multinomial_does():
     assert len(set(ours[0].tolist())) > 20  # really sampled
 
 
-def test_cache_logits_match_a_full_forward_in_float32():
-    model = sharp_model(dtype=torch.float32)
+@pytest.mark.parametrize("options", ["default", "all"])
+def test_cache_logits_match_a_full_forward_in_float32(options):
+    model = sharp_model(dtype=torch.float32, **RECIPES[options])
     idx = prompts(2, 12)
-    k, v = (torch.zeros(2, 2, 4, 16, 8) for _ in range(2))  # (n_layer, B, n_head, L, head_size)
+    k, v = ([torch.zeros(2, 4, 16, 8) for _ in range(2)] for _ in range(2))  # per layer: (B, n_head, L, head_size)
     with torch.no_grad():
         logits = model.cached_forward(idx[:, :4], k, v)
         for t in range(4, 12):
@@ -260,11 +286,12 @@ def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
     assert batched.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0] == first
 
 
-def test_compiled_decode_step_gives_the_same_tokens_without_recompiling():
+@pytest.mark.parametrize("options", ["default", "all"])
+def test_compiled_decode_step_gives_the_same_tokens_without_recompiling(options):
     import torch._dynamo
 
     torch._dynamo.reset()
-    model = sharp_model(dtype=torch.float32)
+    model = sharp_model(dtype=torch.float32, **RECIPES[options])
     engine = Engine(model, CPU, compile=True)
     idx = prompts(2, 5)
     decoder = engine.decoder(2, 5, 30, Sampling(temperature=0))
@@ -275,6 +302,119 @@ def test_compiled_decode_step_gives_the_same_tokens_without_recompiling():
     assert torch.equal(compiled, model.generate(idx, 30, temperature=0))
     sampled = engine_generate(model, idx, 30, engine=engine, generator=seeded(), top_k=10)
     assert torch.equal(sampled, model.generate(idx, 30, top_k=10, generator=seeded()))
+
+
+def test_decoders_past_dynamos_recompile_limit_are_still_compiled():
+    """Every Decoder compiles model.cached_forward, whose compiled graphs dynamo keeps in one cache per code
+    object: past its limit it would run them eagerly, silently (fullgraph=True makes that an error here)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = sharp_model(dtype=torch.float32, n_layer=1)
+    engine = Engine(model, CPU, compile=True)
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for B in (1, 2, 3):  # three shapes: three graphs
+            idx = prompts(B, 4)
+            ours = engine_generate(model, idx, 6, engine=engine, temperature=0)
+            assert torch.equal(ours, model.generate(idx, 6, temperature=0))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before + 3
+
+
+def cache_loops(caches: str) -> list[int]:
+    """The bounds of the loops in Inductor's code for one compiled decode step of a 2-layer model whose KV cache
+    is a list of per-layer tensors or one stacked (n_layer, ...) tensor: a loop bounded by one layer's cache size
+    copies a whole cache."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    model = sharp_model(dtype=torch.float32)
+    shape = (2, 4, 16, 8)  # B, n_head, L, head_size
+    k, v = ([torch.zeros(shape) for _ in range(2)] for _ in range(2))
+    if caches == "stacked":
+        k, v = torch.stack(k), torch.stack(v)
+    step = torch.compile(model.cached_forward, dynamic=False)
+    with torch.no_grad():
+        _, code = run_and_get_code(step, prompts(2, 1), k, v, torch.tensor(5))
+    bound = r"for\s*\(\s*int64_t\s+\w+\s*=.*?;\s*\w+\s*<\s*(?:static_cast<int64_t>\()?(\d+)L"
+    return [int(b) for b in re.findall(bound, "\n".join(code))]
+
+
+def test_compiled_decode_step_writes_one_position_not_the_whole_cache():
+    layer_cache = 2 * 4 * 16 * 8
+    per_layer, stacked = cache_loops("per-layer"), cache_loops("stacked")
+    assert len(per_layer) > 10 and layer_cache not in per_layer
+    assert stacked.count(layer_cache) >= 2  # the check sees them where they are: writes through views of one tensor
+
+
+def sdpa_calls(fn) -> list[dict]:
+    """The SDPA kernels allowed at each scaled_dot_product_attention call that fn makes."""
+    backends = torch.backends.cuda
+    seen = []
+
+    class Record(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                enabled = dict(flash=backends.flash_sdp_enabled(), efficient=backends.mem_efficient_sdp_enabled())
+                seen.append(enabled | dict(cudnn=backends.cudnn_sdp_enabled(), math=backends.math_sdp_enabled()))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
+def test_prefill_and_decode_never_use_cudnn():
+    model = sharp_model(dtype=torch.float32)
+    engine = Engine(model, CPU)
+    idx = prompts(2, 5)
+    training = sdpa_calls(lambda: model(idx))
+    assert training and all(call["cudnn"] for call in training)  # SDPA's own choice: cuDNN allowed
+    decoding = sdpa_calls(lambda: list(engine.tokens(idx, 4, Sampling(temperature=0))))
+    prefill, decode = decoding[: CONFIG["n_layer"]], decoding[CONFIG["n_layer"] :]
+    assert len(decode) == 3 * CONFIG["n_layer"]
+    assert all(call == dict(flash=True, efficient=True, cudnn=False, math=True) for call in prefill)
+    assert all(not call["cudnn"] and call["efficient"] for call in decode)
+
+
+def mask_ops(n_layer: int) -> int:
+    """How many times one eager decode step of an n_layer model runs the ops that make an attention mask."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    made = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("arange", "le", "gt", "masked_fill", "where", "logical_not"):
+                made.append(func)
+            return func(*args, **(kwargs or {}))
+
+    model = sharp_model(dtype=torch.float32, n_layer=n_layer)
+    k, v = ([torch.zeros(1, 4, 16, 8) for _ in range(n_layer)] for _ in range(2))
+    with torch.no_grad():
+        model.cached_forward(prompts(1, 5), k, v)
+        with Count():
+            model.cached_forward(prompts(1, 1), k, v, torch.tensor(5))
+    return len(made)
+
+
+def test_one_attention_mask_per_decode_step_whatever_the_depth():
+    assert 0 < mask_ops(1) == mask_ops(4)
+
+
+@pytest.mark.gpu
+def test_decoders_share_one_cuda_graph_pool():
+    runtime = resolve_runtime("cuda", "float32", tf32=False)
+    model = sharp_model().cuda()
+    idx = prompts(2, 5).cuda()
+    engine = Engine(model, runtime)
+    for sampling in (dict(temperature=0), dict(top_k=20)):
+        g = torch.Generator("cuda").manual_seed(0)
+        ours = torch.cat([idx, *engine.tokens(idx, 8, Sampling(**sampling), g)], dim=1)
+        reference = model.generate(idx, 8, **sampling, generator=torch.Generator("cuda").manual_seed(0))
+        assert torch.equal(ours, reference)
+    pools = {d.graph.pool() for d in engine.decoders.values()}
+    assert len(engine.decoders) == 2 and len(pools) == 1
 
 
 def test_onednn_model_generates_the_same_tokens():

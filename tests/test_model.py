@@ -69,6 +69,10 @@ def test_tied_embeddings_and_scaled_residual_init():
     assert abs(fc.std().item() - 0.02) < 5e-4
 
 
+RECIPE = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untied_head=True, logit_softcap=30.0)
+RECIPE |= dict(zero_init_proj=True, value_embeds=True, unet_skips=True)
+
+
 @pytest.mark.parametrize(
     "shape",
     [
@@ -76,13 +80,19 @@ def test_tied_embeddings_and_scaled_residual_init():
         dict(n_layer=3, n_head=2, n_embd=32, block_size=128, vocab_size=96),  # attention is over a third
     ],
 )
-def test_estimate_mfu_counts_the_flops_that_pytorch_counts(shape):
+@pytest.mark.parametrize(
+    "options",
+    [{}, *({k: v} for k, v in RECIPE.items()), RECIPE],
+    ids=["default", *RECIPE, "all"],
+)
+def test_estimate_mfu_counts_the_flops_that_pytorch_counts(shape, options):
     """estimate_mfu's FLOPs per iteration against torch's FlopCounterMode counting a real forward and backward.
-    Manual attention, so that the counter sees the attention matmuls (it has no formula for CPU flash)."""
+    Manual attention, so that the counter sees the attention matmuls (it has no formula for CPU flash). The
+    options change what is a matmul: no wpe with rotary, an untied head's matmul and not wte's lookup."""
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**shape, attention="manual", dropout=0.0))
+    model = GPT(GPTConfig(**shape, **options, attention="manual", dropout=0.0))
     B = 3
     x = torch.randint(shape["vocab_size"], (B, shape["block_size"]))
     with FlopCounterMode(display=False) as counter:

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from model import ARCHITECTURE
+from model import ARCHITECTURE, RECIPE_ARCHITECTURE
 from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.files import write_atomically, write_through_path
-from nanogpt_perf.train.checkpoint_checks import checkpoint_problem, read_checkpoint, resumable
+from nanogpt_perf.train.checkpoint_checks import ARCHITECTURE_DEFAULTS, checkpoint_problem, read_checkpoint, resumable
 from nanogpt_perf.train.parallel import Ranks, load_full_state
 
 
@@ -101,13 +101,16 @@ def training_state(**state: Any) -> dict[str, Any]:
     checkpoint of nanoGPT's has the first six of these but the scaler."""
     if set(state) != set(CHECKPOINT_KEYS):
         raise TypeError(f"a training checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}")
-    return {k: state[k] for k in CHECKPOINT_KEYS} | {"model_args": {k: state["model_args"][k] for k in MODEL_ARGS}}
+    model_args = {k: state["model_args"][k] for k in MODEL_ARGS}
+    model_args = {k: v for k, v in model_args.items() if k not in RECIPE_ARCHITECTURE or v != ARCHITECTURE_DEFAULTS[k]}
+    return {k: state[k] for k in CHECKPOINT_KEYS} | {"model_args": model_args}
 
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "model_args", "iter_num", "best_val_loss", "config")
 CHECKPOINT_KEYS += ("tokenizer", "ranks")
 # model_args as nanoGPT's GPTConfig takes them, so that its sample.py loads our checkpoints: the architecture and
-# dropout (the kernels and memory savers are settings, in config)
+# dropout (the kernels and memory savers are settings, in config); the recipe's fields only where they are on (a
+# GPT-2 is what nanoGPT can load, and what it cannot, it refuses: its GPTConfig takes no such field)
 MODEL_ARGS = (*ARCHITECTURE, "dropout")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from model import ARCHITECTURE, GPT, GPTConfig
+from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
 from nanogpt_perf.errors import UserError
 
 
@@ -67,7 +67,9 @@ def model_problem(model_args: Any, weights: Any) -> str | None:
     a model this code can build and load, or None."""
     if not isinstance(model_args, dict):
         return f"its model_args are a {type(model_args).__name__}, not a dict"
-    missing = [k for k in ARCHITECTURE if k not in model_args]
+    if unknown := sorted(str(k) for k in model_args if k not in GPTConfig.__dataclass_fields__):
+        return f"its model_args name {', '.join(unknown)}: an option this code does not know (a newer version's?)"
+    missing = [k for k in ARCHITECTURE if k not in model_args and k not in RECIPE_ARCHITECTURE]
     problem = model_args_problem(ARCHITECTURE_DEFAULTS | model_args)
     problem = problem or weights_problem(ARCHITECTURE_DEFAULTS | model_args, weights)
     if problem and missing:
@@ -77,8 +79,10 @@ def model_problem(model_args: Any, weights: Any) -> str | None:
 
 def model_args_problem(model_args: dict[str, Any]) -> str | None:
     for key in ARCHITECTURE:
-        value, kind = model_args[key], bool if key == "bias" else int
-        if type(value) is not kind or (kind is int and value < 1):
+        value, kind = model_args[key], type(ARCHITECTURE_DEFAULTS[key])
+        if kind is float and (type(value) not in (int, float) or not 0 <= value < float("inf")):
+            return f"its model_args' {key} must be a finite number >= 0, not {value!r}"
+        if kind is not float and (type(value) is not kind or (kind is int and value < 1)):
             return f"its model_args' {key} must be {'a bool' if kind is bool else 'an int >= 1'}, not {value!r}"
     dropout = model_args.get("dropout", 0.0)
     if type(dropout) not in (int, float) or not 0 <= dropout < 1:
@@ -95,19 +99,18 @@ def weights_problem(model_args: dict[str, Any], weights: Any) -> str | None:
     layers = {int(m[1]) for k in weights if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
     if layers != set(range(model_args["n_layer"])):
         return f"its model_args say n_layer={model_args['n_layer']}, its weights hold {len(layers)} layers"
-    try:
-        fields = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__} | {"n_layer": 1}
+    try:  # every layer: which weights a layer has can depend on its place (value embeddings, U-net skips)
+        fields = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
         with torch.device("meta"):
             expected = {k: v.shape for k, v in GPT(GPTConfig(**fields)).state_dict().items()}
     except (ValueError, TypeError) as e:
         return f"its model_args are inconsistent: {e}"
-    as_layer_0 = {re.sub(r"^transformer\.h\.\d+\.", "transformer.h.0.", k): v.shape for k, v in weights.items()}
-    if unknown := sorted(set(as_layer_0) - set(expected)):
+    if unknown := sorted(set(weights) - set(expected)):
         return f"its weights hold {unknown[0]}, which the model of its model_args has not"
-    if missing := sorted(set(expected) - set(as_layer_0)):
+    if missing := sorted(set(expected) - set(weights)):
         return f"its weights lack {missing[0]}"
     for name, shape in ((k, v.shape) for k, v in weights.items()):
-        if (want := expected[re.sub(r"^transformer\.h\.\d+\.", "transformer.h.0.", name)]) != shape:
+        if (want := expected[name]) != shape:
             return f"its weight {name} is {tuple(shape)}, its model_args make it {tuple(want)}"
     return None
 
