@@ -36,6 +36,16 @@ n_embd: at_least(1) = 768
 block_size: at_least(1) = 1024  # tokens of context
 bias = False  # biases in Linears and LayerNorms (GPT-2 has them; without is a little better and faster)
 dropout: interval(0, 1, high_open=True) = 0.0  # 0 for pretraining, try 0.1+ for fine-tuning
+# the modern recipe's architecture (config/speedrun.py turns it on), each off by default: GPT-2's own
+rotary = False  # rotary position embeddings on q and k instead of learned positions
+rmsnorm = False  # RMSNorm (no weight) instead of LayerNorm
+qk_norm = False  # q and k RMS-normalised per head before attention
+relu2 = False  # the MLP's activation ReLU(x)^2 instead of GELU
+untied_head = False  # lm_head gets its own weight instead of sharing wte's
+logit_softcap: at_least(0, " (0 = off)") = 0.0  # logits = c * tanh(logits / c); 0 = off
+zero_init_proj = False  # the projections that write into the residual stream start at zero
+value_embeds = False  # token embeddings mixed into the values of the first and the last layers
+unet_skips = False  # each block of the second half also takes the output of one of the first half
 # the optimizer: AdamW over every parameter, or Muon over the blocks' matrices and AdamW over the rest
 optimizer: one_of(*OPTIMIZERS) = "adamw"  # 'adamw', or 'muon' (nanogpt_perf/optim.py)
 learning_rate: at_least(0) = 6e-4  # AdamW's peak learning rate

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
-from model import ARCHITECTURE, GPT
+from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.token_check import check_token_ids
 from nanogpt_perf.data.tokenizer import Tokenizer
@@ -149,6 +149,10 @@ def initial_model(s: dict[str, Any], vocab_size: int, checkpoint: dict[str, Any]
     if checkpoint is not None:
         model, source = GPT.from_checkpoint(checkpoint, config), "checkpoint"
     else:
+        if recipe := [k for k in RECIPE_ARCHITECTURE if s[k] != GPTConfig.__dataclass_fields__[k].default]:
+            raise UserError(
+                f"init_from={s['init_from']}: GPT-2's weights fix its architecture; drop {', '.join(recipe)}"
+            )
         model, source = load_gpt2(s["init_from"], **{k: getattr(config, k) for k in FREE_OF_WEIGHTS}), s["init_from"]
     if s["block_size"] > model.config.block_size:
         raise UserError(f"block_size={s['block_size']} is larger than the {source}'s {model.config.block_size}")

@@ -1,0 +1,18 @@
+# The modern GPT recipe, over any other config (config files apply in order, a later one wins):
+#   python train.py config/train_shakespeare_char_cpu.py config/speedrun.py
+# Muon for the blocks' matrices and AdamW for the rest, a warmup-stable-decay schedule, rotary positions, RMSNorm,
+# QK-norm, ReLU^2, an untied head, a logit softcap and zero-initialised output projections: the changes that cut the
+# tokens the GPT-2 speedrun needs. It leaves the model's size, the data and the horizon to the config before it.
+# Tuned on the CPU demo (docs/time-to-loss.md has the sweeps and the ablation).
+optimizer = "muon"
+muon_lr = 0.02
+lr_schedule = "wsd"
+cooldown_frac = 0.4
+
+rotary = True
+rmsnorm = True
+qk_norm = True
+relu2 = True
+untied_head = True
+logit_softcap = 15.0
+zero_init_proj = True
