@@ -115,7 +115,7 @@ class RunLog:
         self.out_dir, self.path, self.file = out_dir, out_dir / "log.jsonl", None
         if master:
             try:
-                self.file = open(self.path, "ab", buffering=0)  # unbuffered: a record is one write(2)
+                self.file = open(self.path, "a+b", buffering=0)  # unbuffered: a record is one write(2)
                 cut_torn_line(self.file.fileno())
             except OSError as e:
                 raise UserError(f"cannot append to {self.path}: {REASONS.get(e.errno, e.strerror or e)}") from None
