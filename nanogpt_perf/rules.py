@@ -114,7 +114,7 @@ def path_problem(value: str) -> str | None:
         return problem
     parent = next((p for p in Path(os.path.abspath(value)).parents if os.path.lexists(p)), None)
     if parent is not None and not os.path.isdir(parent):
-        return f"a path below folders, not below the file {parent}"
+        return f"a path in folders ({parent} is a file)"
     return None
 
 

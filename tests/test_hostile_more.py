@@ -116,12 +116,22 @@ CASES = {
     "plot-OUT_DIR-name-too-long": Hostile(P, f"{{dir}}/{LONG}", ("OUT_DIR must be", "255 bytes"), RUN),
     "plot-out-name-too-long": Hostile(P, f"--out={{dir}}/{LONG}.png", ("--out must name", "255 bytes"), RUN),
     "regression-compare-name-too-long": Hostile(B, f"--compare={{dir}}/{LONG} --baseline=x", ("no bench output",)),
-    "sample-out_dir-below-a-file": Hostile(S, "--out_dir={dir}/f/out", ("below the file",), BELOW),
-    "train-out_dir-below-a-file": Hostile(T, "--out_dir={dir}/f/out", ("out_dir must be", "below the file"), BELOW),
-    "train-data_dir-below-a-file": Hostile(T, "--data_dir={dir}/f/d", ("data_dir must be", "below the file"), BELOW),
-    "hellaswag-file-below-a-file": Hostile(H, "--file={dir}/f/hs.jsonl", ("file must be", "below the file"), BELOW),
-    "export-export_dir-below-a-file": Hostile(E, "--export_dir={dir}/f/hf", ("below the file",), BELOW | CKPT),
-    "openwebtext-out_dir-below-a-file": Hostile(OWT, "--out_dir={dir}/f/o", ("below the file",), BELOW | DOCS),
+    "sample-out_dir-below-a-file": Hostile(S, "--out_dir={dir}/f/out", ("in folders ({dir}/f is a file)",), BELOW),
+    "train-out_dir-below-a-file": Hostile(
+        T, "--out_dir={dir}/f/out", ("out_dir must be", "in folders ({dir}/f is a file)"), BELOW
+    ),
+    "train-data_dir-below-a-file": Hostile(
+        T, "--data_dir={dir}/f/d", ("data_dir must be", "in folders ({dir}/f is a file)"), BELOW
+    ),
+    "hellaswag-file-below-a-file": Hostile(
+        H, "--file={dir}/f/hs.jsonl", ("file must be", "in folders ({dir}/f is a file)"), BELOW
+    ),
+    "export-export_dir-below-a-file": Hostile(
+        E, "--export_dir={dir}/f/hf", ("in folders ({dir}/f is a file)",), BELOW | CKPT
+    ),
+    "openwebtext-out_dir-below-a-file": Hostile(
+        OWT, "--out_dir={dir}/f/o", ("in folders ({dir}/f is a file)",), BELOW | DOCS
+    ),
     # JSON that bench.py's regression check and plot.py did not write
     "regression-nested-without-end": Hostile(B, REGRESSION, ("new.json", "nested too deeply"), compare("[" * 100_000)),
     "regression-truncated": Hostile(B, REGRESSION, ("new.json is not JSON",), compare(bench_output()[:40])),
@@ -372,3 +382,16 @@ def test_meta_of_every_preparer_records_its_kind(tmp_path):
     assert kind_of({"vocab_size": 3, "itos": {}}) == "characters" and kind_of({"tokenizer": "gpt2"}) == "gpt2"
     assert kind_of({"vocab_size": 3}) is None and HF_CONFIG["vocab_size"] == 64
     assert os.path.getsize(folder / "train.bin") == 2 * int(0.9 * 600)
+
+
+def test_a_model_folders_vocabulary_against_a_datasets():
+    from nanogpt_perf.data.dataset import vocabulary_mismatch
+
+    chars = lambda s: {"kind": "characters", "itos": list(s)}  # noqa: E731
+    assert vocabulary_mismatch(chars("abc"), chars("abc"), "tiny") is None
+    assert vocabulary_mismatch({"kind": "gpt2"}, chars("abc"), "tiny") is None  # GPT-2's weights, any data
+    assert vocabulary_mismatch(chars("abc"), chars("abd"), "tiny") == (
+        "the model folder's vocabulary (3 characters, its vocabulary.json) is not dataset tiny's (3 characters): "
+        "its token ids would mean other characters"
+    )
+    assert "(GPT-2's BPE)" in vocabulary_mismatch(chars("ab"), {"kind": "gpt2"}, "owt")

@@ -184,3 +184,16 @@ def vocabulary_problem(tokens: int, tokenizer: str, model_tokens: int, source: s
         f"the {source}'s tokenizer ({tokenizer}) has {tokens:,} tokens, more than its model's vocabulary of "
         f"{model_tokens:,}: they do not belong together"
     )
+
+
+def vocabulary_mismatch(model_spec: dict[str, Any], data_spec: dict[str, Any], dataset: str) -> str | None:
+    """Why a model folder that carries a character vocabulary (folder_tokenizer_spec) cannot go on training on a
+    dataset of another vocabulary (tokenizer.tokenizer_spec): its token ids would mean other characters; None when
+    they are the same, or when the folder carries none (GPT-2's weights train on any data, as nanoGPT's do)."""
+    if model_spec.get("kind") != "characters" or model_spec == data_spec:
+        return None
+    theirs = f"{len(data_spec['itos'])} characters" if data_spec.get("kind") == "characters" else "GPT-2's BPE"
+    return (
+        f"the model folder's vocabulary ({len(model_spec['itos'])} characters, its {VOCABULARY_FILE}) is not dataset "
+        f"{dataset}'s ({theirs}): its token ids would mean other characters"
+    )
