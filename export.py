@@ -2,32 +2,41 @@
 Write a checkpoint of ours as a transformers GPT-2 folder (config.json and model.safetensors), without the vocab
 padding, that `GPT2LMHeadModel.from_pretrained(export_dir)` loads and that gives the same logits.
 
+A character-level model's vocabulary goes beside the weights, as vocabulary.json, which sample.py, hellaswag.py
+and train.py (init_from=the folder) read back; a folder without one is in GPT-2's BPE.
+
 The folder is written whole beside export_dir, then swapped in: a kill leaves the previous export or the new one,
 never a mix. export_dir must be new, empty, or an earlier export (holding only what an export writes).
 
     python export.py --out_dir=out-shakespeare --export_dir=hf-shakespeare
 """
 
-from fnmatch import fnmatch
-from pathlib import Path
+from nanogpt_perf.errors import report_errors
 
-from configurator import configure
-from model import GPT
-from nanogpt_perf.data.tokenizer import Tokenizer
-from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import replace_folder
-from nanogpt_perf.gpt2_weights import hf_folder_problem, to_hf_state_dict
-from nanogpt_perf.rules import a_path
-from nanogpt_perf.train.checkpoint import load_checkpoint
+report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
+
+from fnmatch import fnmatch  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from configurator import configure  # noqa: E402
+from model import GPT  # noqa: E402
+from nanogpt_perf.data.dataset import VOCABULARY_FILE, vocabulary_problem, write_vocabulary  # noqa: E402
+from nanogpt_perf.data.tokenizer import Tokenizer  # noqa: E402
+from nanogpt_perf.errors import UserError  # noqa: E402
+from nanogpt_perf.files import replace_folder  # noqa: E402
+from nanogpt_perf.gpt2_weights import hf_folder_problem, to_hf_state_dict  # noqa: E402
+from nanogpt_perf.rules import a_path, output_folder  # noqa: E402
+from nanogpt_perf.train.checkpoint import load_checkpoint  # noqa: E402
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # where ckpt.pt is
 export_dir = "out-hf"  # the transformers folder to write
-settings = configure(globals(), rules={"out_dir": a_path, "export_dir": a_path})
+settings = configure(globals(), rules={"out_dir": a_path, "export_dir": output_folder})
 # -----------------------------------------------------------------------------
 
-# what save_pretrained writes (the weights in shards when they are large): an export replaces only these
-EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*")
+# what save_pretrained writes (the weights in shards when they are large) and the vocabulary: an export replaces
+# only these
+EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", VOCABULARY_FILE)
 
 
 def not_an_export(folder: Path) -> str | None:
@@ -54,13 +63,10 @@ except ImportError:
     raise UserError("export needs transformers: pip install transformers") from None
 
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt")
-model = GPT.from_checkpoint(checkpoint)
 tokenizer = Tokenizer.for_checkpoint(checkpoint)
-if tokenizer.n_vocab > model.config.vocab_size:
-    raise UserError(
-        f"the checkpoint's tokenizer ({tokenizer.name}) has {tokenizer.n_vocab} tokens, its model only "
-        f"{model.config.vocab_size}: they do not belong together"
-    )
+if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
+    raise UserError(problem)
+model = GPT.from_checkpoint(checkpoint)
 vocab_size = tokenizer.n_vocab  # the real vocabulary, without the padding
 eot = tokenizer.eot if tokenizer.eot is not None and tokenizer.eot < vocab_size else None  # never outside it
 
@@ -84,5 +90,14 @@ missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model, vocab_siz
 missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
 if missing or unexpected:
     raise UserError(f"weights do not match transformers' GPT-2: missing {missing}, unexpected {unexpected}")
-replace_folder(Path(export_dir), lambda folder: hf_model.save_pretrained(folder, safe_serialization=True))
-print(f"wrote {export_dir} ({model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab_size}, {tokenizer.name})")
+
+
+def write_export(folder: Path) -> None:
+    hf_model.save_pretrained(folder, safe_serialization=True)
+    write_vocabulary(folder, {"kind": "characters", "itos": tokenizer.itos} if tokenizer.itos else {"kind": "gpt2"})
+
+
+replace_folder(Path(export_dir), write_export)
+vocabulary = f", its vocabulary in {VOCABULARY_FILE}" if tokenizer.itos else ""
+size = f"{model.get_num_params() / 1e6:.2f}M parameters"
+print(f"wrote {export_dir} ({size}, vocab {vocab_size}, {tokenizer.name}{vocabulary})")

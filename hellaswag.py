@@ -4,22 +4,30 @@ acc by the sum of each ending's log-probabilities, acc_norm by their mean per to
 
     python hellaswag.py --init_from=gpt2                        # GPT-2 (124M) from the hub: acc_norm 0.2955 published
     python hellaswag.py --out_dir=out-gpt2 --file=hellaswag_val.jsonl --limit=1000   # a checkpoint, a local copy
+
+Each row (context, ending) is cropped from the left to the model's block_size + 1 tokens: the context gives way,
+never an ending (one longer than the window is scored on its last block_size tokens).
 """
 
-from pathlib import Path
+from nanogpt_perf.errors import report_errors
 
-import torch
+report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
-from configurator import configure
-from model import GPT
-from nanogpt_perf.data.tokenizer import Tokenizer
-from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import write_json
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
-from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of, output_file
-from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
-from nanogpt_perf.train.checkpoint import load_checkpoint
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from configurator import configure  # noqa: E402
+from model import GPT  # noqa: E402
+from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem  # noqa: E402
+from nanogpt_perf.data.tokenizer import Tokenizer  # noqa: E402
+from nanogpt_perf.errors import UserError  # noqa: E402
+from nanogpt_perf.files import write_json  # noqa: E402
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2  # noqa: E402
+from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score  # noqa: E402
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of, optional_path, output_file  # noqa: E402
+from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime  # noqa: E402
+from nanogpt_perf.train.checkpoint import load_checkpoint  # noqa: E402
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
@@ -34,6 +42,7 @@ settings = configure(
     rules={
         "init_from": init_from_one_of("resume", *HF_HUB_NAMES),
         "out_dir": a_path,
+        "file": optional_path,
         "limit": at_least(0, " (0 = all)"),
         "out_json": output_file(".json"),
         "device": device_problem,
@@ -45,12 +54,19 @@ settings = configure(
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt") if init_from == "resume" else None
-tokenizer = Tokenizer.for_checkpoint(checkpoint) if checkpoint is not None else Tokenizer()
+if checkpoint is not None:
+    tokenizer = Tokenizer.for_checkpoint(checkpoint)
+    if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
+        raise UserError(problem)
+else:
+    tokenizer = Tokenizer.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else Tokenizer()
 if tokenizer.itos is not None:
     raise UserError(f"HellaSwag is scored in GPT-2's tokens; this model's tokenizer is {tokenizer.name}")
 path = Path(file) if file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")
 examples = read_examples(path, limit)
 model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
+if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder"):
+    raise UserError(problem)
 model.to(runtime.device)
 
 with torch.no_grad():

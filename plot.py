@@ -13,13 +13,14 @@ compilation and warm-up.
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import UserError, report_errors
 from nanogpt_perf.files import write_atomically
-from nanogpt_perf.rules import output_file
+from nanogpt_perf.rules import output_file, path_problem
 
 Points = tuple[list[float], list[float]]  # iters, values
 Curves = dict[str, Points]  # one run's series, by log key
@@ -53,6 +54,8 @@ def read_log(path: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path} line {n} is not JSON ({e.msg}): {line[:60]!r}") from None
+        except RecursionError:
+            raise UserError(f"{path} line {n} is not a log record: its JSON is nested too deeply to read") from None
         if not isinstance(record, dict):
             raise UserError(f"{path} line {n} is not a JSON object: {line[:60]!r}")
         records.append(record)
@@ -111,7 +114,9 @@ def curves(records: list[dict[str, Any]]) -> Curves:
 def load_curves(out_dir: Path) -> list[Curves]:
     """The curves of each run in out_dir/log.jsonl."""
     path = out_dir / "log.jsonl"
-    if not path.is_file():
+    if problem := path_problem(str(out_dir)):
+        raise UserError(f"OUT_DIR must be {problem}, got {out_dir}")
+    if not os.path.isfile(path):
         raise UserError(f"no log.jsonl in {out_dir}: train with out_dir={out_dir} first")
     records = read_log(path)
     if not any(step_loss(r) is not None for r in records):

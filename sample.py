@@ -4,28 +4,35 @@ Generate text from a trained model or from GPT-2, streamed as it is produced, wi
     python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --init_from=gpt2 --start=FILE:prompt.txt --top_p=0.9 --stop="\n\n"
     python sample.py --out_dir=out-shakespeare --num_samples=16 --batched=True --compile=True
+    python sample.py --init_from=hf-shakespeare-char           # an export (export.py): its vocabulary comes with it
 """
 
-import time
-from pathlib import Path
+from nanogpt_perf.errors import report_errors
 
-import torch
+report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
-from configurator import configure
-from model import GPT
-from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
-from nanogpt_perf.errors import UserError, read_user_text
-from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
-from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, one_of
-from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
-from nanogpt_perf.train.checkpoint import load_checkpoint
+import os  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from configurator import configure  # noqa: E402
+from model import GPT  # noqa: E402
+from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem  # noqa: E402
+from nanogpt_perf.data.tokenizer import TextStream, Tokenizer  # noqa: E402
+from nanogpt_perf.errors import UserError, read_user_text  # noqa: E402
+from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference  # noqa: E402
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2  # noqa: E402
+from nanogpt_perf.memory import peak_memory_bytes  # noqa: E402
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, one_of  # noqa: E402
+from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime  # noqa: E402
+from nanogpt_perf.train.checkpoint import load_checkpoint  # noqa: E402
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
 out_dir = "out"
-start = "\n"  # the prompt: text, or FILE:path to read it from a file
+start = "\n"  # the prompt: text, or FILE:path to read it from a file (~ expanded)
 num_samples = 10
 batched = False  # all samples at once from one shared prefill (printed when done), else one by one (streamed)
 max_new_tokens = 500
@@ -68,11 +75,17 @@ runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
 generator = torch.Generator(runtime.device).manual_seed(seed)
 
-# the prompt, checked against the tokenizer before the model is built
+# the tokenizer (a checkpoint's, an export's vocabulary, else GPT-2's) checked against the model and the prompt
+# against the tokenizer, before the model is built
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device) if init_from == "resume" else None
-tokenizer = Tokenizer.for_checkpoint(checkpoint) if checkpoint is not None else Tokenizer()
+if checkpoint is not None:
+    tokenizer = Tokenizer.for_checkpoint(checkpoint)
+    if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
+        raise UserError(problem)
+else:
+    tokenizer = Tokenizer.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else Tokenizer()
 if start.startswith("FILE:"):
-    start = read_user_text(Path(start[5:]), "start=FILE: names the prompt file")
+    start = read_user_text(Path(os.path.expanduser(start[5:])), "start=FILE: names the prompt file")
 try:
     prompt = tokenizer.encode(start)
 except ValueError as e:
@@ -82,10 +95,8 @@ if not prompt:
 
 model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
 model.eval().to(runtime.device)
-if model.config.vocab_size < tokenizer.n_vocab:
-    raise UserError(
-        f"the model has {model.config.vocab_size} tokens but the tokenizer ({tokenizer.name}) {tokenizer.n_vocab}"
-    )
+if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder"):
+    raise UserError(problem)
 print(f"tokenizer: {tokenizer.name}")
 rows, cfg = num_samples if batched else 1, model.config  # the sequences generated together, and their KV cache
 positions = cache_length(min(len(prompt), cfg.block_size), max_new_tokens, cfg.block_size)

@@ -10,15 +10,19 @@ same weights, in interleaved rounds.
 The engine and the reference produce exactly the same tokens (the tests check it); this measures what it saves.
 """
 
-import importlib.util
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+from nanogpt_perf.errors import report_errors
+
+report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
+
+import importlib.util
+import statistics
+import time
+
+import torch
 
 from configurator import configure
 from model import GPT, GPTConfig
@@ -27,7 +31,7 @@ from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import model_size_problem, peak_memory_bytes
-from nanogpt_perf.rules import at_least, not_above, one_of, output_file
+from nanogpt_perf.rules import at_least, not_above, one_of, optional_path, output_file
 from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
 from nanogpt_perf.settings import gpt_config_problem
 
@@ -63,6 +67,7 @@ settings = configure(
         "dtype": one_of("auto", *PTDTYPES),
         "seed": at_least(0),
         "out_json": output_file(".json"),
+        "nanogpt_dir": optional_path,
     },
     cross=[
         gpt_config_problem,

@@ -9,24 +9,30 @@ second; the loader should never be what it waits for.
 Each order runs `repeats` times, interleaved; the figure is the median.
 """
 
-import shutil
-import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+from nanogpt_perf.errors import report_errors
+
+report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
+
+import os
+import shutil
+import signal
+import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
 from configurator import configure
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.data.shards import shard_name, write_shard
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.rules import above, above_setting, at_least, list_of
+from nanogpt_perf.rules import above, above_setting, at_least, list_of, optional_path
 from nanogpt_perf.runtime import device_problem, resolve_device
 
 # -----------------------------------------------------------------------------
@@ -50,10 +56,15 @@ settings = configure(
         "orders": list_of(*DATA_ORDERS),
         "repeats": at_least(1),
         "device": device_problem,
+        "data": optional_path,
     },
     cross=[above_setting("shard_tokens", "block_size")],  # a window is block_size + 1 tokens
 )
 # -----------------------------------------------------------------------------
+if data and not os.path.isdir(data):
+    raise UserError(f"data must be '' or a dataset folder (train.bin and val.bin, or shards), not {data!r}")
+# SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status 143)
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 if not data and shards * shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free:
     free = shutil.disk_usage(tempfile.gettempdir()).free
     raise UserError(
@@ -85,7 +96,7 @@ def run(path: Path, order: str) -> tuple[float, float, float]:
     if x.is_cuda:
         torch.cuda.synchronize()
     rate = (batches - 100) / (time.perf_counter() - t0)
-    loader.stop()
+    loader.close()
     return rate, rss_100, resident_mb()
 
 

@@ -9,17 +9,22 @@ tokens/s is the tokens over the preparation's elapsed time in its prepare.json: 
 started, the input opened) to the last shard written; Python's own start and imports are not counted.
 """
 
-import importlib.util
-import json
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
-from itertools import groupby
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+from nanogpt_perf.errors import report_errors
+
+report_errors()  # from the first moment: Ctrl-C while the imports load is one line too
+
+import importlib.util
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+from itertools import groupby
 
 from configurator import configure
 from data.tiny_shakespeare import markdown_play_to_text
@@ -40,6 +45,8 @@ settings = configure(
 )
 
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "openwebtext" / "prepare.py"
+# SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status 143)
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def package_data(package: str) -> Path:

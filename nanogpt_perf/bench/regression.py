@@ -1,6 +1,8 @@
 """The regression check: compare two bench.py outputs figure by figure, only where they measured the same thing."""
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +23,45 @@ SAME_MACHINE = ("device_name", "torch")
 
 
 def load_results(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    """A bench.py output, checked to be one (the figures compared are numbers, each result named), so that the
+    comparison cannot fail on a file of another kind: one error line naming the file for anything else."""
+    if not os.path.isfile(path):
         raise UserError(f"no bench output at {path}")
     try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{path} is not JSON: {e}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list) or "manifest" not in doc:
-        raise UserError(f"{path} is not a bench.py output (no results list and manifest)")
+    except RecursionError:
+        raise UserError(f"{path} is not a bench.py output: its JSON is nested too deeply to read") from None
+    if problem := results_problem(doc):
+        raise UserError(f"{path} is not a bench.py output: {problem}")
     return doc
+
+
+def results_problem(doc: Any) -> str | None:
+    """What keeps doc from being a bench.py output that compare_results can read, or None."""
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("results"), list)
+        or not isinstance(doc.get("manifest"), dict)
+    ):
+        return "no results list and manifest"
+    names = set()
+    for i, result in enumerate(doc["results"]):
+        if not isinstance(result, dict) or not all(isinstance(result.get(k), str) for k in ("name", "status")):
+            return f"its result {i} has no name and status"
+        if result["name"] in names:
+            return f"two results are named {result['name']!r}"
+        names.add(result["name"])
+        if result["status"] != "ok":
+            continue
+        if not isinstance(result.get("settings"), dict):
+            return f"its result {result['name']!r} has no settings"
+        for metric in METRICS:
+            value = result.get(metric)
+            if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+                return f"its result {result['name']!r} has {metric} {str(value)[:40]!r}, not a finite number"
+    return None
 
 
 def machine_difference(new: dict[str, Any], baseline: dict[str, Any]) -> str | None:

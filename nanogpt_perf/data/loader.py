@@ -25,29 +25,37 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def token_files(data_path: Path, split: str, block_size: int) -> list[TokenFile]:
-    """A split's token files, checked: present, readable, and holding at least one window."""
-    files = split_files(data_path, split)
+    """A split's token files, checked: present, readable, and holding at least one window; each kept open (see
+    TokenBatches.changed_files)."""
+    files = split_files(data_path, split, keep_open=True)
+    n = sum(f.n_tokens for f in files)
+    if files and n > block_size:
+        return files
+    for file in files:
+        file.close()
     if not files:
         raise UserError(f"{data_path} has no {split} tokens: neither {split}.bin nor shards named *_{split}_*.bin")
-    if sum(f.n_tokens for f in files) <= block_size:
-        n = sum(f.n_tokens for f in files)
-        raise UserError(f"{data_path}: the {split} split has {n} tokens, too few for block_size={block_size}")
-    return files
+    raise UserError(f"{data_path}: the {split} split has {n} tokens, too few for block_size={block_size}")
 
 
 def fill(buffer: np.ndarray, files: list[TokenFile], windows: list[Window]) -> None:
     """Copy each window of block_size + 1 tokens into a row of buffer (B, block_size + 1), uint16."""
     span = buffer.shape[1]
-    maps: dict[int, np.memmap] = {}  # each file mapped once per batch, then let go
+    maps: dict[int, np.ndarray] = {}  # each file mapped once per batch, then let go
     for row, (file, first) in enumerate(windows):
-        tokens = maps.setdefault(file, files[file].tokens())
-        buffer[row] = tokens[first : first + span]
+        if file not in maps:
+            maps[file] = files[file].tokens()
+        buffer[row] = maps[file][first : first + span]
 
 
 class TokenBatches:
     """Training batches in data_order ('random' or 'epochs', see windows.py), this rank's share; evaluation
     batches from fixed windows of their own, the same at every call, so the training stream does not depend on
-    how often or how long evaluation runs. state_dict() is where the next training batch will come from."""
+    how often or how long evaluation runs. state_dict() is where the next training batch will come from.
+
+    The token files are opened once and read through those open files for the loader's life: a dataset prepared
+    again while a run reads it (its files atomically replaced) leaves the run on the data it started with, and
+    changed_files() says which were replaced."""
 
     def __init__(
         self,
@@ -62,10 +70,7 @@ class TokenBatches:
         prefetch: int = 2,
     ):
         self.data_path, self.batch_size, self.block_size, self.device = data_path, batch_size, block_size, device
-        self.seed, self.rank = seed, rank
-        self.files = {split: token_files(data_path, split, block_size) for split in ("train", "val")}
-        sizes = [f.n_tokens for f in self.files["train"]]
-        self.windows = window_order(data_order, sizes, block_size, seed, rank, world_size)
+        self.seed, self.rank, self.thread = seed, rank, None
         buffers = (prefetch + 2) * batch_size * (block_size + 1) * 2  # see start(): uint16 batches in host memory
         if buffers > (host_memory_bytes() or buffers):
             raise UserError(
@@ -73,8 +78,18 @@ class TokenBatches:
                 f"batches in host memory take {buffers / 1e9:,.0f} GB, more than this machine's "
                 f"{host_memory_bytes() / 1e9:,.0f} GB"
             )
-        self.state = self.windows.state_dict()  # after the batches handed out so far
-        self.prefetch, self.thread, self.wait_seconds = prefetch, None, 0.0
+        self.files: dict[str, list[TokenFile]] = {}
+        for split in ("train", "val"):
+            try:
+                self.files[split] = token_files(data_path, split, block_size)
+            except UserError:
+                self.close()
+                raise
+        sizes = [f.n_tokens for f in self.files["train"]]
+        self.windows = window_order(data_order, sizes, block_size, seed, rank, world_size)
+        self.order, self.start_state = data_order, self.windows.state_dict()
+        self.state = self.start_state  # after the batches handed out so far
+        self.prefetch, self.thread, self.wait_seconds, self.reported = prefetch, None, 0.0, False
 
     # the background thread: free buffers in, filled buffers (with the order's state after them) out
     def start(self) -> None:
@@ -146,9 +161,44 @@ class TokenBatches:
     def state_dict(self) -> dict[str, Any]:
         return dict(self.state)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> str | None:
+        """Continue from a saved state_dict(); one of another data_order (a resume that changes it) or one that
+        no longer fits the files (a dataset changed since) starts this order at its beginning instead: the line
+        that says so is returned (and printed by rank 0)."""
         self.stop()
-        self.state = dict(state)
+        saved = state.get("order", "random")
+        problem = self.windows.state_problem(state) if saved == self.order else f"data_order was {saved!r}"
+        if problem is None:
+            self.state = dict(state)
+            return None
+        self.state = self.start_state
+        line = f"the loader starts data_order={self.order!r} at its beginning: {problem}"
+        if self.rank == 0:
+            print(line, flush=True)
+        return line
+
+    def changed_files(self) -> list[str]:
+        """The names of the token files read that have been replaced, removed or changed on disk since they were
+        opened (a stat per file): the run reads the files it opened all the same."""
+        return [f.path.name for split in ("train", "val") for f in self.files[split] if f.replaced()]
+
+    def changed_line(self) -> str | None:
+        """Once, when token files are first seen replaced (call it at each eval): the line that says so."""
+        if self.reported or not (changed := self.changed_files()):
+            return None
+        self.reported = True
+        names = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        return (
+            f"dataset {self.data_path.name} was prepared again while this run reads it ({names}): the run goes on "
+            "with the data it started with"
+        )
+
+    def close(self) -> None:
+        """Stop the thread and close the token files."""
+        self.stop()
+        for split in self.files.values():
+            for file in split:
+                file.close()
 
     def eval_batches(self, split: str, n: int) -> Iterator[Batch]:
         """n batches of split: the same windows at every call (this rank's own set)."""
@@ -181,4 +231,13 @@ class SyntheticBatches(TokenBatches):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def changed_files(self) -> list[str]:
+        return []
+
+    def changed_line(self) -> None:
+        return None
+
+    def close(self) -> None:
         pass

@@ -28,6 +28,14 @@ class RandomWindows:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
 
+    def state_problem(self, state: dict[str, Any]) -> str | None:
+        """Why state cannot be loaded, or None: any dataset can go on drawing from the saved generator."""
+        try:
+            np.random.PCG64().state = state["rng"]
+        except (KeyError, TypeError, ValueError):
+            return "the saved position is not one of this order's"
+        return None
+
 
 class EpochWindows:
     """Epochs over the split cut into consecutive windows (each window's last token is the next one's first),
@@ -68,10 +76,24 @@ class EpochWindows:
         return windows
 
     def state_dict(self) -> dict[str, Any]:
-        return {"order": "epochs", "epoch": self.epoch, "file_pos": self.file_pos, "pos": self.pos}
+        place = {"epoch": self.epoch, "file_pos": self.file_pos, "pos": self.pos}
+        return {"order": "epochs", **place, "windows": list(self.counts)}  # windows: what the place refers to
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.file_pos, self.pos = state["epoch"], state["file_pos"], state["pos"]
+
+    def state_problem(self, state: dict[str, Any]) -> str | None:
+        """Why state is no place in these epochs, or None: one saved over other files (or other sizes of them:
+        the dataset changed, or block_size did) would name windows that are not there now."""
+        place = [state.get(k) for k in ("epoch", "file_pos", "pos")]
+        if not all(type(v) is int and v >= 0 for v in place) or place[1] >= len(self.counts):
+            return "the saved position is not one of this order's"
+        saved = state.get("windows", self.counts)  # not recorded before: trusted
+        if saved != self.counts:
+            return f"its saved position counts {sum(saved):,} windows in {len(saved)} files, there are now " + (
+                f"{sum(self.counts):,} in {len(self.counts)}"
+            )
+        return None
 
 
 DATA_ORDERS = ("random", "epochs")

@@ -16,7 +16,9 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -205,6 +207,20 @@ def finished(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     return record
 
 
+def other_dataset(out_dir: Path, name: str) -> str | None:
+    """Another dataset in out_dir, which shards of ours beside it would spoil, or None: nanoGPT's train.bin,
+    val.bin and meta.pkl (the loader reads train.bin before any shard), or shards of another name."""
+    if not out_dir.is_dir():
+        return None
+    theirs = [n for n in ("train.bin", "val.bin", "meta.pkl") if (out_dir / n).exists()]
+    theirs += sorted(
+        p.name
+        for p in {*out_dir.glob("*_train*.bin"), *out_dir.glob("*_val*.bin")}
+        if not p.name.startswith(name + "_")
+    )
+    return f"another dataset ({', '.join(theirs[:3])})" if theirs else None
+
+
 def resumable(out_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
     """The state of an unfinished preparation of the same in out_dir, its shards checked and anything written
     after its last save removed; None when out_dir holds none (and no shards), or one that wrote no shard yet."""
@@ -247,6 +263,8 @@ def prepare(
     block_size + 1 tokens, or the preparation is refused (and what it wrote removed)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"out_dir must be a folder (new or existing), not the file {out_dir}")
+    if problem := other_dataset(out_dir, name):
+        raise UserError(f"out_dir {out_dir} holds {problem}: choose another out_dir (its files are left as they are)")
     created = not out_dir.exists()
     ident = identity(source, name, shard_size, val_tokens)
     if not created and (record := finished(out_dir, ident)) is not None:
@@ -267,10 +285,21 @@ def prepare(
     return finish(out_dir, state)
 
 
+class Terminated(BaseException):
+    """SIGTERM during a preparation: a BaseException, as KeyboardInterrupt, so that no `except Exception` on the
+    way (reading the documents) takes it for bad input."""
+
+
 def tokenize_or_stop(source: Source, out_dir: Path, state: dict[str, Any], processes: int) -> str | None:
-    """Tokenise into shards; what is wrong with the input, or None. An interruption, a disk that is full and the
-    hub's failures (a lost connection, most likely) end here, the shards so far kept to resume."""
+    """Tokenise into shards; what is wrong with the input, or None. An interruption (Ctrl-C, SIGTERM), a disk that
+    is full and the hub's failures (a lost connection, most likely) end here, the shards so far kept to resume."""
     resume = f"run the same command again to resume: {state.get('command') or this_command()}"
+
+    def terminated(signum: int, frame: Any) -> None:  # the workers are ended on the way out, as for Ctrl-C
+        raise Terminated
+
+    main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+    previous = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
         tokenize_into_shards(source, out_dir, state, processes)
     except CorpusError as e:
@@ -279,9 +308,14 @@ def tokenize_or_stop(source: Source, out_dir: Path, state: dict[str, Any], proce
         raise UserError(f"{e}; {resume}") from None
     except KeyboardInterrupt:
         raise KeyboardInterrupt(resume) from None
+    except Terminated:
+        raise UserError(f"stopped by SIGTERM; {state['shards']} shard(s) kept: {resume}") from None
     except WriteFailed as e:
         kept = f"{state['shards']} shard(s) kept: once it is fixed, {resume}"
         raise UserError(f"cannot write {e.path}: {e.reason}; {kept}") from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     return None if state["shards"] else f"{source.describe()} holds no documents"
 
 

@@ -6,7 +6,9 @@ them); within it a clock on the device's timeline times the training steps alone
 around them (logging, the schedule, Python) is a figure of its own. The first step, which compiles, is reported
 alone and left out of the run's closing median and of the ETA."""
 
+import errno
 import json
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -15,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import REASONS
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.timing import DeviceClock
 
@@ -87,10 +91,20 @@ class Progress:
 
 class RunLog:
     """The records of a run: printed, appended to out_dir/log.jsonl and sent to wandb (import_wandb's) when asked;
-    on rank 0 only (master=False: nothing at all)."""
+    on rank 0 only (master=False: nothing at all).
+
+    Each record is appended whole or not at all: one write of its line, and where the disk will not take it the
+    file is cut back to its last whole line and the error is one line (naming the last checkpoint). A torn line
+    that a killed run left at the end is cut away when the log is opened again."""
 
     def __init__(self, out_dir: Path, master: bool, wandb: ModuleType | None, wandb_run: dict[str, Any]):
-        self.file = open(out_dir / "log.jsonl", "a") if master else None
+        self.out_dir, self.path, self.file = out_dir, out_dir / "log.jsonl", None
+        if master:
+            try:
+                self.file = open(self.path, "a+b", buffering=0)  # unbuffered: a record is one write(2)
+                cut_torn_line(self.file.fileno())
+            except OSError as e:
+                raise UserError(f"cannot append to {self.path}: {REASONS.get(e.errno, e.strerror or e)}") from None
         self.wandb = wandb
         if wandb is not None:
             wandb.init(**wandb_run)
@@ -98,8 +112,21 @@ class RunLog:
     def write(self, record: dict[str, Any]) -> None:
         if self.file is None:
             return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        line = (json.dumps(record) + "\n").encode()
+        fd = self.file.fileno()
+        end = os.fstat(fd).st_size
+        try:
+            if self.file.write(line) != len(line):  # a short write: the disk filled up within it
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            try:
+                os.ftruncate(fd, end)
+            except OSError:
+                pass
+            raise UserError(
+                f"cannot append to {self.path}: {REASONS.get(e.errno, e.strerror or e)}; the log ends at its last "
+                f"whole record; {newest_checkpoint(self.out_dir)}"
+            ) from None
         if self.wandb:
             self.wandb.log(record, step=record["iter"])
 
@@ -139,3 +166,20 @@ class RunLog:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def cut_torn_line(fd: int) -> None:
+    """Cut a file back to its last whole line (one ending in a newline), where a killed writer left half of one."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    start = max(size - 2**20, 0)  # a record is far shorter than a MiB
+    tail = os.pread(fd, size - start, start)
+    os.ftruncate(fd, start + tail.rfind(b"\n") + 1 if b"\n" in tail else start)
+
+
+def newest_checkpoint(out_dir: Path) -> str:
+    """Where a run that stops on a full disk can resume from."""
+    if (out_dir / "ckpt.pt").is_file():
+        return f"the last checkpoint is {out_dir / 'ckpt.pt'}"
+    return f"no checkpoint was saved in {out_dir} yet"
