@@ -16,6 +16,10 @@ train.py runs (nanogpt_perf/train/step.py), built from the same settings; the me
 nanogpt_perf/bench/measure.py.
 """
 
+from nanogpt_perf.errors import report_errors
+
+report_errors()  # from the first moment: a mistake of the user's, or Ctrl-C while torch loads, is one line
+
 import os
 import sys
 from pathlib import Path
@@ -30,7 +34,7 @@ from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import SyntheticBatches, TokenBatches
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.rules import a_path, at_least, interval, output_file, takes_infinity
+from nanogpt_perf.rules import a_path, at_least, interval, optional_path, output_file, takes_infinity
 from nanogpt_perf.runtime import resolve_runtime
 
 # the model's shape, the optimizer and every performance switch, shared with train.py: each declared once (its
@@ -59,6 +63,7 @@ batch_size: at_least(1) = 12  # micro-batch size
 gradient_accumulation_steps: at_least(1) = 1  # micro-batches per timed optimizer step
 dataset = ""  # '' for synthetic tokens, or a dataset under data_dir (prepared on first use), read as train.py does
 data_dir: a_path = "data"
+run_data_preparer = False  # run data_dir/dataset/prepare.py even where it is not one of this repository's
 vocab_size: interval(1, 2**16) = GPT2_VOCAB_SIZE  # of the synthetic tokens (uint16); a dataset brings its own
 burn_in: at_least(1, " (the first iteration compiles)") = 5  # iterations timed apart, left out of the median
 steps: at_least(1) = 20  # timed iterations
@@ -73,8 +78,8 @@ out_json: output_file(".json") = ""  # results as JSON, with a CSV and a PNG cha
 profile = False  # torch.profiler over 5 more steps: a Chrome trace beside out_json, the top 20 ops printed
 memory_snapshot = False  # CUDA: a memory snapshot of the timed steps beside out_json (pytorch.org/memory_viz)
 # regression check, instead of measuring: exit 1 when a figure of compare is worse than baseline's
-compare = ""  # a bench output (JSON)
-baseline = ""  # the bench output to compare it with
+compare: optional_path = ""  # a bench output (JSON)
+baseline: optional_path = ""  # the bench output to compare it with
 tolerance_pct: takes_infinity(at_least(0)) = 5.0  # how much worse a figure may be, in percent (inf: never fail)
 settings = configure(globals(), cross=SHARED_CROSS, shared=shared)
 # -----------------------------------------------------------------------------
@@ -116,7 +121,7 @@ manifest = run_manifest(settings, runtime)  # the code as it was when the measur
 # the batch source: the dataset's windows as train.py reads them (and its vocabulary), or synthetic tokens
 if dataset:
     data_path = Path(data_dir) / dataset
-    prepare_if_missing(data_path)
+    prepare_if_missing(data_path, run_data_preparer)
     vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
     batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed, data_order=data_order, prefetch=prefetch)
 else:

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from nanogpt_perf.errors import UserError, report_errors
-from nanogpt_perf.rules import CrossRule, Rule, convert, settings_problem, shown, unruled
+from nanogpt_perf.rules import CrossRule, Rule, convert, expand_home, settings_problem, shown, unruled
 
 SETTING_TYPES = (bool, int, float, str)
 
@@ -226,7 +226,7 @@ def configure_command(
         sys.exit(0)
     words = {k: rule.words for k, rule in rules.items() if hasattr(rule, "words")}
     given = read_overrides(defaults, argv, words)
-    settings = defaults | given
+    settings = expand_home(defaults | given, rules)  # a path's leading ~, which no shell expands inside a flag
     if problem := settings_problem(settings, rules, cross):
         raise UserError(problem)
     namespace.update(settings)

@@ -15,18 +15,18 @@ from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
-from fnmatch import fnmatch  # noqa: E402
-from pathlib import Path  # noqa: E402
+from fnmatch import fnmatch
+from pathlib import Path
 
-from configurator import configure  # noqa: E402
-from model import GPT  # noqa: E402
-from nanogpt_perf.data.dataset import VOCABULARY_FILE, vocabulary_problem, write_vocabulary  # noqa: E402
-from nanogpt_perf.data.tokenizer import Tokenizer  # noqa: E402
-from nanogpt_perf.errors import UserError  # noqa: E402
-from nanogpt_perf.files import replace_folder  # noqa: E402
-from nanogpt_perf.gpt2_weights import hf_folder_problem, to_hf_state_dict  # noqa: E402
-from nanogpt_perf.rules import a_path, output_folder  # noqa: E402
-from nanogpt_perf.train.checkpoint import load_checkpoint  # noqa: E402
+from configurator import configure
+from model import GPT
+from nanogpt_perf.data.dataset import VOCABULARY_FILE, vocabulary_problem, write_vocabulary
+from nanogpt_perf.data.tokenizer import Tokenizer
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import replace_folder
+from nanogpt_perf.gpt2_weights import hf_folder_problem, to_hf_state_dict
+from nanogpt_perf.rules import a_path, output_folder
+from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # where ckpt.pt is

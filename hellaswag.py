@@ -13,21 +13,21 @@ from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
-from configurator import configure  # noqa: E402
-from model import GPT  # noqa: E402
-from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem  # noqa: E402
-from nanogpt_perf.data.tokenizer import Tokenizer  # noqa: E402
-from nanogpt_perf.errors import UserError  # noqa: E402
-from nanogpt_perf.files import write_json  # noqa: E402
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2  # noqa: E402
-from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score  # noqa: E402
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of, optional_path, output_file  # noqa: E402
-from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime  # noqa: E402
-from nanogpt_perf.train.checkpoint import load_checkpoint  # noqa: E402
+from configurator import configure
+from model import GPT
+from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem
+from nanogpt_perf.data.tokenizer import Tokenizer
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import write_json
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
+from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of, optional_path, output_file
+from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
+from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder

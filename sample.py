@@ -11,23 +11,23 @@ from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
-import os  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import os
+import time
+from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
-from configurator import configure  # noqa: E402
-from model import GPT  # noqa: E402
-from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem  # noqa: E402
-from nanogpt_perf.data.tokenizer import TextStream, Tokenizer  # noqa: E402
-from nanogpt_perf.errors import UserError, read_user_text  # noqa: E402
-from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference  # noqa: E402
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2  # noqa: E402
-from nanogpt_perf.memory import peak_memory_bytes  # noqa: E402
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, one_of  # noqa: E402
-from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime  # noqa: E402
-from nanogpt_perf.train.checkpoint import load_checkpoint  # noqa: E402
+from configurator import configure
+from model import GPT
+from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem
+from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
+from nanogpt_perf.errors import UserError, read_user_text
+from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
+from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, one_of
+from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
+from nanogpt_perf.train.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder

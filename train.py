@@ -7,6 +7,10 @@ applied where its comment says.
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 """
 
+from nanogpt_perf.errors import report_errors
+
+report_errors()  # from the first moment: a mistake of the user's, or Ctrl-C while torch loads, is one line
+
 import math
 import os
 import sys
@@ -29,12 +33,12 @@ from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.optim import muon_not_sharded, set_lr
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, not_above, one_of, or_word
+from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, not_above, one_of, optional_path, or_word
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.admission import admit_data, hellaswag_task, import_wandb, initial_model, resolve_settings
 from nanogpt_perf.train.build import build_training
 from nanogpt_perf.train.checkpoint import restore_training, save_iteration, training_state
-from nanogpt_perf.train.ownership import claim_out_dir, last_checkpoint
+from nanogpt_perf.train.ownership import claim_out_dir, nonfinite_end
 from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
 from nanogpt_perf.train.progress import Progress, RunLog
@@ -55,7 +59,7 @@ log_interval: at_least(1) = 1
 eval_iters: at_least(1, most=2**31 - 1) = 200  # batches per split at each eval: the same fixed windows every time
 eval_only = False  # evaluate once and exit
 hellaswag_interval: at_least(0, " (0 = off)") = 0  # HellaSwag's accuracy too, every this many iterations and at the end
-hellaswag_file = ""  # a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/ (once)
+hellaswag_file: optional_path = ""  # a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/
 hellaswag_examples: at_least(0, " (0 = all)") = 0  # score the first this many examples each time; 0 = all 10,042
 always_save_checkpoint = True  # save at every eval, not only when val loss improves
 save_interval: at_least(0, " (0 = at evals only)") = 0  # also save every this many iterations, evals or not
@@ -63,6 +67,7 @@ keep_last: at_least(1) = 3  # checkpoints kept (out_dir/ckpt-NNNNNNN.pt), beside
 init_from: init_from_one_of("scratch", "resume", *HF_HUB_NAMES) = "scratch"  # 'resume': from out_dir/ckpt.pt
 overwrite = False  # a new run (not init_from='resume') may replace an earlier run's checkpoints and log in out_dir
 resume_fallback = False  # resume from the newest whole checkpoint when ckpt.pt is truncated or corrupt
+allow_changed_data = False  # resume on a dataset whose files changed since the checkpoint was saved
 # wandb logging
 wandb_log = False
 wandb_project = "owt"
@@ -70,6 +75,7 @@ wandb_run_name = "gpt2"
 # data
 dataset = "openwebtext"  # as nanoGPT; prepare it first (data/openwebtext/prepare.py), or name another
 data_dir: a_path = "data"  # datasets live in data_dir/dataset: train.bin and val.bin, or llm.c shards
+run_data_preparer = False  # run data_dir/dataset/prepare.py even where it is not one of this repository's
 gradient_accumulation_steps: at_least(1) = 5 * 8  # micro-batches per optimizer step, counted across all ranks
 batch_size: or_word("auto", at_least(1)) = 12  # micro-batch size per rank, or 'auto': the largest that fits
 tokens_per_iter: at_least(0, " (0 = unset)") = 0  # tokens per optimizer step, setting gradient_accumulation_steps
@@ -109,7 +115,7 @@ torch.manual_seed(seed + ranks.rank)
 # data: prepared on first use (a small dataset), its token ids checked against its vocabulary; the micro-batch and
 # the accumulation as set, or with tokens_per_iter the accumulation that makes exactly that many tokens a step, at
 # batch_size or at the largest that fits ('auto': nanogpt_perf/train/autobatch.py)
-data = admit_data(settings, given, ranks, runtime)
+data = admit_data(settings, given, ranks, runtime, checkpoint)
 batch_size, gradient_accumulation_steps = data.batch_size, data.accumulation // ranks.world_size  # this rank's
 settings |= {"batch_size": batch_size, "gradient_accumulation_steps": data.accumulation}  # as it runs
 tokens_per_iter = gradient_accumulation_steps * ranks.world_size * batch_size * block_size
@@ -131,9 +137,7 @@ print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 # that bench.py times: accumulation, autocast, clipping, DDP's no_sync, the next batch fetched while the device works
 if compile:
     print0(f"compiling the model, mode {compile_mode} (the first step takes longer)")
-model, raw_model, optimizer, scaler, step = build_training(
-    settings, runtime, batches, model, gradient_accumulation_steps
-)
+model, raw_model, optimizer, scaler, step = build_training(settings, runtime, batches, model)
 
 # on resume: the optimizer's and the scaler's states and this rank's place in the data
 iter_num, best_val_loss, rng = 0, float("inf"), None
@@ -143,19 +147,23 @@ checkpoint = None  # free its memory
 
 
 @torch.no_grad()
-def estimate_loss() -> dict[str, float]:
-    """Mean loss over eval_iters batches of each split (the same windows at every eval), over all ranks."""
+def estimate_loss() -> dict[str, float] | None:
+    """Mean loss over eval_iters batches of each split (the same windows at every eval), over all ranks; None when
+    a stop is asked for part way (every rank asks before each batch: they stop together)."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         losses = torch.zeros(eval_iters, device=runtime.device)
         for k, (X, Y) in enumerate(batches.eval_batches(split, eval_iters)):
+            if stop_asked():  # once asked, asked at every later batch too
+                break
             with runtime.autocast_ctx():
                 _, loss = model(X, Y)
             losses[k] = loss
-        out[split] = mean_over_ranks(losses.mean())
+        else:  # every batch
+            out[split] = mean_over_ranks(losses.mean())
     model.train()
-    return out
+    return out if len(out) == 2 else None
 
 
 def get_lr(it: int) -> float:
@@ -184,7 +192,7 @@ def save(best: bool) -> str | None:
         state = training_state(
             model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict(), model_args=model_args,
             iter_num=iter_num, best_val_loss=best_val_loss, config=settings, tokenizer=tokenizer_spec(data.path),
-            ranks=every_rank,
+            ranks=every_rank, data_identity=data.identity,
         )  # fmt: skip
         path = save_iteration(state, Path(out_dir), iter_num, best, keep_last)
         print(f"saved checkpoint {path}" + (" (the best so far)" if best else ""))
@@ -200,6 +208,7 @@ wandb = import_wandb(settings, master)  # the last check
 # run's checkpoints and log first), and SIGTERM or Ctrl-C stops the run cleanly (finish the step, save, exit)
 lock = claim_out_dir(Path(out_dir), master, ddp, overwrite and init_from != "resume")
 stop = StopRequest(lock.release if lock else None)
+stop_asked = lambda: stop.requested(ddp, runtime.device)  # every rank the same answer, so that they stop together
 
 # what made this run (rank 0), and where its records go: stdout, out_dir/log.jsonl and optionally wandb
 if master:
@@ -223,27 +232,27 @@ while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     set_lr(optimizer, lr, learning_rate)  # every group by the schedule's ratio (Muon's from muon_lr)
 
-    stopping = stop.requested(ddp, runtime.device)  # every rank the same answer, so that they save together
+    stopping = stop_asked()  # then the evaluation and HellaSwag ask before each batch: a stop saves within seconds
     evaluating = not stopping and (iter_num % eval_interval == 0 or iter_num == max_iters or eval_only)
-    improved = False
-    if evaluating:
-        losses = estimate_loss()
+    losses = estimate_loss() if evaluating else None  # None: stopped part way
+    improved = losses is not None and losses["val"] < best_val_loss  # the same on every rank: means over all
+    if losses is not None:
         log.eval(iter_num, losses, lr, progress.elapsed())
-        improved = losses["val"] < best_val_loss  # the same on every rank: the losses are means over all
         best_val_loss = min(best_val_loss, losses["val"])  # never replaced by a worse value
+    scoring = hellaswag and not stopping and (iter_num % hellaswag_interval == 0 or iter_num == max_iters)
+    scored = score(raw_model, *hellaswag, runtime.device, runtime.autocast_ctx, stop_asked) if scoring else None
+    if scored is not None:
+        log.hellaswag(iter_num, scored)
+    stopping = stopping or (evaluating and losses is None) or (scoring and scored is None)
     due = stopping or (save_interval and iter_num % save_interval == 0)
     saving = iter_num > start_iter and ((evaluating and (improved or always_save_checkpoint)) or due)
     saved = None
     if saving and bad_steps:  # the last good checkpoint stays the newest
         print0(f"iter {iter_num}: not saved, the last step was not finite")
-    elif saving and evaluating and not math.isfinite(losses["val"]):
+    elif saving and losses is not None and not math.isfinite(losses["val"]):
         print0(f"iter {iter_num}: not saved, the val loss is not finite")
     elif saving:
         saved = save(best=improved)
-    scoring = hellaswag and not stopping and (iter_num % hellaswag_interval == 0 or iter_num == max_iters)
-    if scoring:
-        examples, tokenizer = hellaswag
-        log.hellaswag(iter_num, score(raw_model, examples, tokenizer.encode, runtime.device, runtime.autocast_ctx))
     if evaluating or saving or scoring:
         progress.restart()  # evals and checkpoints are not the training step's
         batches.take_wait_seconds()
@@ -275,10 +284,7 @@ while True:
     if result.skipped:
         log.skipped(iter_num, result.loss.item(), result.grad_norm.item(), bad_steps)
         if bad_steps >= max_bad_steps:
-            raise UserError(
-                f"{bad_steps} steps in a row with a non-finite loss or gradient norm (max_bad_steps={max_bad_steps})"
-                f": stopped at iter {iter_num}; {last_checkpoint(Path(out_dir))}"
-            )
+            raise UserError(nonfinite_end(bad_steps, iter_num, Path(out_dir), max_bad_steps))
 
 if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window
@@ -290,6 +296,4 @@ if lock:
 if ddp:
     close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/train/parallel.py)
 if bad_steps and not stopping:  # a run that ends on non-finite steps has failed, whatever it saved before them
-    raise UserError(
-        f"the run ended at iter {iter_num} on {bad_steps} non-finite steps, unsaved; {last_checkpoint(Path(out_dir))}"
-    )
+    raise UserError(nonfinite_end(bad_steps, iter_num, Path(out_dir)))

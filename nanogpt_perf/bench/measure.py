@@ -161,7 +161,7 @@ def measure(
             for _ in range(5):  # wait 1, warm up 1, record 3
                 step()
                 prof.step()
-    step.batches.stop()  # the loader's thread
+    step.batches.close()  # the loader's thread and its token files
     timed = times[burn_in:]
     median = statistics.median(timed)
     sequences = s["batch_size"] * s["gradient_accumulation_steps"]  # forward and backward passes an iteration

@@ -201,7 +201,10 @@ class TokenBatches:
                 file.close()
 
     def eval_batches(self, split: str, n: int) -> Iterator[Batch]:
-        """n batches of split: the same windows at every call (this rank's own set)."""
+        """n batches of split: the same windows at every call (this rank's own set). Rank 0 says, once, when the
+        dataset has been prepared again under the run (which reads the files it opened)."""
+        if self.rank == 0 and (line := self.changed_line()):
+            print(line, flush=True)
         files = self.files[split]
         seed = zlib.crc32(f"eval/{split}/{self.seed}".encode())
         windows = RandomWindows([f.n_tokens for f in files], self.block_size, seed, self.rank)

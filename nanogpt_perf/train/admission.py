@@ -6,6 +6,7 @@ needs; wandb. train.py takes its out_dir (train/ownership.py) only once all of t
 run writes nothing."""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -13,9 +14,10 @@ from typing import Any, NamedTuple
 import torch.distributed as dist
 
 from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
-from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.data.dataset import dataset_vocab_size, folder_tokenizer_spec, prepare_if_missing, vocabulary_mismatch
+from nanogpt_perf.data.identity import dataset_identity, identity_change
 from nanogpt_perf.data.token_check import check_token_ids
-from nanogpt_perf.data.tokenizer import Tokenizer
+from nanogpt_perf.data.tokenizer import Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.hellaswag import download_val, read_examples
@@ -28,10 +30,13 @@ from nanogpt_perf.train.ownership import out_dir_problem
 from nanogpt_perf.train.parallel import Ranks, torchrun_rank
 
 # settings a resumed run cannot change: the architecture (the vocabulary through pad_vocab and the data, which give
-# vocab_size), the data it was trained on, and the optimizer whose state it holds
-FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), "pad_vocab", "dataset", "data_dir", "optimizer")
+# vocab_size) and the optimizer whose state it holds; its data is checked by identity (its files), or for a
+# checkpoint that has none (nanoGPT's, older ones) by the names of its folder
+FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), "pad_vocab", "optimizer")
+DATA_NAMES = ("dataset", "data_dir")
 # settings that say how this command runs, not what the run is: always taken from the command
-PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "overwrite")
+PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "overwrite", "allow_changed_data")
+PER_COMMAND += ("run_data_preparer",)
 UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of these is no news
 # the GPTConfig fields that leave GPT-2's weights as they are: a run from GPT-2 takes them from its settings
 FREE_OF_WEIGHTS = ("dropout", "attention", "loss_chunk", "loss_impl", "activation_checkpointing")
@@ -51,7 +56,7 @@ def resolve_settings(
         raise UserError(problem)
     checkpoint = resume_checkpoint(out_dir, s["resume_fallback"]) if resuming else None
     if checkpoint is not None:
-        s, overrides = resume_settings(checkpoint["config"], s, given, rules)
+        s, overrides = resume_settings(checkpoint, s, given, rules)
         if master and overrides:
             print("resumed settings overridden: " + "; ".join(overrides), flush=True)
     if problem := settings_problem(s, rules, (*SHARED_CROSS, *cross)):
@@ -71,18 +76,18 @@ def resolve_settings(
 
 
 def resume_settings(
-    saved: dict[str, Any], s: dict[str, Any], given: set[str], rules: dict[str, Rule]
+    checkpoint: dict[str, Any], s: dict[str, Any], given: set[str], rules: dict[str, Rule]
 ) -> tuple[dict, list[str]]:
     """The checkpoint's settings (ours, or nanoGPT's, which has the same names), overridden by those given on this
     command: the merged settings, and a line for each override that differs from the checkpoint and for each saved
     setting that does not apply here. A UserError for an override that cannot apply to the checkpoint, or a saved
     value that is not a valid value here (by its rule, whose words, or_word's 'auto', it takes beside its type)."""
-    merged = dict(s)
+    saved, identity, merged = checkpoint["config"], checkpoint.get("data_identity"), dict(s)
     for key, value in saved.items():
         if key in merged and key not in given and key not in PER_COMMAND:
             merged[key] = saved_value(key, value, s[key], rules.get(key))
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
-    if fixed := [k for k in changed if k in FIXED_ON_RESUME]:
+    if fixed := [k for k in changed if k in FIXED_ON_RESUME or (k in DATA_NAMES and identity is None)]:
         what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
         raise UserError(
             f"cannot resume with {what}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
@@ -93,6 +98,11 @@ def resume_settings(
     lines += [
         f"{k}={saved[k]!r} not applied (this command's {merged[k]!r})" for k in per_command if saved[k] != merged[k]
     ]
+    here = Path(merged["data_dir"]) / merged["dataset"]
+    if identity and not set(DATA_NAMES) & given and not here.exists():  # resumed from elsewhere: where it read
+        where = Path(identity["folder"])
+        merged |= {"data_dir": str(where.parent), "dataset": where.name}
+        lines.append(f"the data read from where the run found it, {where}")
     return merged, lines
 
 
@@ -112,20 +122,30 @@ class Data(NamedTuple):
     vocab_size: int  # the dataset's, before padding
     batch_size: int  # the micro-batch of each rank
     accumulation: int  # micro-batches a step, over all ranks
+    identity: dict[str, Any]  # its files as this run found them (nanogpt_perf/data/identity.py), for its checkpoints
 
 
-def admit_data(s: dict[str, Any], given: set[str], ranks: Ranks, runtime: Runtime) -> Data:
-    """The dataset, prepared on first use (rank 0; the others wait), its vocabulary, every token id inside it
-    (rank 0 reads; its error ends every rank), and the shape of a step: the micro-batch as set, or with
+def admit_data(
+    s: dict[str, Any], given: set[str], ranks: Ranks, runtime: Runtime, checkpoint: dict[str, Any] | None
+) -> Data:
+    """The dataset, prepared on first use (rank 0, by this repository's own preparer unless run_data_preparer; the
+    others wait), its vocabulary, every token id inside it (rank 0 reads; its error ends every rank), the same files
+    as a resumed checkpoint's unless allow_changed_data, and the shape of a step: the micro-batch as set, or with
     tokens_per_iter the accumulation that makes that many tokens, at the largest micro-batch that fits ('auto')."""
     path = Path(s["data_dir"]) / s["dataset"]
     if ranks.master:
-        prepare_if_missing(path)
+        prepare_if_missing(path, s["run_data_preparer"])
     if ranks.distributed:
         dist.barrier()
-    vocab_size = dataset_vocab_size(path) or GPT2_VOCAB_SIZE
+    vocab_size, identity = dataset_vocab_size(path) or GPT2_VOCAB_SIZE, dataset_identity(path)
+    saved = checkpoint.get("data_identity") if checkpoint else None
     if ranks.master:
         check_token_ids(path, vocab_size)
+        if saved and (change := identity_change(saved, identity)) and not s["allow_changed_data"]:
+            raise UserError(
+                f"dataset {s['dataset']} changed since the checkpoint was saved: {change}; resume on it as it is "
+                "with --allow_changed_data=True"
+            )
     say = lambda line: print(line, flush=True) if ranks.master else None  # noqa: E731
     choose = lambda rows: micro_batch(rows, s, vocab_size, runtime, say)  # noqa: E731
     batch_size, accumulation = step_shape(s, given, ranks.world_size, choose)
@@ -136,7 +156,7 @@ def admit_data(s: dict[str, Any], given: set[str], ranks: Ranks, runtime: Runtim
         f"tokens per iteration: {accumulation * batch_size * s['block_size']:,} ({accumulation // ranks.world_size} "
         f"micro-batches x {ranks.world_size} ranks x {batch_size} x {s['block_size']})"
     )
-    return Data(path, vocab_size, batch_size, accumulation)
+    return Data(path, vocab_size, batch_size, accumulation, identity)
 
 
 def initial_model(s: dict[str, Any], vocab_size: int, checkpoint: dict[str, Any] | None) -> GPT:
@@ -153,6 +173,10 @@ def initial_model(s: dict[str, Any], vocab_size: int, checkpoint: dict[str, Any]
             raise UserError(
                 f"init_from={s['init_from']}: GPT-2's weights fix its architecture; drop {', '.join(recipe)}"
             )
+        model_spec = folder_tokenizer_spec(Path(s["init_from"]))  # an export's characters, or GPT-2's BPE
+        data_spec = tokenizer_spec(Path(s["data_dir"]) / s["dataset"])
+        if problem := vocabulary_mismatch(model_spec, data_spec, s["dataset"]):
+            raise UserError(problem)
         model, source = load_gpt2(s["init_from"], **{k: getattr(config, k) for k in FREE_OF_WEIGHTS}), s["init_from"]
     if s["block_size"] > model.config.block_size:
         raise UserError(f"block_size={s['block_size']} is larger than the {source}'s {model.config.block_size}")
@@ -166,8 +190,8 @@ def initial_model(s: dict[str, Any], vocab_size: int, checkpoint: dict[str, Any]
     return model
 
 
-def hellaswag_task(s: dict[str, Any], data_path: Path, ranks: Ranks) -> tuple[list, Tokenizer] | None:
-    """HellaSwag's examples and the tokenizer that scores them, when hellaswag_interval asks for them: GPT-2's
+def hellaswag_task(s: dict[str, Any], data_path: Path, ranks: Ranks) -> tuple[list, Callable] | None:
+    """HellaSwag's examples and the encoder that scores them, when hellaswag_interval asks for them: GPT-2's
     tokens and no FSDP; the official file downloaded once (rank 0) unless hellaswag_file names a copy."""
     if not s["hellaswag_interval"]:
         return None
@@ -182,7 +206,7 @@ def hellaswag_task(s: dict[str, Any], data_path: Path, ranks: Ranks) -> tuple[li
         download_val(path)
     if ranks.distributed:
         dist.barrier()
-    return read_examples(path, s["hellaswag_examples"]), tokenizer
+    return read_examples(path, s["hellaswag_examples"]), tokenizer.encode
 
 
 def import_wandb(s: dict[str, Any], master: bool) -> ModuleType | None:

@@ -73,7 +73,8 @@ def probe_steps(s: dict[str, Any], vocab_size: int, runtime: Runtime) -> Probe:
     fit. A failure other than memory is an error."""
 
     def probe(batch_size: int) -> tuple[int, int] | None:
-        given = s | {"batch_size": batch_size, "gradient_accumulation_steps": 1}
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+        given = s | {"batch_size": batch_size, "gradient_accumulation_steps": ranks}  # one micro-batch on each rank
         measured = None
         try:
             reset_peak_memory(runtime.device)

@@ -5,6 +5,7 @@ through build_training, so that what bench.py times is what train.py runs, and a
 from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from model import GPT
 from nanogpt_perf.data.loader import TokenBatches
@@ -35,18 +36,17 @@ def build_training(
     runtime: Runtime,
     batches: TokenBatches,
     model: GPT | None = None,
-    accumulation: int | None = None,
     vocab_size: int | None = None,
 ) -> Training:
     """What the settings s train, on runtime's device: model (else a new GPT of s for vocab_size tokens), moved to
     the device and compiled in compile_mode when s asks (the one place a model is compiled), wrapped in DDP or
     sharded by FSDP2 (parallelism) under torch.distributed; its optimizer, a GradScaler (float16 only), and the
-    TrainStep over batches with accumulation micro-batches a step (default: s's gradient_accumulation_steps). The
-    caller seeds torch's generator first: a new model draws its weights here."""
+    TrainStep over batches with this rank's share of gradient_accumulation_steps (over all ranks) a step. The caller
+    seeds torch's generator first: a new model draws its weights here."""
     model = model if model is not None else GPT(model_config(s, vocab_size))
     wrapped = wrap_model(model, s.get("parallelism", "ddp"), runtime, s["compile"], s["compile_mode"])
     optimizer = optimizer_for(unwrap(wrapped), s)
     scaler = runtime.grad_scaler()
-    accumulation = accumulation or s["gradient_accumulation_steps"]
+    accumulation = s["gradient_accumulation_steps"] // (dist.get_world_size() if dist.is_initialized() else 1)
     step = TrainStep(wrapped, optimizer, scaler, runtime, batches, accumulation, s["grad_clip"])
     return Training(wrapped, unwrap(wrapped), optimizer, scaler, step)

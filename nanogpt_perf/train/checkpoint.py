@@ -97,7 +97,8 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
 def training_state(**state: Any) -> dict[str, Any]:
     """What a training checkpoint holds, as plain data (loadable with weights_only): model (the plain state dict),
     optimizer, scaler, model_args (the GPTConfig), iter_num, best_val_loss, config (every setting), tokenizer (so
-    that sample.py and export.py need no data folder) and ranks (each rank's generators and loader position). A
+    that sample.py and export.py need no data folder), ranks (each rank's generators and loader position) and
+    data_identity (the dataset's files as the run found them: nanogpt_perf/data/identity.py). A
     checkpoint of nanoGPT's has the first six of these but the scaler."""
     if set(state) != set(CHECKPOINT_KEYS):
         raise TypeError(f"a training checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}")
@@ -107,7 +108,7 @@ def training_state(**state: Any) -> dict[str, Any]:
 
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "model_args", "iter_num", "best_val_loss", "config")
-CHECKPOINT_KEYS += ("tokenizer", "ranks")
+CHECKPOINT_KEYS += ("tokenizer", "ranks", "data_identity")
 # model_args as nanoGPT's GPTConfig takes them, so that its sample.py loads our checkpoints: the architecture and
 # dropout (the kernels and memory savers are settings, in config); the recipe's fields only where they are on (a
 # GPT-2 is what nanoGPT can load, and what it cannot, it refuses: its GPTConfig takes no such field)
