@@ -57,10 +57,11 @@ def test_imports_point_down_or_stay_in_their_own_layer():
             if their_height > height or (their_height == height and theirs != own):
                 upward.append(f"{module} -> {imported}")
     assert upward == []
-    # the whole GPT in one file, with nothing of the package but its kernels, which import nothing of the project
-    assert all(layer(m)[0] == "nanogpt_perf.kernels" for m in GRAPH["model"])
+    # the whole GPT in one file, with nothing of the package but its kernels (the losses that never make all the
+    # logits), which import nothing of the project but one another
+    assert GRAPH["model"] and all(layer(m)[0] == "nanogpt_perf.kernels" for m in GRAPH["model"])
     kernels = [m for m in GRAPH if layer(m)[0] == "nanogpt_perf.kernels"]
-    assert len(kernels) >= 2 and all(GRAPH[m] == set() for m in kernels)
+    assert len(kernels) >= 3 and all(layer(i)[0] == "nanogpt_perf.kernels" for m in kernels for i in GRAPH[m])
 
 
 def test_there_are_no_circular_imports():

@@ -1,5 +1,6 @@
-"""Hand-written GPU kernels in Triton, below model.py: they import torch and triton, nothing of the project, and are
-imported only when a setting asks for one (loss_impl='triton'; pip install -e ".[triton]")."""
+"""Below model.py: the losses that never make all of lm_head's logits (losses.py) and the Triton kernel of one of them
+(classifier.py, imported only when loss_impl='triton' asks for it; pip install -e ".[triton]"). They import torch
+(and triton), nothing of the project but one another."""
 
 import importlib.util
 import os
