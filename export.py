@@ -19,7 +19,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from configurator import configure
-from model import GPT
+from model import GPT, RECIPE_ARCHITECTURE, GPTConfig
 from nanogpt_perf.data.dataset import VOCABULARY_FILE, vocabulary_problem, write_vocabulary
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
@@ -63,6 +63,10 @@ except ImportError:
     raise UserError("export needs transformers: pip install transformers") from None
 
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt")
+if recipe := [
+    k for k in RECIPE_ARCHITECTURE if checkpoint["model_args"][k] != GPTConfig.__dataclass_fields__[k].default
+]:
+    raise UserError(f"transformers' GPT-2 has no {', '.join(recipe)}: only a model of GPT-2's architecture exports")
 tokenizer = Tokenizer.for_checkpoint(checkpoint)
 if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
     raise UserError(problem)
