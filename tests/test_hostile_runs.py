@@ -23,6 +23,7 @@ from typing import NamedTuple
 import pytest
 import torch
 from test_bad_input import Case, run_case
+from test_hostile_inputs import DATA
 
 from conftest import (
     ROOT,
@@ -35,6 +36,7 @@ from conftest import (
     sigterm_at,
 )
 from model import GPT, GPTConfig
+from nanogpt_perf.data.identity import dataset_identity
 from nanogpt_perf.train.ownership import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
 from nanogpt_perf.train.parallel import torchrun_problem, torchrun_rank
 from nanogpt_perf.train.preemption import resume_command
@@ -116,9 +118,24 @@ CASES = {
     "config_value_out_of_range": train(RESUME, "the checkpoint's eval_interval=0 is not valid here (>= 1)",
                                        "give eval_interval", checkpoint="config_range"),
     "ranks_not_a_list": train(RESUME, "its ranks", "are not a list of dicts", checkpoint="ranks_str"),
+    "model_args_an_unknown_option": train(RESUME, "its model_args name rotary_v2: an option this code does not know",
+                                          checkpoint="unknown_option"),
+    # what a resumed run cannot change, and the data it resumes on
+    "resume_with_another_optimizer": train(RESUME + " --max_iters=10 --optimizer=muon", "cannot resume with "
+                                           "optimizer='muon' (checkpoint: 'adamw')", checkpoint="ours"),
+    "resume_with_rotary": train(RESUME + " --max_iters=10 --rotary=True", "rotary=True (checkpoint: False)",
+                                checkpoint="ours"),
+    "resume_on_changed_data": train(RESUME + " --max_iters=10", "dataset tiny changed since the checkpoint was saved",
+                                    "train.bin has", "--allow_changed_data=True", files=DATA, checkpoint="other_data"),
+    "resume_on_removed_meta": train(RESUME + " --max_iters=10", "meta.pkl", "--allow_changed_data=True", files=DATA,
+                                    checkpoint="other_meta"),
     "sample_model_args_missing_a_key": Hostile(Case("sample.py", "", ("lack bias",)), checkpoint="no_bias"),
     "sample_model_args_bad_attention": Hostile(Case("sample.py", "", ("attention must be one of",)),
                                                checkpoint="attention"),
+    "sample_model_args_an_unknown_option": Hostile(Case("sample.py", "", ("an option this code does not know",)),
+                                                   checkpoint="unknown_option"),
+    "export_the_recipe_architecture": Hostile(Case("export.py", "", ("transformers' GPT-2 has no relu2",)),
+                                              checkpoint="relu2"),
     "export_other_shape": Hostile(Case("export.py", "", ("its model_args make it (32, 8)",)), checkpoint="vocab_32"),
     # torchrun's variables set by hand
     "rank_alone": train("", "RANK set but not LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT", "torchrun",
@@ -165,6 +182,14 @@ def resumable_checkpoint() -> dict:
             "tokenizer": {"kind": "characters", "itos": list("abcdefgh ")}}  # fmt: skip
 
 
+def identity_of(files: dict[str, bytes], folder: Path) -> dict:
+    """The identity that a run records of the dataset tiny made of files (test_hostile_inputs' DATA) in folder."""
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return dataset_identity(folder / "data" / "tiny")
+
+
 def variant(base: dict, change) -> bytes:
     checkpoint = copy.deepcopy(base)
     change(checkpoint)
@@ -186,6 +211,8 @@ def other_shape(c: dict) -> None:
 def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
     """Each checkpoint the cases name, and the file that unpickling the hostile one would create."""
     base, marker = resumable_checkpoint(), tmp_path_factory.mktemp("marker") / "it-ran"
+    identity = identity_of(DATA, tmp_path_factory.mktemp("data"))  # DATA's files, as a run on them records them
+    files, other = identity["files"], {"bytes": 2, "fingerprint": "0" * 32}
     args = lambda key, value: lambda c: c["model_args"].__setitem__(key, value)  # noqa: E731
     top = lambda key, value: lambda c: c.__setitem__(key, value)  # noqa: E731
     made = {
@@ -216,6 +243,10 @@ def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
         "config_type": variant(base, lambda c: c["config"].update(max_iters="ten")),
         "config_range": variant(base, lambda c: c["config"].update(eval_interval=0)),
         "ranks_str": variant(base, top("ranks", "rank 0")),
+        "unknown_option": variant(base, args("rotary_v2", True)),
+        "relu2": variant(base, args("relu2", True)),
+        "other_data": variant(base, top("data_identity", identity | {"files": files | {"train.bin": other}})),
+        "other_meta": variant(base, top("data_identity", identity | {"files": files | {"meta.pkl": other}})),
     }
     return made, marker
 
@@ -238,6 +269,39 @@ def test_refused_with_one_line_and_nothing_written(name, variants, tmp_path, mon
 
 def test_the_matrix_is_large_enough():
     assert len(CASES) >= 30
+
+
+def test_a_resume_on_the_same_data_by_another_spelling_goes_on(tiny_data, tmp_path):
+    """The data folder named by a link, from another working directory: the same files, the same run."""
+    out = tmp_path / "out"
+    first = run_train(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--eval_iters=1")
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "link").symlink_to(tiny_data)
+    resumed = run_train(tmp_path / "link", out, "--init_from=resume", "--max_iters=3", "--eval_iters=1")
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_home_path_in_a_flag_is_expanded(tiny_data, tmp_path, monkeypatch):
+    """--out_dir=~/out: no shell expands ~ inside a flag; the configurator does, in every path setting."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    result = run_train(tiny_data, "~/out", "--max_iters=1", "--eval_interval=1", "--eval_iters=1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "ckpt.pt").is_file() and not (ROOT / "~").exists()
+
+
+def test_sigterm_during_an_evaluation_stops_at_its_next_batch(tiny_data, tmp_path):
+    """An evaluation of a million batches, SIGTERM as it starts: the run stops at a batch boundary, not at its end."""
+    out = tmp_path / "out"
+    flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", "--eval_iters=1000000"]
+    run = subprocess.Popen([sys.executable, "train.py", *flags, "--max_iters=2"], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    while not (out / "manifest.json").exists() and run.poll() is None:  # written once SIGTERM stops it cleanly
+        time.sleep(0.05)
+    time.sleep(0.5)  # in the evaluation of iter 0
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 0, stderr
+    assert "stopped by SIGTERM after iter 0, before any checkpoint" in stdout and "step 0:" not in stdout
 
 
 # -- the lock itself ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch.distributed as dist
 
 from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
+from nanogpt_perf import settings as shared
 from nanogpt_perf.data.dataset import dataset_vocab_size, folder_tokenizer_spec, prepare_if_missing, vocabulary_mismatch
 from nanogpt_perf.data.identity import dataset_identity, identity_change
 from nanogpt_perf.data.token_check import check_token_ids
@@ -87,8 +88,10 @@ def resume_settings(
         if key in merged and key not in given and key not in PER_COMMAND:
             merged[key] = saved_value(key, value, s[key], rules.get(key))
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
-    if fixed := [k for k in changed if k in FIXED_ON_RESUME or (k in DATA_NAMES and identity is None)]:
-        what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {saved[k]!r})" for k in fixed)
+    was = lambda k: saved[k] if k in saved else getattr(shared, k)  # noqa: E731 (a setting it predates: its default)
+    fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
+    if fixed := fixed + [k for k in changed if k in DATA_NAMES and identity is None]:
+        what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in fixed)
         raise UserError(
             f"cannot resume with {what}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
         )
