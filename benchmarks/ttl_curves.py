@@ -39,8 +39,8 @@ def crossing(xs: Sequence[float], losses: Sequence[float], target: float) -> flo
     None when no eval reaches it."""
     for i, loss in enumerate(losses):
         if loss <= target:
-            if i == 0:
-                return xs[0]
+            if i == 0 or not math.isfinite(losses[i - 1]):  # nothing to interpolate from
+                return xs[i]
             x0, x1, y0 = xs[i - 1], xs[i], losses[i - 1]
             return x0 + (x1 - x0) * (y0 - target) / (y0 - loss)
     return None

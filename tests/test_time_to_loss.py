@@ -51,6 +51,7 @@ def test_crossing_interpolates_between_the_evals_around_it():
 
 def test_crossing_is_the_first_one_when_the_loss_goes_up_again():
     assert crossing([0, 10, 20, 30], [3.0, 1.0, 2.5, 0.5], 2.0) == pytest.approx(5.0)
+    assert crossing([0, 10, 20], [3.0, math.nan, 1.0], 2.0) == 20  # no interpolation from a NaN
 
 
 def test_interpolate_inside_and_outside():
