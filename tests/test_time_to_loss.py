@@ -199,6 +199,21 @@ def test_bad_settings_are_one_error_line(tmp_path, flags, fragments):
     assert_one_line_error(result, *fragments)
 
 
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("TASKS = {'tiny': []}\n", ("must define TASKS and SETS",)),
+        ("TASKS = {'tiny': '--n_layer=2'}\nSETS = {'two': {'a': []}}\n", ("task 'tiny' must be a list",)),
+        ("TASKS = {'tiny': []}\nSETS = {'two': {'a b': [], 'a_b': []}}\n", ("share a folder name",)),
+        ("TASKS = {'tiny': [1]}\nSETS = {'two': {'a': []}}\n", ("arguments must be strings",)),
+    ],
+)
+def test_a_bad_configurations_file_is_one_error_line(tmp_path, text, fragments):
+    (tmp_path / "configs.py").write_text(text)
+    flags = (f"--configs={tmp_path / 'configs.py'}", "--task=tiny", "--config_set=two")
+    assert_one_line_error(run_in_process(SCRIPT, *flags), *fragments)
+
+
 def test_end_to_end_two_configurations_two_seeds(tmp_path, tiny_data):
     out = tmp_path / "out"
     flags = [f"--configs={configs_file(tmp_path, tiny_data)}", "--task=tiny", "--config_set=two", "--seeds=2",
