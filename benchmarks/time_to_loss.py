@@ -148,10 +148,9 @@ def train(name: str, seed: int, args: list[str], out_dir: Path) -> dict[str, Any
     if threads or jobs > 1:
         env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // jobs))
     identity = {"command": cmd, "omp_num_threads": env.get("OMP_NUM_THREADS")}  # the threads change the seconds
-    started = time.time()
-    reused = not fresh and finished(out_dir, identity, max_iters)
-    t0 = time.perf_counter()
-    if not reused:
+    earlier = None if fresh else finished(out_dir, identity, max_iters)
+    started, t0 = time.time(), time.perf_counter()
+    if earlier is None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / MARK).unlink(missing_ok=True)  # unfinished until train.py has finished
         with open(out_dir / "train.out", "w") as output:
@@ -164,13 +163,13 @@ def train(name: str, seed: int, args: list[str], out_dir: Path) -> dict[str, Any
         if not keep_checkpoints:
             for path in out_dir.glob("ckpt*.pt"):
                 path.unlink()
-        mark_finished(out_dir, identity)
-    wall = time.perf_counter() - t0
+        mark_finished(out_dir, identity, {"started_at": started, "wall_s": time.perf_counter() - t0})
+    ran = finished(out_dir, identity, max_iters) or {}  # when reused, the figures of the session that ran it
     manifest = read_json(out_dir / "manifest.json")["settings"]
     tokens_per_iter = manifest["batch_size"] * manifest["gradient_accumulation_steps"] * manifest["block_size"]
     curve = run_curve(read_log(out_dir / "log.jsonl"), tokens_per_iter)
-    return {"config": name, "seed": seed, "out_dir": str(out_dir), **identity, "reused": reused,
-            "started_at": started, "wall_s": wall, "curve": curve}  # fmt: skip
+    return {"config": name, "seed": seed, "out_dir": str(out_dir), **identity, "reused": earlier is not None,
+            "started_at": ran.get("started_at"), "wall_s": ran.get("wall_s"), "curve": curve}  # fmt: skip
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -251,7 +250,7 @@ if sweep_doc:
 per_iter = {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}
 if len(per_iter) > 1:
     print(f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): compare tokens, not iters")
-ran = [r["wall_s"] for r in runs if not r["reused"]]
-each = f" ({statistics.median(ran):,.0f} s median per run)" if ran else ""
-print(f"{len(runs)} runs ({len(runs) - len(ran)} reused) in {wall:,.0f} s wall{each}")
+walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
+each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""
+print(f"{len(runs)} runs ({sum(r['reused'] for r in runs)} reused) in {wall:,.0f} s wall{each}")
 print("\n".join(lines))

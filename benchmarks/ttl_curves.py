@@ -171,19 +171,21 @@ def seed_major(configs: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, 
     return [(config, seed) for seed in seeds for config in configs]
 
 
-def finished(out_dir: Path, identity: dict[str, Any], max_iters: int) -> bool:
-    """Whether out_dir holds a finished run of exactly this identity (train.py's command and what else changes its
-    figures, e.g. its threads): its mark says so and its log ends with the eval at max_iters."""
+def finished(out_dir: Path, identity: dict[str, Any], max_iters: int) -> dict[str, Any] | None:
+    """When out_dir holds a finished run of exactly this identity (train.py's command and what else changes its
+    figures, e.g. its threads), what its mark recorded of it (when it started, its wall seconds); else None. Finished:
+    its mark says so and its log ends with the eval at max_iters."""
     try:
         mark = json.loads((out_dir / MARK).read_text())
         records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
-        return False
-    if not all(isinstance(r, dict) and "iter" in r for r in records):
-        return False
+        return None
+    if not isinstance(mark, dict) or not all(isinstance(r, dict) and "iter" in r for r in records):
+        return None
     evals = [r for r in last_run(records) if "val_loss" in r]
-    return mark == identity and bool(evals) and evals[-1]["iter"] == max_iters
+    same = mark.get("identity") == identity and bool(evals) and evals[-1]["iter"] == max_iters
+    return mark.get("ran", {}) if same else None
 
 
-def mark_finished(out_dir: Path, identity: dict[str, Any]) -> None:
-    write_json(out_dir / MARK, identity)
+def mark_finished(out_dir: Path, identity: dict[str, Any], ran: dict[str, Any]) -> None:
+    write_json(out_dir / MARK, {"identity": identity, "ran": ran})

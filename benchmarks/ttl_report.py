@@ -125,9 +125,11 @@ def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: di
         ax.axhline(target, color="grey", ls="--", lw=1)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    # the last stretch, where the configurations part and cross the target, not the first evals' high losses
     bottom = min(lowest)
-    top = min(max(highest), target + 4 * (target - bottom)) if target > bottom else max(highest)
-    axes[0].set_ylim(bottom - 0.02 * (top - bottom), top)  # the region of the crossing, not the first evals
+    worst_end = max([target, *(row["final_val_loss"]["median"] or target for row in summary["rows"].values())])
+    top = min(max(highest), bottom + 3 * (worst_end - bottom)) if worst_end > bottom else max(highest)
+    axes[0].set_ylim(bottom - 0.02 * (top - bottom), top)
     axes[0].set_ylabel("val loss (median over seeds; band: min to max)")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{title}: target val loss {target:.4f} (dashed)", fontsize=10)

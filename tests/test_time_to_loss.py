@@ -156,19 +156,20 @@ def write_log(out_dir: Path, lines: list[dict]) -> None:
 
 def test_a_finished_run_of_the_same_command_is_reused_and_nothing_else(tmp_path):
     run = {"command": ["config/x.py", "--seed=1", "--max_iters=50"], "omp_num_threads": None}
+    ran = {"started_at": 1.5, "wall_s": 42.0}
     write_log(tmp_path / "done", records([4.0, 3.0, 2.0]))
-    assert not finished(tmp_path / "done", run, 50)  # no mark: train.py may have been stopped
-    mark_finished(tmp_path / "done", run)
-    assert finished(tmp_path / "done", run, 50)
-    assert not finished(tmp_path / "done", run | {"command": [*run["command"], "--learning_rate=1e-3"]}, 50)
-    assert not finished(tmp_path / "done", run | {"omp_num_threads": "1"}, 50)  # other threads: other seconds
-    assert not finished(tmp_path / "done", run, 75)  # another horizon
+    assert finished(tmp_path / "done", run, 50) is None  # no mark: train.py may have been stopped
+    mark_finished(tmp_path / "done", run, ran)
+    assert finished(tmp_path / "done", run, 50) == ran  # with the figures of the session that ran it
+    assert finished(tmp_path / "done", run | {"command": [*run["command"], "--learning_rate=1e-3"]}, 50) is None
+    assert finished(tmp_path / "done", run | {"omp_num_threads": "1"}, 50) is None  # other threads: other seconds
+    assert finished(tmp_path / "done", run, 75) is None  # another horizon
     write_log(tmp_path / "cut", records([4.0, 3.0, 2.0])[:-3])  # a log that ends before max_iters
-    mark_finished(tmp_path / "cut", run)
-    assert not finished(tmp_path / "cut", run, 50)
+    mark_finished(tmp_path / "cut", run, ran)
+    assert finished(tmp_path / "cut", run, 50) is None
     (tmp_path / "done" / "ttl_run.json").write_text("[1, 2")  # a damaged mark
-    assert not finished(tmp_path / "done", run, 50)
-    assert not finished(tmp_path / "nothing", run, 50)
+    assert finished(tmp_path / "done", run, 50) is None
+    assert finished(tmp_path / "nothing", run, 50) is None
 
 
 SCRIPT = "benchmarks/time_to_loss.py"
@@ -244,4 +245,6 @@ def test_end_to_end_two_configurations_two_seeds(tmp_path, tiny_data):
     again = run_script(SCRIPT, *flags)  # every run finished with the same command: none is run again
     assert again.returncode == 0, again.stderr[-2000:]
     assert "4 runs (4 reused)" in again.stdout
-    assert json.loads((out / "time_to_loss.json").read_text())["summary"] == summary
+    redone = json.loads((out / "time_to_loss.json").read_text())
+    assert redone["summary"] == summary
+    assert [r["started_at"] for r in redone["runs"]] == [r["started_at"] for r in runs]  # as they ran
