@@ -165,10 +165,12 @@ def train(name: str, seed: int, args: list[str], out_dir: Path) -> dict[str, Any
                 path.unlink()
         mark_finished(out_dir, identity, {"started_at": started, "wall_s": time.perf_counter() - t0})
     ran = finished(out_dir, identity, max_iters) or {}  # when reused, the figures of the session that ran it
-    manifest = read_json(out_dir / "manifest.json")["settings"]
-    tokens_per_iter = manifest["batch_size"] * manifest["gradient_accumulation_steps"] * manifest["block_size"]
+    manifest = read_json(out_dir / "manifest.json")
+    shape = manifest["settings"]
+    tokens_per_iter = shape["batch_size"] * shape["gradient_accumulation_steps"] * shape["block_size"]
     curve = run_curve(read_log(out_dir / "log.jsonl"), tokens_per_iter)
     return {"config": name, "seed": seed, "out_dir": str(out_dir), **identity, "reused": earlier is not None,
+            "git_commit": manifest.get("git_commit"), "git_dirty": manifest.get("git_dirty"),
             "started_at": ran.get("started_at"), "wall_s": ran.get("wall_s"), "curve": curve}  # fmt: skip
 
 
