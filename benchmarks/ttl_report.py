@@ -1,0 +1,138 @@
+"""What benchmarks/time_to_loss.py prints and writes from its results: the markdown tables (the summary, a sweep's
+learning rates), the CSV of the summary and the chart of val loss against tokens and against training seconds."""
+
+import csv
+import io
+import statistics
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.bench.report import fmt, markdown_table
+from nanogpt_perf.files import write_atomically
+
+
+def tokens_text(tokens: float | None) -> str:
+    if tokens is None:
+        return "never"
+    for per, unit in ((1e9, "B"), (1e6, "M")):
+        if tokens >= per:
+            return f"{tokens / per:,.3g}{unit}"  # 3 significant digits
+    return f"{tokens / 1e3:.3g}k"
+
+
+def seconds_text(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:,.1f}"
+
+
+def loss_text(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4f}"
+
+
+def spread_text(spread: dict[str, Any], shown: Any) -> str:
+    """'median [min, max]' over seeds ('never' for not reached), or the one value of a single seed."""
+    if spread["runs"] == 1 or spread["median"] is None and spread["min"] is None:
+        return shown(spread["median"])
+    return f"{shown(spread['median'])} [{shown(spread['min'])}, {shown(spread['max'])}]"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """One row per configuration: seeds that reached the target, tokens and training seconds to it (median [min,
+    max]) and their ratios to the baseline, ms per iteration and its ratio, the val loss at the baseline's final
+    tokens and the final val loss."""
+    rows = []
+    for name, r in summary["rows"].items():
+        t, s = r["tokens_to_target"], r["seconds_to_target"]
+        rows.append([
+            name, f"{t['reached']}/{t['runs']}",
+            spread_text(t, tokens_text), fmt(r["tokens_ratio"], ".2f", suffix="x"),
+            spread_text(s, seconds_text), fmt(r["seconds_ratio"], ".2f", suffix="x"),
+            fmt(r["ms_per_iter"], ",.1f"), fmt(r["ms_ratio"], ".2f", suffix="x"),
+            spread_text(r["val_loss_at_equal_tokens"], loss_text), spread_text(r["final_val_loss"], loss_text),
+        ])  # fmt: skip
+    equal = tokens_text(summary["equal_tokens"])
+    headers = ["configuration", "reached", "tokens to target", "x base", "train s to target", "x base",
+               "ms/iter", "x base", f"val at {equal} tokens", "final val"]  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+def sweep_table(sweep: dict[str, Any]) -> str:
+    """A sweep's values, configuration by configuration: the median final val loss [min, max] over seeds, the best
+    (lowest median) marked."""
+    rows = []
+    for config, entry in sweep["table"].items():
+        for value, spread in entry["values"].items():
+            best = "best" if value == entry["best"] else ""
+            rows.append([config, f"{sweep['key']}={value}", spread_text(spread, loss_text), best])
+    return markdown_table(["configuration", "value", "final val loss", ""], rows, left=(0, 1, 3))
+
+
+CSV_COLUMNS = ("tokens_to_target", "seconds_to_target", "val_loss_at_equal_tokens", "final_val_loss")
+
+
+def summary_csv(summary: dict[str, Any]) -> str:
+    """The summary table as CSV: one row per configuration, each spread as its median, min, max and count reached."""
+    out = io.StringIO(newline="")
+    writer = csv.writer(out)
+    spreads = [f"{key}_{part}" for key in CSV_COLUMNS for part in ("median", "min", "max", "reached")]
+    writer.writerow(["configuration", "target", *spreads, "tokens_ratio", "seconds_ratio", "ms_per_iter", "ms_ratio"])
+    for name, r in summary["rows"].items():
+        values = [r[key][part] for key in CSV_COLUMNS for part in ("median", "min", "max", "reached")]
+        figures = [r["tokens_ratio"], r["seconds_ratio"], r["ms_per_iter"], r["ms_ratio"]]
+        writer.writerow([name, summary["target"], *values, *figures])
+    return out.getvalue()
+
+
+def median_curve(curves: list[dict[str, Any]], axis: str) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Over a configuration's seeds, at each eval of its first seed's: the median x on axis ('tokens' or 'seconds'),
+    the median val loss, and the lowest and highest val loss (the band)."""
+    xs, median, low, high = [], [], [], []
+    for it in curves[0]["iters"]:
+        at = [(c[axis][c["iters"].index(it)], c["val_loss"][c["iters"].index(it)]) for c in curves if it in c["iters"]]
+        points = [(x, v) for x, v in at if x is not None and v is not None]
+        if not points:
+            continue
+        xs.append(statistics.median(x for x, _ in points))
+        losses = [v for _, v in points]
+        median.append(statistics.median(losses))
+        low.append(min(losses))
+        high.append(max(losses))
+    return xs, median, low, high
+
+
+def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: dict[str, Any], title: str) -> str:
+    """Val loss against tokens and against training seconds: per configuration the median over seeds as a line and
+    the seeds' range as a band; the target as a dashed line. Returns what was written (or why not)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not installed (pip install matplotlib)"
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
+    target, lowest, highest = summary["target"], [], []
+    most = max(c["tokens"][-1] for runs in curves.values() for c in runs)
+    per, unit = (1e6, "millions") if most >= 1e6 else (1e3, "thousands")
+    for i, (name, runs) in enumerate(curves.items()):
+        for ax, axis in zip(axes, ("tokens", "seconds"), strict=True):
+            xs, median, low, high = median_curve(runs, axis)
+            xs = [x / per for x in xs] if axis == "tokens" else xs
+            ax.plot(xs, median, color=f"C{i}", lw=1.5, label=name)
+            ax.fill_between(xs, low, high, color=f"C{i}", alpha=0.2, lw=0)
+            lowest.append(min(low))
+            highest.append(max(high))
+    for ax, label in zip(axes, (f"tokens ({unit})", "training seconds (evals left out)"), strict=True):
+        ax.axhline(target, color="grey", ls="--", lw=1)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    # the last stretch, where the configurations part and cross the target, not the first evals' high losses
+    bottom = min(lowest)
+    worst_end = max([target, *(row["final_val_loss"]["median"] or target for row in summary["rows"].values())])
+    top = min(max(highest), bottom + 3 * (worst_end - bottom)) if worst_end > bottom else max(highest)
+    axes[0].set_ylim(bottom - 0.02 * (top - bottom), top)
+    axes[0].set_ylabel("val loss (median over seeds; band: min to max)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{title}: target val loss {target:.4f} (dashed)", fontsize=10)
+    write_atomically(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    plt.close(fig)
+    return f"wrote {path}"
