@@ -115,7 +115,9 @@ CASES = {
     "bench-out_json-name-too-long": Hostile(B, f"--out_json={{dir}}/{LONG}.json", ("out_json", "255 bytes")),
     "plot-OUT_DIR-name-too-long": Hostile(P, f"{{dir}}/{LONG}", ("OUT_DIR must be", "255 bytes"), RUN),
     "plot-out-name-too-long": Hostile(P, f"--out={{dir}}/{LONG}.png", ("--out must name", "255 bytes"), RUN),
-    "regression-compare-name-too-long": Hostile(B, f"--compare={{dir}}/{LONG} --baseline=x", ("no bench output",)),
+    "regression-compare-name-too-long": Hostile(
+        B, f"--compare={{dir}}/{LONG} --baseline=x", ("compare must be", "255 bytes")
+    ),
     "sample-out_dir-below-a-file": Hostile(S, "--out_dir={dir}/f/out", ("in folders ({dir}/f is a file)",), BELOW),
     "train-out_dir-below-a-file": Hostile(
         T, "--out_dir={dir}/f/out", ("out_dir must be", "in folders ({dir}/f is a file)"), BELOW
@@ -251,7 +253,7 @@ CASES = {
     "hellaswag-model-folder-smaller-than-gpt2": Hostile(
         H,
         "--init_from={dir}/hf",
-        ("GPT-2 BPE) has 50,257 tokens, more than its model's vocabulary of 64",),
+        ("GPT-2 BPE) has 50257 tokens, more than its model's vocabulary of 64",),
         hf({}) | HELLASWAG,
     ),  # fmt: skip
 }

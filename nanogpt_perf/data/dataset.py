@@ -181,8 +181,8 @@ def vocabulary_problem(tokens: int, tokenizer: str, model_tokens: int, source: s
     if tokens <= model_tokens:
         return None
     return (
-        f"the {source}'s tokenizer ({tokenizer}) has {tokens:,} tokens, more than its model's vocabulary of "
-        f"{model_tokens:,}: they do not belong together"
+        f"the {source}'s tokenizer ({tokenizer}) has {tokens} tokens, more than its model's vocabulary of "
+        f"{model_tokens}: they do not belong together"
     )
 
 

@@ -90,7 +90,10 @@ def resume_settings(
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
     was = lambda k: saved[k] if k in saved else getattr(shared, k)  # noqa: E731 (a setting it predates: its default)
     fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
-    if fixed := fixed + [k for k in changed if k in DATA_NAMES and identity is None]:
+    moved = [k for k in changed if k in DATA_NAMES]  # another folder: only for the same files (or when asked)
+    if moved and not merged["allow_changed_data"] and not same_data(identity, merged):
+        fixed += moved
+    if fixed:
         what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in fixed)
         raise UserError(
             f"cannot resume with {what}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
@@ -107,6 +110,12 @@ def resume_settings(
         merged |= {"data_dir": str(where.parent), "dataset": where.name}
         lines.append(f"the data read from where the run found it, {where}")
     return merged, lines
+
+
+def same_data(identity: dict[str, Any] | None, s: dict[str, Any]) -> bool:
+    """Whether the dataset the settings s name holds the files a checkpoint's data identity records."""
+    path = Path(s["data_dir"]) / s["dataset"]
+    return identity is not None and path.is_dir() and identity_change(identity, dataset_identity(path)) is None
 
 
 def saved_value(key: str, value: Any, default: Any, rule: Rule | None) -> Any:
