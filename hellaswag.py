@@ -19,7 +19,7 @@ import torch
 
 from configurator import configure
 from model import GPT
-from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem
+from nanogpt_perf.data.dataset import vocabulary_problem
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
@@ -54,12 +54,7 @@ settings = configure(
 runtime = resolve_runtime(device, dtype)
 print(runtime.describe())
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt") if init_from == "resume" else None
-if checkpoint is not None:
-    tokenizer = Tokenizer.for_checkpoint(checkpoint)
-    if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
-        raise UserError(problem)
-else:
-    tokenizer = Tokenizer.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else Tokenizer()
+tokenizer = Tokenizer.for_model(checkpoint, init_from)
 if tokenizer.itos is not None:
     raise UserError(f"HellaSwag is scored in GPT-2's tokens; this model's tokenizer is {tokenizer.name}")
 path = Path(file) if file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")

@@ -19,7 +19,7 @@ import torch
 
 from configurator import configure
 from model import GPT
-from nanogpt_perf.data.dataset import folder_tokenizer_spec, vocabulary_problem
+from nanogpt_perf.data.dataset import vocabulary_problem
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import UserError, read_user_text
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
@@ -78,12 +78,7 @@ generator = torch.Generator(runtime.device).manual_seed(seed)
 # the tokenizer (a checkpoint's, an export's vocabulary, else GPT-2's) checked against the model and the prompt
 # against the tokenizer, before the model is built
 checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device) if init_from == "resume" else None
-if checkpoint is not None:
-    tokenizer = Tokenizer.for_checkpoint(checkpoint)
-    if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
-        raise UserError(problem)
-else:
-    tokenizer = Tokenizer.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else Tokenizer()
+tokenizer = Tokenizer.for_model(checkpoint, init_from)
 if start.startswith("FILE:"):
     start = read_user_text(Path(os.path.expanduser(start[5:])), "start=FILE: names the prompt file")
 try:

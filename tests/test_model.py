@@ -26,7 +26,12 @@ def test_sdpa_matches_manual_attention_in_outputs_and_gradients(bias):
     sdpa, manual = small_model(bias=bias), small_model(bias=bias)
     for block in manual.transformer.h:
         block.attn.attention = "manual"
-    x, y = batch()
+    sdpa_equals_manual(sdpa, manual, *batch())
+
+
+def sdpa_equals_manual(sdpa: GPT, manual: GPT, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The logits, the loss's and every parameter's gradient of two models, one attending through SDPA, the other
+    through the masked-softmax reference, equal."""
     logits_s, loss_s = sdpa(x, y)
     logits_m, loss_m = manual(x, y)
     torch.testing.assert_close(logits_s, logits_m, rtol=1e-5, atol=1e-5)
@@ -48,9 +53,11 @@ def test_manual_attention_is_causal():
 
 
 def test_k_micro_batches_equal_one_batch_k_times_as_big():
-    k = 4
-    big, micro = small_model(), small_model()
-    x, y = batch(B=8)
+    micro_batches_equal_one_batch(small_model(), small_model(), *batch(B=8))
+
+
+def micro_batches_equal_one_batch(big: GPT, micro: GPT, x: torch.Tensor, y: torch.Tensor, k: int = 4) -> None:
+    """The gradients of the batch (x, y) in big equal those of its k micro-batches, each loss / k, in micro."""
     _, loss = big(x, y)
     loss.backward()
     for xs, ys in zip(x.chunk(k), y.chunk(k), strict=True):

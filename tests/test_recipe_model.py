@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from test_model import micro_batches_equal_one_batch, sdpa_equals_manual
 
 from conftest import ROOT
 from model import ARCHITECTURE, GPT, GPTConfig, rotary_angles, rotate
@@ -123,15 +124,7 @@ def test_each_option_trains(case):
 @pytest.mark.parametrize("case", ["rotary", "qk_norm", "value_embeds", "all"])
 def test_sdpa_equals_manual_attention_with_the_options(case):
     sdpa, manual = model_with(**CASES[case]), model_with(**CASES[case], attention="manual")
-    randomise(sdpa), randomise(manual)
-    x, y = batch()
-    logits_s, loss_s = sdpa(x, y)
-    logits_m, loss_m = manual(x, y)
-    torch.testing.assert_close(logits_s, logits_m, rtol=1e-5, atol=1e-5)
-    loss_s.backward()
-    loss_m.backward()
-    for (name, p_s), p_m in zip(sdpa.named_parameters(), manual.parameters(), strict=True):
-        torch.testing.assert_close(p_s.grad, p_m.grad, rtol=1e-4, atol=1e-6, msg=name)
+    sdpa_equals_manual(randomise(sdpa), randomise(manual), *batch())
 
 
 def randomise(model: GPT, std: float = 0.1) -> GPT:
@@ -146,16 +139,7 @@ def randomise(model: GPT, std: float = 0.1) -> GPT:
 
 
 def test_k_micro_batches_equal_one_batch_with_every_option():
-    k = 4
-    big, micro = randomise(model_with(**ALL)), randomise(model_with(**ALL))
-    x, y = batch(B=8)
-    _, loss = big(x, y)
-    loss.backward()
-    for xs, ys in zip(x.chunk(k), y.chunk(k), strict=True):
-        _, loss = micro(xs, ys)
-        (loss / k).backward()
-    for (name, p_big), p_micro in zip(big.named_parameters(), micro.parameters(), strict=True):
-        torch.testing.assert_close(p_big.grad, p_micro.grad, rtol=1e-4, atol=1e-7, msg=name)
+    micro_batches_equal_one_batch(randomise(model_with(**ALL)), randomise(model_with(**ALL)), *batch(B=8))
 
 
 def test_rotary_scores_depend_only_on_the_distance_between_positions():

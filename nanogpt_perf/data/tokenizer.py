@@ -5,7 +5,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.data.dataset import read_meta
+from nanogpt_perf.data.dataset import folder_tokenizer_spec, read_meta, vocabulary_problem
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.rules import shown
 
@@ -95,6 +95,17 @@ class Tokenizer:
             return cls.from_spec(checkpoint["tokenizer"])
         config = checkpoint.get("config", {})
         return cls.for_dataset(Path(config.get("data_dir", "data")) / config.get("dataset", ""))
+
+    @classmethod
+    def for_model(cls, checkpoint: dict[str, Any] | None, init_from: str) -> "Tokenizer":
+        """The tokenizer of the model a script loads: its checkpoint's (refused when it outgrows the model's
+        vocabulary), else a model folder's (an export's vocabulary.json), else GPT-2's BPE."""
+        if checkpoint is None:
+            return cls.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else cls()
+        tokenizer = cls.for_checkpoint(checkpoint)
+        if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
+            raise UserError(problem)
+        return tokenizer
 
     def encode(self, text: str) -> list[int]:
         if self.itos is None:
