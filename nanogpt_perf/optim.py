@@ -38,6 +38,7 @@ def build_optimizer(
     muon_lr: float = 0.02,
     muon_momentum: float = 0.95,
     muon_weight_decay: float = 0.0,
+    muon_ns_steps: int = NS_STEPS,
     ns_dtype: torch.dtype | None = None,
 ) -> torch.optim.Optimizer:
     """'adamw': exactly model.configure_optimizers' AdamW. 'muon': a MuonAdamW whose Muon group (lr muon_lr,
@@ -54,7 +55,8 @@ def build_optimizer(
         raise ValueError(f"muon_momentum must be in [0, 1), not {muon_momentum}")
     muon, decay, no_decay = split_parameters(model)
     groups = [
-        {"params": list(muon.values()), "muon": True, "lr": muon_lr, "weight_decay": muon_weight_decay},
+        {"params": list(muon.values()), "muon": True, "lr": muon_lr, "weight_decay": muon_weight_decay}
+        | {"ns_steps": muon_ns_steps},
         {"params": list(decay.values()), "muon": False, "lr": learning_rate, "weight_decay": weight_decay},
         {"params": list(no_decay.values()), "muon": False, "lr": learning_rate, "weight_decay": 0.0},
     ]

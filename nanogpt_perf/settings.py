@@ -55,6 +55,7 @@ beta2: interval(0, 1, high_open=True) = 0.95
 muon_lr: at_least(0) = 0.02  # Muon's peak learning rate (the schedule scales it as it scales learning_rate)
 muon_momentum: interval(0, 1, high_open=True) = 0.95  # Muon's Nesterov momentum
 muon_weight_decay: at_least(0) = 0.0  # Muon's decoupled weight decay
+muon_ns_steps: at_least(1) = 5  # Newton-Schulz iterations a Muon update orthogonalises with (its cost on a CPU)
 grad_clip: at_least(0, " (0 = off)") = 1.0  # clip the gradient norm to this; 0.0 = off
 # performance switches
 device: device_problem = "auto"  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'

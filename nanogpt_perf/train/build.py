@@ -27,7 +27,7 @@ class Training(NamedTuple):
 def optimizer_for(model: GPT, s: dict[str, Any]) -> torch.optim.Optimizer:
     """The optimizer the settings s name, over model's parameters (FSDP's shards, once it is sharded)."""
     hyper = dict(learning_rate=s["learning_rate"], weight_decay=s["weight_decay"], betas=(s["beta1"], s["beta2"]))
-    muon = dict(muon_lr=s["muon_lr"], muon_momentum=s["muon_momentum"], muon_weight_decay=s["muon_weight_decay"])
+    muon = {k: s[k] for k in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_ns_steps")}
     return build_optimizer(model, s["optimizer"], fused=s["fused_adamw"], **hyper, **muon)
 
 
