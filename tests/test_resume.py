@@ -44,6 +44,20 @@ def test_stopped_and_resumed_equals_straight_bitwise(tiny_data, tmp_path, ranks)
     assert_same_run(tmp_path / "straight", tmp_path / "resumed", 5, 12)
 
 
+def test_the_recipe_with_muon_stopped_and_resumed_equals_straight_bitwise(tiny_data, tmp_path):
+    """config/speedrun.py (Muon and AdamW in one optimizer, the warmup-stable-decay schedule, rotary, RMSNorm, ...):
+    Muon's momentum and AdamW's moments carry over as they are."""
+    flags = (str(ROOT / "config" / "speedrun.py"), *SCHEDULE, "--gradient_accumulation_steps=2", "--eval_interval=100")
+    straight = run_train(tiny_data, tmp_path / "straight", *flags, "--max_iters=12")
+    assert straight.returncode == 0, straight.stderr
+    first = run_train(tiny_data, tmp_path / "resumed", *flags, "--max_iters=5")
+    assert first.returncode == 0, first.stderr
+    second = run_train(tiny_data, tmp_path / "resumed", *flags, "--max_iters=12", "--init_from=resume")
+    assert second.returncode == 0, second.stderr
+    assert_same_run(tmp_path / "straight", tmp_path / "resumed", 5, 12)
+    assert torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)["model_args"]["rotary"] is True
+
+
 def test_sigterm_finishes_the_step_saves_and_resumes_exactly(tiny_data, tmp_path):
     flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", *SCHEDULE, "--eval_interval=1000"]
     train = [sys.executable, "train.py", *flags, "--dropout=0.1", "--max_iters=12"]
