@@ -9,9 +9,21 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from model import GPT, GPTConfig
-from nanogpt_perf.optim import BASE_LR, MuonAdamW, build_optimizer, set_lr, split_parameters
+from nanogpt_perf.optim import (
+    BASE_LR,
+    NS_COEFFICIENTS,
+    MuonAdamW,
+    build_optimizer,
+    gram_is_cheaper,
+    gram_newton_schulz,
+    newton_schulz,
+    orthogonalize,
+    set_lr,
+    split_parameters,
+)
 
 HYPER = dict(learning_rate=3e-3, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.03, muon_weight_decay=0.05)
 
@@ -95,6 +107,44 @@ def test_bfloat16_newton_schulz_is_torch_muon_bit_for_bit_and_a_cpu_takes_float3
     assert not any(torch.equal(a, b) for a, b in zip(runs["fp32"], runs["bf16"], strict=True))
     for a, b in zip(runs["fp32"], runs["bf16"], strict=True):  # the same update but for bf16's rounding
         torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
+
+
+def plain_newton_schulz(X, steps):
+    """Keller Jordan's steps as his post writes them."""
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(steps):
+        A = X @ X.T
+        X = a * X + b * A @ X + c * A @ A @ X
+    return X
+
+
+@pytest.mark.parametrize("shape, steps", [((128, 512), 4), ((128, 384), 5), ((16, 40), 3), ((8, 9), 5)])
+def test_gram_newton_schulz_equals_the_plain_steps(shape, steps):
+    torch.manual_seed(0)
+    X = torch.randn(shape, dtype=torch.float64)
+    X = X / X.norm()
+    torch.testing.assert_close(gram_newton_schulz(X, NS_COEFFICIENTS, steps), plain_newton_schulz(X, steps))
+    X32 = X.float()
+    torch.testing.assert_close(
+        gram_newton_schulz(X32, NS_COEFFICIENTS, steps), plain_newton_schulz(X, steps).float(), rtol=0, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("m, n, steps", [(128, 512, 4), (128, 384, 4), (128, 128, 4), (128, 256, 3), (64, 96, 5)])
+def test_the_form_chosen_is_the_one_flopcounter_counts_fewer_flops_for(m, n, steps):
+    X = torch.randn(m, n) / (m * n) ** 0.5
+    flops = {}
+    for form, run in (("gram", lambda: gram_newton_schulz(X, NS_COEFFICIENTS, steps)),
+                      ("plain", lambda: newton_schulz(X, NS_COEFFICIENTS, steps))):  # fmt: skip
+        with FlopCounterMode(display=False) as counter:
+            run()
+        flops[form] = counter.get_total_flops()
+    assert gram_is_cheaper(m, n, steps) == (flops["gram"] < flops["plain"])
+    G = torch.randn(n, m)  # tall: orthogonalize works on its transpose
+    torch.testing.assert_close(
+        orthogonalize(G, NS_COEFFICIENTS, steps, 1e-7, torch.float32),
+        plain_newton_schulz(G.double().T / G.double().norm(), steps).T.float(), rtol=0, atol=1e-5,
+    )  # fmt: skip
 
 
 def test_the_split_takes_every_parameter_once_on_its_side():
