@@ -5,7 +5,7 @@
 # tokens the GPT-2 speedrun needs. It leaves the model's size, the data and the horizon to the config before it.
 # Tuned on the CPU demo (docs/time-to-loss.md has the sweeps and the ablation).
 optimizer = "muon"
-muon_lr = 0.02
+muon_lr = 0.01  # the CPU demo: 0.005 and 0.01 alike, 0.02 and 0.04 worse (docs/time-to-loss.md)
 muon_ns_steps = 4  # torch.optim.Muon's 5 cost a CPU a fifth more time per step and gained nothing measurable here
 lr_schedule = "wsd"
 cooldown_frac = 0.4
