@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,9 @@ CASES = {
                                 checkpoint="ours"),
     "resume_on_changed_data": train(RESUME + " --max_iters=10", "dataset tiny changed since the checkpoint was saved",
                                     "train.bin has", "--allow_changed_data=True", files=DATA, checkpoint="other_data"),
+    "resume_on_other_data_elsewhere": train(RESUME + " --max_iters=10", "cannot resume on {dir}/data/tiny: "
+                                            "not the checkpoint's data (train.bin has", "--allow_changed_data=True",
+                                            files=DATA, checkpoint="other_data_dir"),
     "resume_on_removed_meta": train(RESUME + " --max_iters=10", "meta.pkl", "--allow_changed_data=True", files=DATA,
                                     checkpoint="other_meta"),
     "sample_model_args_missing_a_key": Hostile(Case("sample.py", "", ("lack bias",)), checkpoint="no_bias"),
@@ -246,6 +250,13 @@ def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
         "unknown_option": variant(base, args("rotary_v2", True)),
         "relu2": variant(base, args("relu2", True)),
         "other_data": variant(base, top("data_identity", identity | {"files": files | {"train.bin": other}})),
+        "other_data_dir": variant(
+            base,
+            lambda c: c.update(
+                data_identity=identity | {"files": files | {"train.bin": other}},
+                config=c["config"] | {"data_dir": "/elsewhere"},
+            ),
+        ),
         "other_meta": variant(base, top("data_identity", identity | {"files": files | {"meta.pkl": other}})),
     }
     return made, marker
@@ -279,6 +290,18 @@ def test_a_resume_on_the_same_data_by_another_spelling_goes_on(tiny_data, tmp_pa
     (tmp_path / "link").symlink_to(tiny_data)
     resumed = run_train(tmp_path / "link", out, "--init_from=resume", "--max_iters=3", "--eval_iters=1")
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_changed_data_accepted_by_the_flag_says_so(tiny_data, tmp_path):
+    out, data = tmp_path / "out", tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    first = run_train(data, out, "--max_iters=2", "--eval_interval=2", "--eval_iters=1")
+    assert first.returncode == 0, first.stderr
+    tokens = (data / "tiny" / "train.bin").read_bytes()
+    (data / "tiny" / "train.bin").write_bytes(tokens[2:] + tokens[:2])  # the same size, other tokens
+    resumed = run_train(data, out, "--init_from=resume", "--max_iters=3", "--eval_iters=1", "--allow_changed_data=True")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "train.bin has other contents" in resumed.stdout and "as allow_changed_data=True asks" in resumed.stdout
 
 
 def test_a_home_path_in_a_flag_is_expanded(tiny_data, tmp_path, monkeypatch):

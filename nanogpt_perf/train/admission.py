@@ -91,8 +91,11 @@ def resume_settings(
     was = lambda k: saved[k] if k in saved else getattr(shared, k)  # noqa: E731 (a setting it predates: its default)
     fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
     moved = [k for k in changed if k in DATA_NAMES]  # another folder: only for the same files (or when asked)
-    if moved and not merged["allow_changed_data"] and not same_data(identity, merged):
-        fixed += moved
+    if moved and not merged["allow_changed_data"] and (change := data_change(identity, merged)):
+        raise UserError(
+            f"cannot resume on {Path(merged['data_dir']) / merged['dataset']}: {change}; resume on it as it is "
+            "with --allow_changed_data=True"
+        )
     if fixed:
         what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in fixed)
         raise UserError(
@@ -112,10 +115,15 @@ def resume_settings(
     return merged, lines
 
 
-def same_data(identity: dict[str, Any] | None, s: dict[str, Any]) -> bool:
-    """Whether the dataset the settings s name holds the files a checkpoint's data identity records."""
+def data_change(identity: dict[str, Any] | None, s: dict[str, Any]) -> str | None:
+    """How the dataset the settings s name differs from the files a checkpoint's data identity records, or None."""
     path = Path(s["data_dir"]) / s["dataset"]
-    return identity is not None and path.is_dir() and identity_change(identity, dataset_identity(path)) is None
+    if identity is None:
+        return "the checkpoint records no data to compare it with"
+    if not path.is_dir():
+        return "no dataset there yet"
+    change = identity_change(identity, dataset_identity(path))
+    return change and f"not the checkpoint's data ({change})"
 
 
 def saved_value(key: str, value: Any, default: Any, rule: Rule | None) -> Any:
@@ -153,11 +161,14 @@ def admit_data(
     saved = checkpoint.get("data_identity") if checkpoint else None
     if ranks.master:
         check_token_ids(path, vocab_size)
-        if saved and (change := identity_change(saved, identity)) and not s["allow_changed_data"]:
-            raise UserError(
-                f"dataset {s['dataset']} changed since the checkpoint was saved: {change}; resume on it as it is "
-                "with --allow_changed_data=True"
-            )
+        if saved and (change := identity_change(saved, identity)):
+            if not s["allow_changed_data"]:
+                raise UserError(
+                    f"dataset {s['dataset']} changed since the checkpoint was saved: {change}; resume on it as it "
+                    "is with --allow_changed_data=True"
+                )
+            print(f"dataset {s['dataset']} changed since the checkpoint was saved ({change}): resuming on it as it "
+                  "is, as allow_changed_data=True asks", flush=True)  # fmt: skip
     say = lambda line: print(line, flush=True) if ranks.master else None  # noqa: E731
     choose = lambda rows: micro_batch(rows, s, vocab_size, runtime, say)  # noqa: E731
     batch_size, accumulation = step_shape(s, given, ranks.world_size, choose)
