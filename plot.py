@@ -119,8 +119,10 @@ def load_curves(out_dir: Path) -> list[Curves]:
     if not os.path.isfile(path):
         raise UserError(f"no log.jsonl in {out_dir}: train with out_dir={out_dir} first")
     records = read_log(path)
-    if not any(step_loss(r) is not None for r in records):
-        raise UserError(f"{path} has no step records (with step_loss): the run logged no optimizer step")
+    if not points(records, step_loss)[0]:
+        raise UserError(
+            f"{path} has no step records (a number for iter and for step_loss): the run logged no optimizer step"
+        )
     return [curves(run) for run in split_runs(records)]
 
 
