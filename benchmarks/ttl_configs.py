@@ -11,7 +11,7 @@ CHAR_LR = "--learning_rate=6e-3"
 # a task: the data and the model's shape that every configuration of a set starts from
 TASKS = {
     "char": [*DEMO, CHAR_LR],  # character-level Shakespeare (data/shakespeare_char; offline: the 38 plays)
-    "kjv_char": [*DEMO, CHAR_LR, "--dataset=kjv_char"],  # the King James Bible, character-level: text the tuning never saw
+    "kjv_char": [*DEMO, CHAR_LR, "--dataset=kjv_char"],  # the King James Bible, by characters: text never tuned on
     # GPT-2 tokens on a small model (the same 4 x 128 shape, batch 8 x 64 = 512 tokens/it): its 50,304 x 128
     # embedding, tied to the head, is most of its 7.2M parameters and the head most of the step
     "bpe": [*DEMO, "--dataset=shakespeare", "--batch_size=8", "--learning_rate=1e-3", "--min_lr=1e-4"],
