@@ -12,26 +12,31 @@ largest peak above what was held before the step: CUDA's allocator, or on a CPU 
 so that the heap glibc keeps from one way does not hide the next one's).
 """
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+from nanogpt_perf.errors import report_errors
+
+report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
+
 import ctypes
 import importlib.util
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 
 import model
 from configurator import configure
-from nanogpt_perf.errors import die
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.kernels import triton_problem
 from nanogpt_perf.memory import peak_memory_bytes, reset_peak_memory
 from nanogpt_perf.rules import at_least, list_of, one_of
@@ -143,7 +148,7 @@ dev = resolve_device(device)
 if threads:
     torch.set_num_threads(threads)
 if dev.type == "cpu" and not Path("/proc/self/statm").exists():
-    die("the CPU's memory figures read /proc/self/statm: Linux only")
+    raise UserError("the CPU's memory figures read /proc/self/statm: Linux only")
 table = loss_ways([w.strip() for w in ways.split(",")])
 print(
     f"{rows} rows of {n_embd}, {dtype}, {dev} ({torch.get_num_threads()} threads), forward + backward, "

@@ -313,6 +313,23 @@ def test_every_prepare_script_prints_its_usage_for_help_and_writes_nothing(scrip
     assert not (ROOT / "--help").exists() and not (ROOT / "-h").exists() and contents(tmp_path) == before
 
 
+ENTRY_SCRIPTS = [
+    "train.py", "bench.py", "sample.py", "export.py", "hellaswag.py", "plot.py", "benchmarks/generate.py",
+    "benchmarks/loader.py", "benchmarks/losses.py", "benchmarks/muon.py", "benchmarks/prepare.py",
+    "benchmarks/time_to_loss.py", "benchmarks/ttl_data.py", "scripts/gpu_suite.py", "scripts/soak.py",
+    "scripts/preemption_check.py",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("script", ENTRY_SCRIPTS)
+def test_every_entry_script_prints_its_usage_for_help(script, monkeypatch):
+    """Each script imports and reads its command line: a name it imports that is gone is a failure here."""
+    monkeypatch.syspath_prepend(str((ROOT / script).parent))  # as python puts a script's own folder first
+    result = run_in_process(script, "--help", cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "usage" in (result.stdout + result.stderr).lower()
+
+
 def test_a_tilde_in_a_prepare_scripts_folder_is_home(tmp_path, monkeypatch):
     from data.tiny_shakespeare import folder_argument
 
