@@ -31,9 +31,11 @@ LEAVE_OUT = {
     "qk_norm": "--qk_norm=False",
     "relu2": "--relu2=False",
     "untied_head": "--untied_head=False",
-    "logit_softcap": "--logit_softcap=0",
     "zero_init_proj": "--zero_init_proj=False",
 }
+
+# and one change config/speedrun.py leaves out, added: "--logit_softcap=15" (the speedrun's softcap)
+ADD = {"logit_softcap": "--logit_softcap=15"}
 
 SETS = {
     # the baseline alone: sweep its learning rate with --sweep=learning_rate=3e-3,2e-3,1e-3
@@ -43,5 +45,6 @@ SETS = {
         "adamw": [],
         "recipe": SPEEDRUN,
         **{f"recipe-no-{change}": [*SPEEDRUN, flag] for change, flag in LEAVE_OUT.items()},
+        **{f"recipe-with-{change}": [*SPEEDRUN, flag] for change, flag in ADD.items()},
     },
 }
