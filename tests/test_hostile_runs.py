@@ -128,7 +128,7 @@ CASES = {
                                 checkpoint="ours"),
     "resume_on_changed_data": train(RESUME + " --max_iters=10", "dataset tiny changed since the checkpoint was saved",
                                     "train.bin has", "--allow_changed_data=True", files=DATA, checkpoint="other_data"),
-    "resume_on_other_data_elsewhere": train(RESUME + " --max_iters=10", "cannot resume on {dir}/data/tiny: "
+    "resume_on_other_data_elsewhere": train(RESUME + " --max_iters=10", "cannot resume with data_dir=",
                                             "not the checkpoint's data (train.bin has", "--allow_changed_data=True",
                                             files=DATA, checkpoint="other_data_dir"),
     "resume_on_removed_meta": train(RESUME + " --max_iters=10", "meta.pkl", "--allow_changed_data=True", files=DATA,

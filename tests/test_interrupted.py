@@ -45,6 +45,12 @@ INTERRUPT_AT_IMPORT = textwrap.dedent("""
 """)
 
 
+def default_sigint() -> None:
+    """In the child, before it starts: SIGINT as a terminal's process has it. A shell's background job (CI run with
+    `&`) starts with SIGINT ignored, which Python keeps, and then no Ctrl-C reaches the script."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def environment(**changes: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     return env | changes
@@ -70,7 +76,8 @@ def test_ctrl_c_while_a_script_loads_is_one_line_and_status_130(module, script, 
     run.mkdir()
     (run / "log.jsonl").write_text(json.dumps({"iter": 1, "step_loss": 1.0}) + "\n")
     command = [sys.executable, "-c", INTERRUPT_AT_IMPORT, module, script, *(a.format(run=run) for a in args)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment())
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment(),
+                            preexec_fn=default_sigint)  # fmt: skip
     assert result.returncode == -signal.SIGINT, result.stderr  # a shell shows it as 130
     assert result.stderr.strip() == "interrupted (Ctrl-C)", result.stderr
     assert sorted(os.listdir(tmp_path)) == ["run"]
@@ -80,7 +87,7 @@ def signal_at(*args: str, line: str, sig: int, env: dict[str, str] | None = None
     """Run a script and send it sig once a line of its output starts with `line` (conftest.sigterm_at for any
     signal, stdout and stderr read together): its exit status and everything it printed."""
     run = subprocess.Popen([sys.executable, *args], cwd=cwd, text=True, env=env or environment(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                           preexec_fn=default_sigint, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     for printed in run.stdout:
         if printed.startswith(line):
             run.send_signal(sig)

@@ -91,15 +91,14 @@ def resume_settings(
     was = lambda k: saved[k] if k in saved else getattr(shared, k)  # noqa: E731 (a setting it predates: its default)
     fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
     moved = [k for k in changed if k in DATA_NAMES]  # another folder: only for the same files (or when asked)
+    what = lambda keys: ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in keys)  # noqa: E731
     if moved and not merged["allow_changed_data"] and (change := data_change(identity, merged)):
         raise UserError(
-            f"cannot resume on {Path(merged['data_dir']) / merged['dataset']}: {change}; resume on it as it is "
-            "with --allow_changed_data=True"
+            f"cannot resume with {what(moved)}: {change}; resume on it as it is with --allow_changed_data=True"
         )
     if fixed:
-        what = ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in fixed)
         raise UserError(
-            f"cannot resume with {what}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
+            f"cannot resume with {what(fixed)}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
         )
     lines = [f"{k}: {saved[k]!r} -> {merged[k]!r}" for k in changed]
     lines += [f"{k}={saved[k]!r} not applied (not a setting here)" for k in saved if k not in merged]
