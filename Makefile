@@ -25,7 +25,7 @@ demo: setup
 
 # two workers, a test file each at a time (a file's module fixtures run once)
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint: setup
 	$(BIN)/ruff check .
