@@ -158,6 +158,7 @@ def admit_data(
         dist.barrier()
     vocab_size, identity = dataset_vocab_size(path) or GPT2_VOCAB_SIZE, dataset_identity(path)
     saved = checkpoint.get("data_identity") if checkpoint else None
+    say = lambda line: print(line, flush=True) if ranks.master else None  # noqa: E731
     if ranks.master:
         check_token_ids(path, vocab_size)
         if saved and (change := identity_change(saved, identity)):
@@ -166,9 +167,10 @@ def admit_data(
                     f"dataset {s['dataset']} changed since the checkpoint was saved: {change}; resume on it as it "
                     "is with --allow_changed_data=True"
                 )
-            print(f"dataset {s['dataset']} changed since the checkpoint was saved ({change}): resuming on it as it "
-                  "is, as allow_changed_data=True asks", flush=True)  # fmt: skip
-    say = lambda line: print(line, flush=True) if ranks.master else None  # noqa: E731
+            say(
+                f"dataset {s['dataset']} changed since the checkpoint was saved ({change}): resuming on it as it is, "
+                "as allow_changed_data=True asks"
+            )
     choose = lambda rows: micro_batch(rows, s, vocab_size, runtime, say)  # noqa: E731
     batch_size, accumulation = step_shape(s, given, ranks.world_size, choose)
     if accumulation % ranks.world_size:
