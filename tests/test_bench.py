@@ -314,6 +314,7 @@ def test_regression_check_exit_codes(ladder, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_sweep_and_profile_end_to_end(tmp_path):
     out = tmp_path / "sweep.json"
     sweep = ["--sweep=batch_size", "--values=1,3"]

@@ -81,6 +81,7 @@ def test_an_fsdp_checkpoint_resumes_exactly_and_loads_without_torch_distributed(
     optimizer.load_state_dict(checkpoint["optimizer"])
 
 
+@pytest.mark.slow
 def test_fsdp_composes_with_activation_checkpointing_and_compile(one, tmp_path):
     b = run(tmp_path, "ac", "compile")
     assert b["graphs"] > 0 and b["graph_breaks"] == 0  # the blocks compiled whole, FSDP's hooks included
@@ -88,6 +89,7 @@ def test_fsdp_composes_with_activation_checkpointing_and_compile(one, tmp_path):
     assert_resumed_exactly(b)
 
 
+@pytest.mark.slow
 def test_fsdp_mixed_precision_computes_in_bf16_and_keeps_fp32_shards(one, tmp_path):
     b = run(tmp_path, "bf16")
     assert b["compute_dtype"] == "torch.bfloat16" and b["shard_dtypes"] == ["torch.float32"]

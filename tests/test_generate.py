@@ -226,6 +226,7 @@ def test_export_round_trip_through_transformers(tmp_path, tiny_data):
     assert (again(idx, idx)[0] - ours[..., :meta_vocab]).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_train_and_sample_from_a_transformers_folder(tmp_path, tiny_data):
     _, folder = tiny_hf_folder(tmp_path)
     # the tiny dataset's character ids are < 100, so the tiny GPT-2 can be fine-tuned on them

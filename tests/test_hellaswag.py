@@ -105,6 +105,7 @@ def test_the_script_scores_a_checkpoint_and_refuses_bad_files(official_file, tmp
         assert_one_line_error(run_in_process("hellaswag.py", *common, f"--file={bad}"), str(bad), message)
 
 
+@pytest.mark.slow
 def test_train_py_scores_it_periodically_and_two_ranks_count_as_one(official_file, tiny_data, tmp_path):
     data = tmp_path / "data"
     llmc_folder(data / "gpt2tokens", [3000, 5000])  # GPT-2's vocabulary: no meta.pkl

@@ -447,6 +447,7 @@ def test_overwrite_replaces_the_earlier_run(tiny_data, tmp_path, variants):
     assert torch.load(out / "ckpt-best.pt", weights_only=True)["iter_num"] == 2
 
 
+@pytest.mark.slow
 def test_the_command_printed_after_sigterm_runs_as_printed_with_a_space_in_out_dir(tiny_data, tmp_path):
     out = tmp_path / "my out"
     flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", "--eval_iters=1"]

@@ -130,7 +130,7 @@ def nanogpt_checkpoint(tiny_data, path, compiled: bool) -> dict:
     return checkpoint
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_nanogpt_checkpoint_samples_resumes_and_exports(tiny_data, tmp_path, compiled):
     shutil.copytree(tiny_data, tmp_path / "data")  # nanoGPT's data/<dataset>, relative to where it runs
     out = tmp_path / "out"

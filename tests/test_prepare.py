@@ -101,7 +101,7 @@ def write_json_array(documents: list[str], path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet", "text", "mixed"])
+@pytest.mark.parametrize("kind", ["jsonl", pytest.param("parquet", marks=pytest.mark.slow), "text", "mixed"])
 def test_local_files_become_shards(kind, enc, tmp_path):
     script, name = (FINEWEB, "edu_fineweb") if kind == "parquet" else (OPENWEBTEXT, "openwebtext")
     documents = DOCUMENTS if kind != "parquet" else DOCUMENTS + DOCUMENTS  # 12 rows: two files
@@ -145,6 +145,7 @@ def reference(bible, enc, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_agree(bible, reference, tmp_path):
     result = prepare(OPENWEBTEXT, [bible[0]], tmp_path, f"--shard_size={BIBLE_SHARD}", "--processes=1")
     assert result.returncode == 0, result.stderr
@@ -165,6 +166,7 @@ def kill_after_first_shard(command: list[str], state_file: Path) -> None:
     assert process.wait() == -signal.SIGKILL, "the preparation ended before it could be killed"
 
 
+@pytest.mark.slow
 def test_killed_preparation_resumes_to_the_same_bytes(bible, reference, enc, tmp_path):
     path, documents = bible
     out, flags = tmp_path / "out", [f"--shard_size={BIBLE_SHARD}", "--processes=1"]

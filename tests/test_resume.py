@@ -31,7 +31,7 @@ def assert_same_run(straight, resumed, from_iter: int, to_iter: int) -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_stopped_and_resumed_equals_straight_bitwise(tiny_data, tmp_path, ranks):
     flags = (*SCHEDULE, "--dropout=0.1", "--gradient_accumulation_steps=4", "--eval_interval=100")
     straight = run_train(tiny_data, tmp_path / "straight", *flags, "--max_iters=12", ranks=ranks)
@@ -136,6 +136,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops_with_its_checkpoint_int
     assert (out / "ckpt.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_fsdp_under_train_py_resumes_within_float_tolerance_and_saves_a_plain_checkpoint(tiny_data, tmp_path):
     """FSDP2 over 2 gloo ranks through train.py: 3 steps then a resume to 6 equals 6 steps straight (allclose: the
     sharded reductions may round differently), and the checkpoint loads into a plain GPT in one process."""

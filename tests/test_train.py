@@ -176,6 +176,7 @@ def test_nanogpt_flags_run_unchanged(tiny_data, tmp_path):
     assert "iter 3: step loss" in result.stdout
 
 
+@pytest.mark.slow
 def test_ddp_under_torchrun_on_cpu(tiny_data, tmp_path):
     """Two gloo ranks share the global gradient_accumulation_steps and rank 0 alone writes the outputs."""
     flags = ("--max_iters=4", "--eval_interval=4", "--eval_iters=2", "--log_interval=2")
