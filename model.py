@@ -227,6 +227,23 @@ class CausalSelfAttention(nn.Module):
         return self.attn_dropout(att.softmax(dim=-1)) @ v
 
 
+class ReLUSquared(torch.autograd.Function):
+    """relu(h)^2 with its gradient 2 relu(h) g in two passes over h, where autograd's (square's, then relu's) takes
+    four, on a CPU where nothing fuses them (forward and backward at (1024, 512), one thread: about 2.5 ms to 1):
+    equal to F.relu(h).square() in value and gradient, bit for bit (tests/test_recipe_model.py)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor) -> torch.Tensor:
+        r = F.relu(h)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (r,) = ctx.saved_tensors
+        return (g * r).mul_(2.0)
+
+
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -239,7 +256,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.c_fc(x)
-        h = F.relu(h).square() if self.relu2 else self.gelu(h)
+        h = ReLUSquared.apply(h) if self.relu2 else self.gelu(h)
         return self.dropout(self.c_proj(h))
 
 

@@ -12,7 +12,7 @@ import torch
 from test_model import micro_batches_equal_one_batch, sdpa_equals_manual
 
 from conftest import ROOT
-from model import ARCHITECTURE, GPT, GPTConfig, rotary_angles, rotate
+from model import ARCHITECTURE, GPT, GPTConfig, ReLUSquared, rotary_angles, rotate
 from nanogpt_perf.train.checkpoint import CHECKPOINT_KEYS, load_checkpoint, save_checkpoint, training_state
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -169,6 +169,20 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_q_and_k():
     x, _ = batch()
     torch.testing.assert_close(model(x, x)[0], scaled(x, x)[0], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(plain(x, x)[0], plain_scaled(x, x)[0], atol=1e-3)  # without it, the scale counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_relu_squared_is_autograds_relu_then_square_bit_for_bit(dtype):
+    torch.manual_seed(0)
+    h = (torch.randn(64, 96) * 3).to(dtype)
+    h[0, :8] = 0.0  # relu's kink
+    fast, slow = h.clone().requires_grad_(), h.clone().requires_grad_()
+    y_fast, y_slow = ReLUSquared.apply(fast), torch.nn.functional.relu(slow).square()
+    g = torch.randn_like(y_slow)
+    y_fast.backward(g)
+    y_slow.backward(g)
+    assert torch.equal(y_fast, y_slow) and torch.equal(fast.grad, slow.grad)
+    assert fast.grad[0, :8].eq(0).all() and (fast.grad != 0).float().mean() > 0.4
 
 
 def test_rmsnorm_leaves_unit_rms_and_has_no_weights():
