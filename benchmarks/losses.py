@@ -15,7 +15,8 @@ so that the heap glibc keeps from one way does not hide the next one's).
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
@@ -31,8 +32,6 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
-
-ROOT = Path(__file__).resolve().parents[1]
 
 import model
 from configurator import configure

@@ -18,12 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 
 from nanogpt_perf.errors import UserError, read_user_text, report_errors
 from nanogpt_perf.files import write_text
 
-ROOT = Path(__file__).resolve().parents[1]
 PREPARE = {"char": ROOT / "data/shakespeare_char/prepare.py", "gpt2": ROOT / "data/shakespeare/prepare.py"}
 BUILT_IN = {  # name -> (tokens, the text's source; None: the prepare script's own, Shakespeare)
     "shakespeare_char": ("char", None),
