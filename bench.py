@@ -8,7 +8,7 @@ where the time goes.
     python bench.py --sweep=batch_size --values=1,2,4,8 --out_json=out-bench/batch.json
     python bench.py --find_max_batch=True              # the largest micro-batch that fits (CUDA)
     python bench.py --profile=True --out_json=out-bench/run.json       # a Chrome trace and the top 20 ops
-    python bench.py --compare=new.json --baseline=old.json --tolerance_pct=5   # exit 1 on a regression
+    python bench.py --compare=new.json --baseline=old.json --tolerance_pct=5   # exit 1: a regression; 2: none compared
 
 Each timed iteration is bracketed by device synchronisations; burn_in iterations (the first includes compilation,
 allocator and kernel warm-up) are timed apart and left out of the median. What is timed is the training step that
@@ -77,17 +77,22 @@ find_max_batch = False  # the largest batch_size that fits in GPU memory (doubli
 out_json: output_file(".json") = ""  # results as JSON, with a CSV and a PNG chart beside it; '' = print only
 profile = False  # torch.profiler over 5 more steps: a Chrome trace beside out_json, the top 20 ops printed
 memory_snapshot = False  # CUDA: a memory snapshot of the timed steps beside out_json (pytorch.org/memory_viz)
-# regression check, instead of measuring: exit 1 when a figure of compare is worse than baseline's
+# regression check, instead of measuring: exit 1 when a figure of compare is worse than baseline's, 2 when
+# nothing could be compared (a file missing or not a bench output, another machine)
 compare: optional_path = ""  # a bench output (JSON)
 baseline: optional_path = ""  # the bench output to compare it with
 tolerance_pct: takes_infinity(at_least(0)) = 5.0  # how much worse a figure may be, in percent (inf: never fail)
 settings = configure(globals(), cross=SHARED_CROSS, shared=shared)
 # -----------------------------------------------------------------------------
 
-if compare or baseline:
-    if not (compare and baseline):
-        raise UserError("a regression check needs both --compare=NEW.json and --baseline=OLD.json")
-    new, old = load_results(Path(compare)), load_results(Path(baseline))
+if compare or baseline:  # exit 0: no regression, 1: a regression, 2: nothing could be compared
+    try:
+        if not (compare and baseline):
+            raise UserError("a regression check needs both --compare=NEW.json and --baseline=OLD.json")
+        new, old = load_results(Path(compare)), load_results(Path(baseline))
+    except UserError as e:  # not 1, which would read as a regression
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     apart = machine_difference(new, old)
     if apart:
         print(f"not comparable: measured on another machine or software ({apart})", file=sys.stderr)

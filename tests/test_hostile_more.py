@@ -294,6 +294,7 @@ def test_refused_with_one_line_and_nothing_written(name, checkpoints, tmp_path, 
     flags = [f.replace("{dir}", str(tmp_path)) for f in f"{COMMON[case.script]} {case.flags}".split()]
     result = run_in_process(case.script, *flags)
     assert_one_line_error(result, *(n.replace("{dir}", str(tmp_path)) for n in case.names))
+    assert result.returncode == (2 if case.flags == REGRESSION else 1)  # a regression check compared nothing: 2
     assert contents(tmp_path) == before
 
 
