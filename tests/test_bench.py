@@ -308,9 +308,10 @@ def test_regression_check_exit_codes(ladder, tmp_path):
     (tmp_path / "gpu.json").write_text(json.dumps(elsewhere))
     result = run_script("bench.py", f"--compare={tmp_path / 'gpu.json'}", f"--baseline={out}")
     assert result.returncode == 2 and "not comparable" in result.stderr and "H100" in result.stderr
-    for args in ([f"--compare={worse}"], [f"--compare={worse}", f"--baseline={tmp_path}/no.json"]):
+    no_baseline, missing_baseline = [f"--compare={worse}"], [f"--compare={worse}", f"--baseline={tmp_path}/no.json"]
+    for args, says in ((no_baseline, "needs both"), (missing_baseline, "no bench")):
         result = run_in_process("bench.py", *args)  # nothing compared: 2, as another machine, not a regression's 1
-        assert_one_line_error(result, "needs both" if len(args) == 1 else "no bench")
+        assert_one_line_error(result, says)
         assert result.returncode == 2
 
 
