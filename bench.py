@@ -5,7 +5,7 @@ where the time goes.
     python bench.py                                    # GPT-2 (124M) shape, synthetic data, every switch on
     python bench.py --n_layer=4 --n_head=4 --n_embd=128 --block_size=64 --batch_size=12 --compile=false
     python bench.py --ladder=True --out_json=out-bench/ladder.json      # fp32 eager -> every switch, rung by rung
-    python bench.py --sweep=batch_size --values=1,2,4,8 --out_json=out-bench/batch.json
+    python bench.py --sweep=batch_size=1,2,4,8 --out_json=out-bench/batch.json
     python bench.py --find_max_batch=True              # the largest micro-batch that fits (CUDA)
     python bench.py --profile=True --out_json=out-bench/run.json       # a Chrome trace and the top 20 ops
     python bench.py --compare=new.json --baseline=old.json --tolerance_pct=5   # exit 1: a regression; 2: none compared
@@ -22,67 +22,72 @@ report_errors()  # from the first moment: a mistake of the user's, or Ctrl-C whi
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from configurator import configure
-from nanogpt_perf import settings as shared
-from nanogpt_perf.bench.cases import Case, ladder_cases, largest_fitting, sweep_values
+from configurator import configure, sweep_values
+from model import GPTConfig
+from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
 from nanogpt_perf.bench.measure import add_speedups, run_case
 from nanogpt_perf.bench.regression import compare_results, comparison_table, load_results, machine_difference, verdict
 from nanogpt_perf.bench.report import beside, report, write_outputs
+from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
-from nanogpt_perf.data.loader import SyntheticBatches, TokenBatches
+from nanogpt_perf.data.loader import LoaderConfig, SyntheticBatches, TokenBatches
+from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.rules import a_path, at_least, interval, optional_path, output_file, takes_infinity
-from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules
+from nanogpt_perf.rules import a_path, optional_path, output_file
+from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
+from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, kernels_run_here
 
-# the model's shape, the optimizer and every performance switch, shared with train.py: each declared once (its
-# rule, default and meaning) in nanogpt_perf/settings.py; `python bench.py --help` lists them
-from nanogpt_perf.settings import (
-    GPT2_VOCAB_SIZE,
-    SHARED_CROSS,
-    block_size,
-    compile,
-    data_order,
-    device,
-    dtype,
-    n_embd,
-    n_head,
-    n_layer,
-    peak_flops,
-    prefetch,
-    seed,
-    tf32,
-)
 
 # -----------------------------------------------------------------------------
-# settings of bench.py alone, each with its rule
-# work
-batch_size: at_least(1) = 12  # micro-batch size
-gradient_accumulation_steps: at_least(1) = 1  # micro-batches per timed optimizer step
-dataset = ""  # '' for synthetic tokens, or a dataset under data_dir (prepared on first use), read as train.py does
-data_dir: a_path = "data"
-run_data_preparer = False  # run data_dir/dataset/prepare.py even where it is not one of this repository's
-vocab_size: interval(1, 2**16) = GPT2_VOCAB_SIZE  # of the synthetic tokens (uint16); a dataset brings its own
-burn_in: at_least(1, " (the first iteration compiles)") = 5  # iterations timed apart, left out of the median
-steps: at_least(1) = 20  # timed iterations
-# what to run (one at most; none times the configuration above)
-ladder = False  # fp32 eager, +TF32, +bf16, +compile, +flash attention, +vocab padding, +fused AdamW
-skip_rungs = ""  # comma-separated rungs to leave out: tf32, bf16, compile, flash, pad_vocab, fused
-sweep = ""  # a setting to vary: batch_size, block_size, gradient_accumulation_steps, compile_mode or attention
-values = ""  # the sweep's comma-separated values, e.g. 1,2,4,8
-find_max_batch = False  # the largest batch_size that fits in GPU memory (doubling, then bisecting)
-# outputs
-out_json: output_file(".json") = ""  # results as JSON, with a CSV and a PNG chart beside it; '' = print only
-profile = False  # torch.profiler over 5 more steps: a Chrome trace beside out_json, the top 20 ops printed
-memory_snapshot = False  # CUDA: a memory snapshot of the timed steps beside out_json (pytorch.org/memory_viz)
-# regression check, instead of measuring: exit 1 when a figure of compare is worse than baseline's, 2 when
-# nothing could be compared (a file missing or not a bench output, another machine)
-compare: optional_path = ""  # a bench output (JSON)
-baseline: optional_path = ""  # the bench output to compare it with
-tolerance_pct: takes_infinity(at_least(0)) = 5.0  # how much worse a figure may be, in percent (inf: never fail)
-settings = configure(globals(), cross=SHARED_CROSS, shared=shared)
+@dataclass
+class BenchConfig:
+    """Settings of bench.py: what is timed, what to run and where to write it"""
+
+    # work
+    batch_size: int = setting(12, "micro-batch size", min=1)
+    gradient_accumulation_steps: int = setting(1, "micro-batches per timed optimizer step", min=1)
+    dataset: str = setting("", "'' for synthetic tokens, or a dataset under data_dir (prepared on first use), read "
+                           "as train.py does")  # fmt: skip
+    data_dir: str = setting("data", "where datasets live", check=a_path)
+    run_data_preparer: bool = setting(False, "run data_dir/dataset/prepare.py even where it is not one of this "
+                                      "repository's")  # fmt: skip
+    vocab_size: int = setting(GPT2_VOCAB_SIZE, "of the synthetic tokens (uint16); a dataset brings its own",
+                              interval="[1, 65536]")  # fmt: skip
+    burn_in: int = setting(5, "iterations timed apart, left out of the median", min=1,
+                           note=" (the first iteration compiles)")  # fmt: skip
+    steps: int = setting(20, "timed iterations", min=1)
+    # what to run (one at most; none times the configuration above)
+    ladder: bool = setting(False, "fp32 eager, +TF32, +bf16, +compile, +flash attention, +vocab padding, +fused AdamW")
+    skip_rungs: str = setting("", "comma-separated rungs to leave out: tf32, bf16, compile, flash, pad_vocab, fused")
+    sweep: str = setting("", "'KEY=V1,V2,...': the configuration at each value of any setting, e.g. batch_size=1,2,4")
+    find_max_batch: bool = setting(False, "the largest batch_size that fits in GPU memory (doubling, then bisecting)")
+    # outputs
+    out_json: str = setting("", "results as JSON, with a CSV and a PNG chart beside it; '' = print only",
+                            check=output_file(".json"))  # fmt: skip
+    profile: bool = setting(False, "torch.profiler over 5 more steps: a Chrome trace beside out_json, the top 20 ops")
+    memory_snapshot: bool = setting(False, "CUDA: a memory snapshot of the timed steps beside out_json")
+    # regression check, instead of measuring: exit 1 when a figure of compare is worse than baseline's, 2 when
+    # nothing could be compared (a file missing or not a bench output, another machine)
+    compare: str = setting("", "a bench output (JSON) to check against baseline", check=optional_path)
+    baseline: str = setting("", "the bench output to compare it with", check=optional_path)
+    tolerance_pct: float = setting(5.0, "how much worse a figure may be, in percent (inf: never fail)", min=0, inf=True)
+
+
+# the model, the optimizer and every performance switch are train.py's, declared by the code that uses them; the
+# schedule's settings are taken too, so that train.py's config files run here (a step is timed at learning_rate)
+cfg = configure(
+    bench=BenchConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig, runtime=RuntimeConfig,
+    loader=LoaderConfig, build=BuildConfig, defaults=TRAINING_DEFAULTS, cross=(muon_rules, kernels_run_here),
+)  # fmt: skip
+compare, baseline, tolerance_pct = cfg.compare, cfg.baseline, cfg.tolerance_pct
+ladder, sweep, find_max_batch, profile, memory_snapshot = (
+    cfg.ladder, cfg.sweep, cfg.find_max_batch, cfg.profile, cfg.memory_snapshot
+)  # fmt: skip
 # -----------------------------------------------------------------------------
 
 if compare or baseline:  # exit 0: no regression, 1: a regression, 2: nothing could be compared
@@ -110,32 +115,33 @@ if "RANK" in os.environ:
 modes = [name for name, on in (("ladder", ladder), ("sweep", sweep), ("find_max_batch", find_max_batch)) if on]
 if len(modes) > 1:
     raise UserError(f"choose one of ladder, sweep and find_max_batch, not {' and '.join(modes)}")
-if values and not sweep:
-    raise UserError("values are for a sweep: add --sweep=SETTING")
-if skip_rungs and not ladder:
+if cfg.skip_rungs and not ladder:
     raise UserError("skip_rungs is for the ladder: add --ladder=True")
 if (profile or memory_snapshot) and modes:
     raise UserError(f"profile and memory_snapshot look at one configuration: drop --{modes[0]}")
-if sweep == "compile_mode" and not compile:
+sweep_key, sweep_at = sweep_values(cfg, sweep, fixed=NOT_MEASURED) if sweep else ("", [])
+if sweep_key == "compile_mode" and not cfg.compile:
     raise UserError("a compile_mode sweep needs compile=True")
 
-runtime = resolve_runtime(device, dtype, tf32)
+runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print(runtime.describe())
-manifest = run_manifest(settings, runtime)  # the code as it was when the measuring began
+manifest = run_manifest(cfg.as_dict(), runtime)  # the code as it was when the measuring began
 
 # the batch source: the dataset's windows as train.py reads them (and its vocabulary), or synthetic tokens
-if dataset:
-    data_path = Path(data_dir) / dataset
-    prepare_if_missing(data_path, run_data_preparer)
+seed, vocab_size = cfg.seed, cfg.vocab_size
+if cfg.dataset:
+    data_path = Path(cfg.data_dir) / cfg.dataset
+    prepare_if_missing(data_path, cfg.run_data_preparer)
     vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
-    batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed, data_order=data_order, prefetch=prefetch)
+    order, prefetch = cfg.data_order, cfg.prefetch
+    batches = lambda B, T, dev: TokenBatches(data_path, B, T, dev, seed, data_order=order, prefetch=prefetch)
 else:
     batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
-case = Case("as set", settings | {"vocab_size": vocab_size})
+case = Case("as set", cfg.replace(vocab_size=vocab_size))
 if ladder:
-    cases = ladder_cases(case, runtime.device, [k.strip() for k in skip_rungs.split(",") if k.strip()])
+    cases = ladder_cases(case, runtime.device, [k.strip() for k in cfg.skip_rungs.split(",") if k.strip()])
 elif sweep:
-    cases = [(case.but(f"{sweep}={v}", **{sweep: v}), None) for v in sweep_values(sweep, values)]
+    cases = [(case.but(f"{sweep_key}={v}", **{sweep_key: v}), None) for v in sweep_at]
 else:
     cases = [(case, None)]
 
@@ -144,16 +150,16 @@ if memory_snapshot and runtime.device_type != "cuda":
 measure_args = dict(
     device=str(runtime.device),
     batches=batches,
-    steps=steps,
-    burn_in=burn_in,
-    peak_flops=peak_flops or None,
+    steps=cfg.steps,
+    burn_in=cfg.burn_in,
+    peak_flops=cfg.peak_flops or None,
     seed=seed,
-    trace_path=beside(out_json, ".trace.json", "bench-trace.json") if profile else None,
-    snapshot_path=beside(out_json, ".snapshot.pickle", "bench-snapshot.pickle") if memory_snapshot else None,
+    trace_path=beside(cfg.out_json, ".trace.json", "bench-trace.json") if profile else None,
+    snapshot_path=beside(cfg.out_json, ".snapshot.pickle", "bench-snapshot.pickle") if memory_snapshot else None,
 )
 print(
-    f"model: {n_layer} layers, {n_head} heads, n_embd {n_embd}, vocab {case.measured()['vocab_size']}; "
-    f"{gradient_accumulation_steps} x {batch_size} x {block_size} tokens per iteration"
+    f"model: {cfg.n_layer} layers, {cfg.n_head} heads, n_embd {cfg.n_embd}, vocab {case.measured()['vocab_size']}; "
+    f"{cfg.gradient_accumulation_steps} x {cfg.batch_size} x {cfg.block_size} tokens per iteration"
 )
 
 if find_max_batch:
@@ -171,7 +177,7 @@ if find_max_batch:
         return r["status"] == "ok"
 
     largest = largest_fitting(fits, limit=16384)
-    print(f"largest batch_size that fits: {largest} (x {block_size} tokens, compile={compile})")
+    print(f"largest batch_size that fits: {largest} (x {cfg.block_size} tokens, compile={cfg.compile})")
 else:
     results = []
     for i, (c, skip_reason) in enumerate(cases):
@@ -186,8 +192,9 @@ else:
 add_speedups(results)
 print()
 print(report(results, runtime.device_type))
-if out_json:
-    kind = "ladder" if ladder else f"sweep of {sweep}" if sweep else "find_max_batch" if find_max_batch else "single"
+if cfg.out_json:
+    kind = "ladder" if ladder else "find_max_batch" if find_max_batch else "single"
+    kind = f"sweep of {sweep_key}" if sweep else kind
     doc = {"kind": kind, "manifest": manifest, "results": results}
-    for line in write_outputs(Path(out_json), doc):
+    for line in write_outputs(Path(cfg.out_json), doc):
         print(line)

@@ -7,7 +7,7 @@ References: OpenAI's GPT-2 release and the transformers implementation (for the 
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -30,12 +30,6 @@ ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
 # lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0); ours fused, its softmax in torch or
 # in a Triton kernel (CUDA; pip install -e ".[triton]"); liger-kernel's fused
 LOSS_IMPLS = ("plain", "fused", "triton", "liger")
-# the GPTConfig fields that fix the weights' set and shapes, or what the weights compute: what a checkpoint's weights
-# cannot do without (a model trained with ReLU^2 or a softcap computes something else without it)
-# (a checkpoint from before the recipe's fields lacks them: their defaults, all off, are what it is)
-RECIPE_ARCHITECTURE = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head", "logit_softcap", "value_embeds")
-RECIPE_ARCHITECTURE += ("unet_skips",)
-ARCHITECTURE = ("n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size", *RECIPE_ARCHITECTURE)
 A100_BF16_PEAK_FLOPS = 312e12  # nanoGPT's MFU yardstick
 # A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
 # and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes no mask there); cuDNN,
@@ -48,29 +42,42 @@ PREFILL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, S
 ROTARY_BASE = 10000.0
 
 
+def option(default: Any, kind: str, help: str = "", **valid: Any) -> Any:
+    """A GPTConfig field: its kind ('architecture': what the weights need, 'init', 'kernel' or 'training': free to
+    change between runs of the same weights), its help and what is valid (min, interval, note, choices) as metadata,
+    from which the settings of train.py and bench.py are made (a field without help is the code's to set)."""
+    return field(default=default, metadata=dict(kind=kind, help=help, **valid))
+
+
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linears and LayerNorms, as in GPT-2; False is a little better and faster
-    attention: str = "sdpa"  # "sdpa", "manual" (the masked-softmax reference), or one of SDPA_BACKENDS
-    loss_chunk: int = 0  # rows of the (B*T, n_embd) hidden states per chunk of lm_head + cross-entropy; 0 = unchunked
-    loss_impl: str = "plain"  # one of LOSS_IMPLS: "fused", "triton" and "liger" never make the (B*T, vocab) logits
-    activation_checkpointing: bool = False  # recompute each block's activations in backward instead of keeping them
+    """The model: GPT-2's shape, the modern recipe's options and the kernels it runs with"""
+
+    block_size: int = option(1024, "architecture", "tokens of context", min=1)
+    vocab_size: int = option(50304, "architecture")  # GPT-2's 50257 padded up to a multiple of 64: set by the data
+    n_layer: int = option(12, "architecture", "transformer blocks", min=1)
+    n_head: int = option(12, "architecture", "attention heads a block", min=1)
+    n_embd: int = option(768, "architecture", "the residual stream's width", min=1)
+    dropout: float = option(0.0, "training", "0 for pretraining, try 0.1+ for fine-tuning", interval="[0, 1)")
+    bias: bool = option(True, "architecture", "biases in Linears and LayerNorms, as GPT-2 has them")
+    attention: str = option("sdpa", "kernel", "'sdpa' (PyTorch picks), 'manual' (the reference) or SDPA held to one "
+                            "kernel", choices=ATTENTION)  # fmt: skip
+    loss_chunk: int = option(0, "kernel", "rows per chunk of a chunked lm_head + cross-entropy; 0 = off", min=0,
+                             note=" (0 = unchunked)")  # fmt: skip
+    loss_impl: str = option("plain", "kernel", "'plain' (logits, then the loss), 'fused' or 'triton' (ours, never "
+                            "all the logits), 'liger'", choices=LOSS_IMPLS)  # fmt: skip
+    activation_checkpointing: bool = option(False, "kernel", "recompute each block's activations in backward")
     # the modern recipe (modded-nanogpt's records), each off by default: with all of them off, the model is GPT-2
-    rotary: bool = False  # rotary position embeddings on q and k (base 10000, rotate-half) and no learned wpe
-    rmsnorm: bool = False  # RMSNorm without a weight instead of LayerNorm, in ln_1, ln_2 and ln_f
-    qk_norm: bool = False  # q and k RMS-normalised per head (no weight) before attention
-    relu2: bool = False  # ReLU(x)^2 in the MLP instead of tanh-GELU
-    untied_head: bool = False  # lm_head gets its own weight (drawn as every Linear's) instead of sharing wte's
-    logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c), which keeps them within (-c, c)
-    zero_init_proj: bool = False  # attn.c_proj and mlp.c_proj, which write into the residual stream, start at zero
-    value_embeds: bool = False  # embeddings of the tokens mixed into the values of the first and the last layers
-    unet_skips: bool = False  # each block of the second half also takes, weighted, the output of one of the first
+    rotary: bool = option(False, "architecture", "rotary position embeddings on q and k instead of learned positions")
+    rmsnorm: bool = option(False, "architecture", "RMSNorm (no weight) instead of LayerNorm")
+    qk_norm: bool = option(False, "architecture", "q and k RMS-normalised per head before attention")
+    relu2: bool = option(False, "architecture", "the MLP's activation ReLU(x)^2 instead of GELU")
+    untied_head: bool = option(False, "architecture", "lm_head gets its own weight instead of sharing wte's")
+    logit_softcap: float = option(0.0, "architecture", "logits = c * tanh(logits / c); 0 = off", min=0,
+                                  note=" (0 = off)")  # fmt: skip
+    zero_init_proj: bool = option(False, "init", "the projections that write into the residual stream start at 0")
+    value_embeds: bool = option(False, "architecture", "token embeddings mixed into the first and last layers' values")
+    unet_skips: bool = option(False, "architecture", "each block of the second half takes one of the first's outputs")
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head != 0:
@@ -90,6 +97,18 @@ class GPTConfig:
             )
         if self.rotary and self.n_embd // self.n_head % 2:
             raise ValueError(f"rotary needs an even head size, not n_embd / n_head = {self.n_embd // self.n_head}")
+
+
+def fields_of_kind(*kinds: str) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(GPTConfig) if f.metadata["kind"] in kinds)
+
+
+# what a checkpoint's weights cannot do without (a model trained with ReLU^2 or a softcap computes something else
+# without it), and of those the recipe's: a checkpoint's model_args hold one only when it is on, as nanoGPT's
+# GPTConfig takes the other seven fields (a checkpoint from before the recipe lacks them: off, their default)
+ARCHITECTURE = fields_of_kind("architecture")
+NANOGPT_FIELDS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
+RECIPE_ARCHITECTURE = tuple(k for k in ARCHITECTURE if k not in NANOGPT_FIELDS)
 
 
 def norm(config: GPTConfig) -> nn.Module:

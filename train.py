@@ -14,15 +14,16 @@ report_errors()  # from the first moment: a mistake of the user's, or Ctrl-C whi
 import math
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from configurator import configure_command
-from nanogpt_perf import settings as shared
-from nanogpt_perf.data.loader import TokenBatches
+from configurator import configure
+from model import GPTConfig
+from nanogpt_perf.config import setting
+from nanogpt_perf.data.loader import LoaderConfig, TokenBatches
 from nanogpt_perf.data.tokenizer import tokenizer_spec
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
@@ -30,13 +31,13 @@ from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
 from nanogpt_perf.hellaswag import score
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.optim import muon_not_sharded, set_lr
+from nanogpt_perf.optim import OptimConfig, ScheduleConfig, get_lr, muon_rules, schedule_rules, set_lr
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, not_above, one_of, optional_path, or_word
-from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.rules import a_path, init_from_one_of, optional_path
+from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
 from nanogpt_perf.train.admission import admit_data, hellaswag_task, import_wandb, initial_model, resolve_settings
-from nanogpt_perf.train.build import build_training
+from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, build_training, kernels_run_here
 from nanogpt_perf.train.checkpoint import restore_training, save_iteration, training_state
 from nanogpt_perf.train.ownership import claim_out_dir, nonfinite_end
 from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks
@@ -44,100 +45,113 @@ from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_l
 from nanogpt_perf.train.progress import Progress, RunLog
 from nanogpt_perf.train.resume import rng_state, set_rng_state
 
-# the model's shape, the optimizer and every performance switch, shared with bench.py: each declared once (its rule,
-# default and meaning) in nanogpt_perf/settings.py, handed to configure() below; these are the ones used here by name
-from nanogpt_perf.settings import block_size, compile, compile_mode, data_order, device, dtype  # isort: skip
-from nanogpt_perf.settings import learning_rate, peak_flops, prefetch, seed, tf32  # isort: skip
 
 # -----------------------------------------------------------------------------
-# settings of train.py alone, each with its rule (what values are valid: nanogpt_perf/rules.py): defaults train
-# GPT-2 (124M); config files and --key=value flags override them, and the shared settings
-# I/O
-out_dir: a_path = "out"
-eval_interval: at_least(1) = 2000
-log_interval: at_least(1) = 1
-eval_iters: at_least(1, most=2**31 - 1) = 200  # batches per split at each eval: the same fixed windows every time
-eval_only = False  # evaluate once and exit
-hellaswag_interval: at_least(0, " (0 = off)") = 0  # HellaSwag's accuracy too, every this many iterations and at the end
-hellaswag_file: optional_path = ""  # a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/
-hellaswag_examples: at_least(0, " (0 = all)") = 0  # score the first this many examples each time; 0 = all 10,042
-always_save_checkpoint = True  # save at every eval, not only when val loss improves
-save_interval: at_least(0, " (0 = at evals only)") = 0  # also save every this many iterations, evals or not
-keep_last: at_least(1) = 3  # checkpoints kept (out_dir/ckpt-NNNNNNN.pt), besides the best (ckpt-best.pt)
-init_from: init_from_one_of("scratch", "resume", *HF_HUB_NAMES) = "scratch"  # 'resume': from out_dir/ckpt.pt
-overwrite = False  # a new run (not init_from='resume') may replace an earlier run's checkpoints and log in out_dir
-resume_fallback = False  # resume from the newest whole checkpoint when ckpt.pt is truncated or corrupt
-allow_changed_data = False  # resume on a dataset whose files changed since the checkpoint was saved
-# wandb logging
-wandb_log = False
-wandb_project = "owt"
-wandb_run_name = "gpt2"
-# data
-dataset = "openwebtext"  # as nanoGPT; prepare it first (data/openwebtext/prepare.py), or name another
-data_dir: a_path = "data"  # datasets live in data_dir/dataset: train.bin and val.bin, or llm.c shards
-run_data_preparer = False  # run data_dir/dataset/prepare.py even where it is not one of this repository's
-gradient_accumulation_steps: at_least(1) = 5 * 8  # micro-batches per optimizer step, counted across all ranks
-batch_size: or_word("auto", at_least(1)) = 12  # micro-batch size per rank, or 'auto': the largest that fits
-tokens_per_iter: at_least(0, " (0 = unset)") = 0  # tokens per optimizer step, setting gradient_accumulation_steps
-max_iters: at_least(0) = 600000  # optimizer steps
-# learning rate schedule: linear warmup, then cosine decay to min_lr, or warmup-stable-decay
-decay_lr = True
-lr_schedule: one_of("cosine", "wsd") = "cosine"  # 'wsd': the peak until the cooldown, then linear to min_lr
-cooldown_frac: interval(0, 1, low_open=True) = 0.2  # wsd: the last fraction of lr_decay_iters that decays
-warmup_iters: at_least(0) = 2000
-lr_decay_iters: at_least(0) = 600000  # ~= max_iters per Chinchilla
-min_lr: at_least(0) = 6e-5  # ~= learning_rate / 10 per Chinchilla
-# system
-parallelism: one_of(*PARALLELISMS) = "ddp"  # under torchrun: a whole model per rank, or FSDP2 (all of it sharded)
-backend: one_of("auto", "nccl", "gloo") = "auto"  # DDP's: 'auto' is nccl on CUDA, gloo on CPU
-profile = False  # torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json, the top 20 ops
-max_bad_steps: at_least(1) = 10  # stop after this many steps in a row with a non-finite loss or gradient norm
-CROSS = (not_above("warmup_iters", "lr_decay_iters", "decay_lr"), not_above("min_lr", "learning_rate", "decay_lr"))
-CROSS += (muon_not_sharded,)
-settings, given, rules = configure_command(globals(), shared=shared)
+@dataclass
+class TrainConfig:
+    """Settings of train.py: defaults train GPT-2 (124M); config files and --key=value flags override them"""
+
+    # I/O
+    out_dir: str = setting("out", "checkpoints, log.jsonl and manifest.json", check=a_path)
+    eval_interval: int = setting(2000, "iterations between evals", min=1)
+    log_interval: int = setting(1, "iterations between log lines", min=1)
+    eval_iters: int = setting(200, "batches per split at each eval: the same fixed windows every time", min=1,
+                              max=2**31 - 1)  # fmt: skip
+    eval_only: bool = setting(False, "evaluate once and exit")
+    hellaswag_interval: int = setting(0, "HellaSwag's accuracy too, every this many iterations and at the end", min=0,
+                                      note=" (0 = off)")  # fmt: skip
+    hellaswag_file: str = setting("", "a local hellaswag_val.jsonl; '' = download the official one to "
+                                  "data/hellaswag/", check=optional_path)  # fmt: skip
+    hellaswag_examples: int = setting(0, "score the first this many examples each time; 0 = all 10,042", min=0,
+                                      note=" (0 = all)")  # fmt: skip
+    always_save_checkpoint: bool = setting(True, "save at every eval, not only when val loss improves")
+    save_interval: int = setting(0, "also save every this many iterations, evals or not", min=0,
+                                 note=" (0 = at evals only)")  # fmt: skip
+    keep_last: int = setting(3, "checkpoints kept (out_dir/ckpt-NNNNNNN.pt), besides the best (ckpt-best.pt)",
+                             min=1)  # fmt: skip
+    init_from: str = setting("scratch", "'resume': from out_dir/ckpt.pt", check=init_from_one_of("scratch", "resume",
+                             *HF_HUB_NAMES))  # fmt: skip
+    overwrite: bool = setting(False, "a new run (not init_from='resume') may replace an earlier run's checkpoints "
+                              "and log in out_dir")  # fmt: skip
+    resume_fallback: bool = setting(False, "resume from the newest whole checkpoint when ckpt.pt is truncated or "
+                                    "corrupt")  # fmt: skip
+    allow_changed_data: bool = setting(False, "resume on a dataset whose files changed since the checkpoint was "
+                                       "saved")  # fmt: skip
+    # wandb logging
+    wandb_log: bool = setting(False, "log to wandb too (WANDB_MODE=offline works with no network)")
+    wandb_project: str = setting("owt", "wandb's project")
+    wandb_run_name: str = setting("gpt2", "wandb's name of the run")
+    # data
+    dataset: str = setting("openwebtext", "as nanoGPT; prepare it first (data/openwebtext/prepare.py), or name "
+                           "another")  # fmt: skip
+    data_dir: str = setting("data", "datasets live in data_dir/dataset: train.bin and val.bin, or llm.c shards",
+                            check=a_path)  # fmt: skip
+    run_data_preparer: bool = setting(False, "run data_dir/dataset/prepare.py even where it is not one of this "
+                                      "repository's")  # fmt: skip
+    gradient_accumulation_steps: int = setting(5 * 8, "micro-batches per optimizer step, counted across all ranks",
+                                               min=1)  # fmt: skip
+    batch_size: int | str = setting(12, "micro-batch size per rank, or 'auto': the largest that fits", min=1,
+                                    words=("auto",))  # fmt: skip
+    tokens_per_iter: int = setting(0, "tokens per optimizer step, setting gradient_accumulation_steps", min=0,
+                                   note=" (0 = unset)")  # fmt: skip
+    max_iters: int = setting(600000, "optimizer steps", min=0)
+    # system
+    parallelism: str = setting("ddp", "under torchrun: a whole model per rank, or FSDP2 (all of it sharded)",
+                               choices=PARALLELISMS)  # fmt: skip
+    backend: str = setting("auto", "DDP's: 'auto' is nccl on CUDA, gloo on CPU", choices=("auto", "nccl", "gloo"))
+    profile: bool = setting(False, "torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json")
+    max_bad_steps: int = setting(10, "stop after this many steps in a row with a non-finite loss or gradient norm",
+                                 min=1)  # fmt: skip
+
+
+# the model's shape, the optimizer and every performance switch are declared by the code that uses them, as
+# train.py's own are above; configure() flattens them into nanoGPT's flat names (python train.py --help lists them)
+cfg = configure(
+    train=TrainConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig, runtime=RuntimeConfig,
+    loader=LoaderConfig, build=BuildConfig, defaults=TRAINING_DEFAULTS,
+)  # fmt: skip
 # -----------------------------------------------------------------------------
 
 # admission, before anything is written (nanogpt_perf/train/admission.py): torchrun's variables, an out_dir that is
 # this run's to use, and on resume the checkpoint's settings overridden by the config files and flags given now
-settings, checkpoint = resolve_settings(settings, given, rules, CROSS)
-globals().update(settings)
+cfg, checkpoint = resolve_settings(cfg, cross=(schedule_rules, muon_rules, kernels_run_here))
 
 # DDP: torchrun sets RANK; each process drives one device (its own GPU) and sees 1/world of the micro-batches
-ranks = start_ranks(device, backend)
+ranks = start_ranks(cfg.device, cfg.backend)
 master, ddp = ranks.master, ranks.distributed
 print0 = lambda *args: print(*args, flush=True) if master else None  # rank 0 (or the only process) prints
 
 # device and precision, chosen once every override is in; TF32 is set here (CUDA only)
-runtime = resolve_runtime(device, dtype, tf32)
+runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print0(runtime.describe())
-torch.manual_seed(seed + ranks.rank)
+torch.manual_seed(cfg.seed + ranks.rank)
 
 # data: prepared on first use (a small dataset), its token ids checked against its vocabulary; the micro-batch and
 # the accumulation as set, or with tokens_per_iter the accumulation that makes exactly that many tokens a step, at
 # batch_size or at the largest that fits ('auto': nanogpt_perf/train/autobatch.py)
-data = admit_data(settings, given, ranks, runtime, checkpoint)
-batch_size, gradient_accumulation_steps = data.batch_size, data.accumulation // ranks.world_size  # this rank's
-settings |= {"batch_size": batch_size, "gradient_accumulation_steps": data.accumulation}  # as it runs
-tokens_per_iter = gradient_accumulation_steps * ranks.world_size * batch_size * block_size
+data = admit_data(cfg, ranks, runtime, checkpoint)
+cfg = cfg.replace(batch_size=data.batch_size, gradient_accumulation_steps=data.accumulation)  # as it runs
+sequences = data.batch_size * data.accumulation // ranks.world_size  # this rank's, a step
 
 # the batches: in data_order, each rank its own share, built ahead by a background thread into pinned buffers (CUDA)
 # and copied without blocking; evaluation reads fixed windows of its own (the training stream does not depend on it)
 batches = TokenBatches(
-    data.path, batch_size, block_size, runtime.device, seed, ranks.rank, ranks.world_size, data_order, prefetch
-)
+    data.path, cfg.batch_size, cfg.block_size, runtime.device, cfg.seed, ranks.rank, ranks.world_size,
+    cfg.data_order, cfg.prefetch,
+)  # fmt: skip
 
-# the model: new (nanogpt_perf/settings.py's model_config: the vocabulary padded to a multiple of pad_vocab), the
+# the model: new (nanogpt_perf/train/build.py's model_config: the vocabulary padded to a multiple of pad_vocab), the
 # weights and architecture of out_dir/ckpt.pt, or GPT-2's weights; cropped to block_size
-model = initial_model(settings, data.vocab_size, checkpoint)
+model = initial_model(cfg, data.vocab_size, checkpoint)
 model_args = asdict(model.config)
 print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
 # what trains it, built as bench.py builds it (nanogpt_perf/train/build.py): the model on the device, compiled when
 # asked, under torchrun in DDP or FSDP2 (parallelism); the optimizer; a GradScaler (float16 only); the training step
 # that bench.py times: accumulation, autocast, clipping, DDP's no_sync, the next batch fetched while the device works
-if compile:
-    print0(f"compiling the model, mode {compile_mode} (the first step takes longer)")
-model, raw_model, optimizer, scaler, step = build_training(settings, runtime, batches, model)
+if cfg.compile:
+    print0(f"compiling the model, mode {cfg.compile_mode} (the first step takes longer)")
+model, raw_model, optimizer, scaler, step = build_training(cfg, runtime, batches, model)
 
 # on resume: the optimizer's and the scaler's states and this rank's place in the data
 iter_num, best_val_loss, rng = 0, float("inf"), None
@@ -153,8 +167,8 @@ def estimate_loss() -> dict[str, float] | None:
     model.eval()
     out = {}
     for split in ("train", "val"):
-        losses = torch.zeros(eval_iters, device=runtime.device)
-        for k, (X, Y) in enumerate(batches.eval_batches(split, eval_iters)):
+        losses = torch.zeros(cfg.eval_iters, device=runtime.device)
+        for k, (X, Y) in enumerate(batches.eval_batches(split, cfg.eval_iters)):
             if stop_asked():  # once asked, asked at every later batch too
                 break
             with runtime.autocast_ctx():
@@ -164,20 +178,6 @@ def estimate_loss() -> dict[str, float] | None:
             out[split] = mean_over_ranks(losses.mean())
     model.train()
     return out if len(out) == 2 else None
-
-
-def get_lr(it: int) -> float:
-    """Linear warmup (non-zero from the first step), cosine decay to min_lr (wsd: the peak, then a linear cooldown
-    over the last cooldown_frac of lr_decay_iters), then min_lr."""
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it >= lr_decay_iters:
-        return min_lr
-    if lr_schedule == "wsd":
-        left = (lr_decay_iters - it) / (cooldown_frac * lr_decay_iters)  # 1 as the cooldown starts, 0 at its end
-        return min_lr + min(left, 1.0) * (learning_rate - min_lr)
-    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
 def save(best: bool) -> str | None:
@@ -191,61 +191,63 @@ def save(best: bool) -> str | None:
     if master:
         state = training_state(
             model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict(), model_args=model_args,
-            iter_num=iter_num, best_val_loss=best_val_loss, config=settings, tokenizer=tokenizer_spec(data.path),
+            iter_num=iter_num, best_val_loss=best_val_loss, config=cfg.as_dict(), tokenizer=tokenizer_spec(data.path),
             ranks=every_rank, data_identity=data.identity,
         )  # fmt: skip
-        path = save_iteration(state, Path(out_dir), iter_num, best, keep_last)
+        path = save_iteration(state, Path(cfg.out_dir), iter_num, best, cfg.keep_last)
         print(f"saved checkpoint {path}" + (" (the best so far)" if best else ""))
         return path.name
     return None
 
 
 # HellaSwag's examples, when asked for (downloaded once), scored in GPT-2's tokens by every rank's share; wandb
-hellaswag = hellaswag_task(settings, data.path, ranks)
-wandb = import_wandb(settings, master)  # the last check
+hellaswag = hellaswag_task(cfg, data.path, ranks)
+wandb = import_wandb(cfg, master)  # the last check
 
 # every check has passed: out_dir is this run's (rank 0 holds out_dir/train.lock; overwrite=True deletes an earlier
 # run's checkpoints and log first), and SIGTERM or Ctrl-C stops the run cleanly (finish the step, save, exit)
-lock = claim_out_dir(Path(out_dir), master, ddp, overwrite and init_from != "resume")
+lock = claim_out_dir(Path(cfg.out_dir), master, ddp, cfg.overwrite and cfg.init_from != "resume")
 stop = StopRequest(lock.release if lock else None)
 stop_asked = lambda: stop.requested(ddp, runtime.device)  # every rank the same answer, so that they stop together
 
 # what made this run (rank 0), and where its records go: stdout, out_dir/log.jsonl and optionally wandb
 if master:
     write_json(
-        Path(out_dir) / "manifest.json",
-        run_manifest(settings, runtime) | {"world_size": ranks.world_size, "model_args": model_args},
+        Path(cfg.out_dir) / "manifest.json",
+        run_manifest(cfg.as_dict(), runtime) | {"world_size": ranks.world_size, "model_args": model_args},
     )
-log = RunLog(Path(out_dir), master, wandb, dict(project=wandb_project, name=wandb_run_name, config=settings))
+wandb_init = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=cfg.as_dict())
+log = RunLog(Path(cfg.out_dir), master, wandb, wandb_init)
 
 # the loop: exactly max_iters optimizer steps, an eval at every eval_interval and at the end, checkpoints when the
 # val loss improves (or always_save_checkpoint), every save_interval and when stopped; each logging window timed
 # between device synchronisations, evals and checkpoints left out (nanogpt_perf/train/progress.py)
 model.train()
-profiler = step_profiler(runtime.device, Path(out_dir) / "trace.json") if profile and master else None
+profiler = step_profiler(runtime.device, Path(cfg.out_dir) / "trace.json") if cfg.profile and master else None
 if profiler:
     profiler.start()
 if rng is not None:
     set_rng_state(rng, runtime.device)  # last, after everything that draws random numbers at start
-start_iter, bad_steps, progress = iter_num, 0, Progress(runtime, iter_num, max_iters, tokens_per_iter)
+tokens_per_step = sequences * ranks.world_size * cfg.block_size
+start_iter, bad_steps, progress = iter_num, 0, Progress(runtime, iter_num, cfg.max_iters, tokens_per_step)
 while True:
-    lr = get_lr(iter_num) if decay_lr else learning_rate
-    set_lr(optimizer, lr, learning_rate)  # every group by the schedule's ratio (Muon's from muon_lr)
+    lr = get_lr(iter_num, cfg)  # the schedule (nanogpt_perf/optim.py): warmup, then cosine or wsd to min_lr
+    set_lr(optimizer, lr, cfg.learning_rate)  # every group by the schedule's ratio (Muon's from muon_lr)
 
     stopping = stop_asked()  # then the evaluation and HellaSwag ask before each batch: a stop saves within seconds
-    evaluating = not stopping and (iter_num % eval_interval == 0 or iter_num == max_iters or eval_only)
+    evaluating = not stopping and (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters or cfg.eval_only)
     losses = estimate_loss() if evaluating else None  # None: stopped part way
     improved = losses is not None and losses["val"] < best_val_loss  # the same on every rank: means over all
     if losses is not None:
         log.eval(iter_num, losses, lr, progress.elapsed())
         best_val_loss = min(best_val_loss, losses["val"])  # never replaced by a worse value
-    scoring = hellaswag and not stopping and (iter_num % hellaswag_interval == 0 or iter_num == max_iters)
+    scoring = hellaswag and not stopping and (iter_num % cfg.hellaswag_interval == 0 or iter_num == cfg.max_iters)
     scored = score(raw_model, *hellaswag, runtime.device, runtime.autocast_ctx, stop_asked) if scoring else None
     if scored is not None:
         log.hellaswag(iter_num, scored)
     stopping = stopping or (evaluating and losses is None) or (scoring and scored is None)
-    due = stopping or (save_interval and iter_num % save_interval == 0)
-    saving = iter_num > start_iter and ((evaluating and (improved or always_save_checkpoint)) or due)
+    due = stopping or (cfg.save_interval and iter_num % cfg.save_interval == 0)
+    saving = iter_num > start_iter and ((evaluating and (improved or cfg.always_save_checkpoint)) or due)
     saved = None
     if saving and bad_steps:  # the last good checkpoint stays the newest
         print0(f"iter {iter_num}: not saved, the last step was not finite")
@@ -257,10 +259,10 @@ while True:
         progress.restart()  # evals and checkpoints are not the training step's
         batches.take_wait_seconds()
     if stopping:
-        resumable = (Path(out_dir) / "ckpt.pt").is_file()
+        resumable = (Path(cfg.out_dir) / "ckpt.pt").is_file()
         print0(stopped_line(stop.signal, iter_num, saved, resumable, resume_command(sys.argv, os.environ)))
         break
-    if iter_num >= max_iters or eval_only:
+    if iter_num >= cfg.max_iters or cfg.eval_only:
         break
 
     with progress.step():
@@ -270,12 +272,12 @@ while True:
         profiler.step()
 
     first = iter_num == start_iter + 1  # logged alone: it includes compilation and warm-up
-    if iter_num % log_interval == 0 or first:
+    if iter_num % cfg.log_interval == 0 or first:
         figures = progress.window(iter_num, batches.take_wait_seconds())
         loss = mean_over_ranks(result.loss)  # the mean over every micro-batch of the step, on every rank
-        seconds, sequences = figures["ms_per_iter"] / 1000, batch_size * gradient_accumulation_steps
+        seconds = figures["ms_per_iter"] / 1000
         figures |= {"step_loss": loss, "lr": lr, "grad_norm": result.grad_norm.item()}
-        figures["mfu"] = mfu(raw_model, sequences, seconds, runtime.device, runtime.precision, peak_flops)
+        figures["mfu"] = mfu(raw_model, sequences, seconds, runtime.device, runtime.precision, cfg.peak_flops)
         figures["peak_mem_bytes"] = peak_memory_bytes(runtime.device)
         log.step(iter_num, figures, first)
 
@@ -283,8 +285,8 @@ while True:
     bad_steps = bad_steps + 1 if result.skipped else 0
     if result.skipped:
         log.skipped(iter_num, result.loss.item(), result.grad_norm.item(), bad_steps)
-        if bad_steps >= max_bad_steps:
-            raise UserError(nonfinite_end(bad_steps, iter_num, Path(out_dir), max_bad_steps))
+        if bad_steps >= cfg.max_bad_steps:
+            raise UserError(nonfinite_end(bad_steps, iter_num, Path(cfg.out_dir), cfg.max_bad_steps))
 
 if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window
@@ -296,4 +298,4 @@ if lock:
 if ddp:
     close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/train/parallel.py)
 if bad_steps and not stopping:  # a run that ends on non-finite steps has failed, whatever it saved before them
-    raise UserError(nonfinite_end(bad_steps, iter_num, Path(out_dir)))
+    raise UserError(nonfinite_end(bad_steps, iter_num, Path(cfg.out_dir)))

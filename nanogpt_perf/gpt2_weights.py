@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 
 from model import GPT, HF_TRANSPOSED, GPTConfig
+from nanogpt_perf.config import shown
 from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.memory import model_size_problem
-from nanogpt_perf.rules import shown
 
 HF_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 

@@ -8,11 +8,15 @@ every group by the schedule's ratio."""
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from nanogpt_perf.config import setting
 
 OPTIMIZERS = ("adamw", "muon")
 BASE_LR = "base_lr"  # each MuonAdamW group's own learning rate before the schedule: learning_rate or muon_lr
@@ -27,48 +31,60 @@ NS_EPS = 1e-7
 ADJUST_LR = "original"
 
 
-def build_optimizer(
-    model: nn.Module,
-    optimizer: str,
-    *,
-    learning_rate: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    fused: bool = True,
-    muon_lr: float = 0.02,
-    muon_momentum: float = 0.95,
-    muon_weight_decay: float = 0.0,
-    muon_ns_steps: int = NS_STEPS,
-    ns_dtype: torch.dtype | None = None,
-) -> torch.optim.Optimizer:
+@dataclass
+class OptimConfig:
+    """The optimizer: AdamW over every parameter, or Muon over the blocks' matrices and AdamW over the rest"""
+
+    optimizer: str = setting("adamw", "'adamw', or 'muon' (nanogpt_perf/optim.py)", choices=OPTIMIZERS)
+    learning_rate: float = setting(6e-4, "AdamW's peak learning rate", min=0)
+    weight_decay: float = setting(1e-1, "AdamW's, on matrices and embeddings only", min=0)
+    beta1: float = setting(0.9, "AdamW's first moment's decay", interval="[0, 1)")
+    beta2: float = setting(0.95, "AdamW's second moment's decay", interval="[0, 1)")
+    grad_clip: float = setting(1.0, "clip the gradient norm to this; 0.0 = off", min=0, note=" (0 = off)")
+    fused_adamw: bool = setting(True, "AdamW's fused kernel, where the device has one")
+    muon_lr: float = setting(0.02, "Muon's peak learning rate (the schedule scales it as it scales learning_rate)",
+                             min=0)  # fmt: skip
+    muon_momentum: float = setting(0.95, "Muon's Nesterov momentum", interval="[0, 1)")
+    muon_weight_decay: float = setting(0.0, "Muon's decoupled weight decay", min=0)
+    muon_ns_steps: int = setting(NS_STEPS, "Newton-Schulz iterations a Muon update orthogonalises with", min=1,
+                                 max=100)  # fmt: skip
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, ns_dtype: torch.dtype | None = None) -> torch.optim.Optimizer:
     """'adamw': exactly model.configure_optimizers' AdamW. 'muon': a MuonAdamW whose Muon group (lr muon_lr,
     decoupled decay muon_weight_decay) holds the 2-D weights of transformer.h, and whose two AdamW groups
     (learning_rate, betas; weight_decay on the matrices and embeddings, none on vectors) hold the rest. ns_dtype:
     the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32 elsewhere."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
-    if optimizer == "adamw":
-        return model.configure_optimizers(weight_decay, learning_rate, betas, fused=fused)
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
+        return model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
     if is_sharded(model):
         raise ValueError(MUON_ON_SHARDS)
-    if not 0.0 <= muon_momentum < 1.0:
-        raise ValueError(f"muon_momentum must be in [0, 1), not {muon_momentum}")
     muon, decay, no_decay = split_parameters(model)
     groups = [
-        {"params": list(muon.values()), "muon": True, "lr": muon_lr, "weight_decay": muon_weight_decay}
-        | {"ns_steps": muon_ns_steps},
-        {"params": list(decay.values()), "muon": False, "lr": learning_rate, "weight_decay": weight_decay},
-        {"params": list(no_decay.values()), "muon": False, "lr": learning_rate, "weight_decay": 0.0},
+        {"params": list(muon.values()), "muon": True, "lr": cfg.muon_lr, "weight_decay": cfg.muon_weight_decay}
+        | {"ns_steps": cfg.muon_ns_steps},
+        {"params": list(decay.values()), "muon": False, "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay},
+        {"params": list(no_decay.values()), "muon": False, "lr": cfg.learning_rate, "weight_decay": 0.0},
     ]
-    return MuonAdamW(groups, momentum=muon_momentum, betas=betas, fused=fused, ns_dtype=ns_dtype)
+    return MuonAdamW(groups, momentum=cfg.muon_momentum, betas=betas, fused=cfg.fused_adamw, ns_dtype=ns_dtype)
 
 
 MUON_ON_SHARDS = "optimizer='muon' cannot run Newton-Schulz on FSDP's shards: use parallelism='ddp'"
 
 
-def muon_not_sharded(s: dict[str, Any]) -> str | None:
-    """The rule between the optimizer and train.py's parallelism: Muon needs each matrix whole."""
-    return MUON_ON_SHARDS if s["optimizer"] == "muon" and s.get("parallelism") == "fsdp" else None
+def muon_rules(cfg: Any) -> None:
+    """The rules between the optimizer and the rest of a run: Muon needs each matrix whole (not FSDP's shards), and
+    a learning_rate to scale muon_lr by (the schedule's ratio to it)."""
+    if cfg.optimizer != "muon":
+        return
+    if getattr(cfg, "parallelism", "ddp") == "fsdp":
+        raise ValueError(MUON_ON_SHARDS)
+    if cfg.learning_rate == 0:
+        raise ValueError(
+            "optimizer='muon' scales muon_lr by the schedule's ratio to learning_rate: learning_rate must be > 0 "
+            "(to freeze a group, use optimizer='adamw')"
+        )
 
 
 def split_parameters(model: nn.Module) -> tuple[dict[str, nn.Parameter], ...]:
@@ -97,12 +113,63 @@ def adamw_is_fused(optimizer: torch.optim.Optimizer) -> bool:
     return adamw is not None and bool(adamw.defaults.get("fused"))
 
 
+@dataclass
+class ScheduleConfig:
+    """The learning rate over the run: linear warmup, then cosine decay to min_lr, or warmup-stable-decay"""
+
+    decay_lr: bool = setting(True, "the schedule; False: learning_rate throughout")
+    lr_schedule: str = setting("cosine", "'wsd': the peak until the cooldown, then linear to min_lr",
+                               choices=("cosine", "wsd"))  # fmt: skip
+    cooldown_frac: float = setting(0.2, "wsd: the last fraction of lr_decay_iters that decays", interval="(0, 1]")
+    warmup_iters: int = setting(2000, "iterations of linear warmup", min=0)
+    lr_decay_iters: int = setting(600000, "~= max_iters per Chinchilla", min=0)
+    min_lr: float = setting(6e-5, "~= learning_rate / 10 per Chinchilla", min=0)
+
+
+def schedule_rules(cfg: Any) -> None:
+    """The schedule's settings agree: the warmup ends before the decay, which ends at min_lr <= learning_rate."""
+    for name, limit in (("warmup_iters", "lr_decay_iters"), ("min_lr", "learning_rate")):
+        if cfg.decay_lr and getattr(cfg, name) > getattr(cfg, limit):
+            raise ValueError(
+                f"{name} must be <= {limit} ({getattr(cfg, limit)}) when decay_lr=True, not {getattr(cfg, name)}"
+            )
+
+
+def get_lr(it: int, cfg: Any) -> float:
+    """The learning rate of iteration it for a peak of learning_rate: linear warmup (non-zero from the first
+    step), cosine decay to min_lr (wsd: the peak, then a linear cooldown over the last cooldown_frac of
+    lr_decay_iters), then min_lr; learning_rate throughout without decay_lr."""
+    warmup, decay, peak, low = cfg.warmup_iters, cfg.lr_decay_iters, cfg.learning_rate, cfg.min_lr
+    if not cfg.decay_lr:
+        return peak
+    if it < warmup:
+        return peak * (it + 1) / (warmup + 1)
+    if it >= decay:
+        return low
+    if cfg.lr_schedule == "wsd":
+        left = (decay - it) / (cfg.cooldown_frac * decay)  # 1 as the cooldown starts, 0 at its end
+        return low + min(left, 1.0) * (peak - low)
+    ratio = (it - warmup) / (decay - warmup)
+    return low + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - low)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float, learning_rate: float) -> None:
     """Each group's lr for this step, lr being the schedule's value for a peak of learning_rate: a MuonAdamW group
     takes its BASE_LR scaled by lr / learning_rate; a group without one (configure_optimizers') takes lr as is."""
     ratio = lr / learning_rate if learning_rate else 0.0
     for group in optimizer.param_groups:
         group["lr"] = group[BASE_LR] * ratio if BASE_LR in group else lr
+
+
+@contextmanager
+def hyperparameters_kept(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Loading a state dict puts the saved groups' hyperparameters back (betas, weight decay, fused, momentum,
+    ns_steps, ...): this run's, which its settings built the groups with, are restored after it, so that a resumed
+    run trains with the settings it prints; the state (moments, momentum buffers, steps) is the checkpoint's."""
+    kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    yield
+    for group, values in zip(optimizer.param_groups, kept, strict=True):
+        group.update(values)
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -180,15 +247,13 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch.optim.Optimizer's, for a MuonAdamW's state with the same kinds of group only; each group keeps
-        its BASE_LR (the settings' learning rate wins over the checkpoint's, as nanoGPT's lr does)."""
+        this optimizer's hyperparameters (hyperparameters_kept: the settings win over the checkpoint's)."""
         kinds = [g["muon"] for g in self.param_groups]
         saved = [g.get("muon") for g in state_dict.get("param_groups", [])]
         if saved != kinds:
             raise ValueError(f"the optimizer state is not Muon's (its groups are muon={saved}, not {kinds})")
-        base_lrs = [g[BASE_LR] for g in self.param_groups]
-        super().load_state_dict(state_dict)
-        for group, base_lr in zip(self.param_groups, base_lrs, strict=True):
-            group[BASE_LR] = base_lr
+        with hyperparameters_kept(self):
+            super().load_state_dict(state_dict)
         self._share_with_adamw()
 
 

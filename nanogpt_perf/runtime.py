@@ -9,9 +9,11 @@ from pathlib import Path
 
 import torch
 
+from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 
 PTDTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -85,25 +87,42 @@ def device_memory_bytes(device: torch.device) -> int | None:
     return host_memory_bytes()
 
 
-def device_problem(device: str) -> str | None:
-    """None when device can be had on this machine, else what would be valid here (and why device is not)."""
+def check_device(device: str) -> None:
+    """A ValueError saying what would be valid here (and why device is not) when device cannot be had."""
     n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cuda = ["cuda", *(f"cuda:{i}" for i in range(n_cuda))] if n_cuda else []
     here = ["auto", "cpu", *cuda, *(["mps"] if torch.backends.mps.is_available() else [])]
     if device in here:
-        return None
+        return
     why = {
         "cuda": f" (this machine has {n_cuda} CUDA devices)" if n_cuda else " (CUDA is not available here)",
         "mps": " (MPS is not available here)",
     }.get(device.partition(":")[0], "")
-    return f"one of {', '.join(here)}{why}"
+    raise ValueError(f"one of {', '.join(here)}{why}")
+
+
+@dataclass
+class RuntimeConfig:
+    """The device, the precision, the compiler and the random seed"""
+
+    device: str = setting("auto", "'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'",
+                          check=check_device)  # fmt: skip
+    dtype: str = setting("auto", "'auto': bf16 if supported, else fp16 + GradScaler; fp32 on CPU",
+                         choices=("auto", *PTDTYPES))  # fmt: skip
+    tf32: bool = setting(True, "TF32 matmuls for the float32 work (CUDA only)")
+    compile: bool = setting(True, "torch.compile the model")
+    compile_mode: str = setting("default", "torch.compile's mode", choices=COMPILE_MODES)
+    peak_flops: float = setting(0.0, "the device's peak FLOP/s for MFU; 0 = look it up", min=0,
+                                note=" (0 = look it up)")  # fmt: skip
+    seed: int = setting(1337, "the random seed (each rank adds its rank)", min=0)
 
 
 def resolve_device(device: str) -> torch.device:
     """'auto' is cuda, then mps, then cpu; a device that cannot be had here is one error line."""
-    problem = device_problem(device)
-    if problem:
-        raise UserError(f"device must be {problem}, not {device!r}")
+    try:
+        check_device(device)
+    except ValueError as e:
+        raise UserError(f"device must be {e}, not {device!r}") from None
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     dev = torch.device(device)

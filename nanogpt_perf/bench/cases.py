@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from model import ATTENTION, LOSS_IMPLS
+from nanogpt_perf.config import Config
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.settings import COMPILE_MODES, model_config, round_up
+from nanogpt_perf.train.build import model_config, round_up
 
 # bench.py's settings of what to run and where to write it: not settings of the configuration a row measured
-NOT_MEASURED = ("ladder", "skip_rungs", "sweep", "values", "find_max_batch", "out_json", "profile", "memory_snapshot")
+NOT_MEASURED = ("ladder", "skip_rungs", "sweep", "find_max_batch", "out_json", "profile", "memory_snapshot")
 NOT_MEASURED += ("compare", "baseline", "tolerance_pct", "data_dir")
 
 
@@ -22,23 +22,23 @@ class Case:
     iteration, the optimizer and every performance switch), vocab_size that of the tokens before padding."""
 
     name: str
-    settings: dict[str, Any]
+    settings: Config
 
     def but(self, name: str | None = None, **changes: Any) -> "Case":
-        """This configuration with some settings changed (and another name)."""
-        return Case(self.name if name is None else name, self.settings | changes)
+        """This configuration with some settings changed (and another name), checked."""
+        return Case(self.name if name is None else name, self.settings.replace(**changes))
 
     @property
     def tokens_per_iter(self) -> int:
         s = self.settings
-        return s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+        return s.gradient_accumulation_steps * s.batch_size * s.block_size
 
     def measured(self) -> dict[str, Any]:
         """What a row of the results was measured with: every setting that can change its figures, the model's
         vocab_size padded as it ran, and the tokens of an iteration."""
         s = self.settings
-        padded = model_config(s, s["vocab_size"]).vocab_size
-        return {k: v for k, v in s.items() if k not in NOT_MEASURED} | {
+        padded = model_config(s, s.vocab_size).vocab_size
+        return {k: v for k, v in s.as_dict().items() if k not in NOT_MEASURED} | {
             "vocab_size": padded,
             "tokens_per_iter": self.tokens_per_iter,
         }
@@ -99,7 +99,7 @@ def ladder_cases(case: Case, device: torch.device, skip: Iterable[str] = ()) -> 
     """Each rung's Case with the reason it is skipped (None to run it). The first rung is case with every switch
     off: fp32, eager, manual attention, the vocabulary unpadded, unfused AdamW; case's pad_vocab is the padding
     rung's. A skipped rung adds nothing to the rungs after it."""
-    rungs, skip = ladder_rungs(case.settings["vocab_size"], case.settings["pad_vocab"]), set(skip)
+    rungs, skip = ladder_rungs(case.settings.vocab_size, case.settings.pad_vocab), set(skip)
     unknown = set(skip) - {r.key for r in rungs}
     if unknown:
         raise UserError(
@@ -114,36 +114,6 @@ def ladder_cases(case: Case, device: torch.device, skip: Iterable[str] = ()) -> 
             case = rung.apply(case)
         cases.append((case.but(rung.name), why_not))
     return cases
-
-
-# sweeps
-
-SWEEPS: dict[str, type | tuple[str, ...]] = {
-    "batch_size": int,
-    "block_size": int,
-    "gradient_accumulation_steps": int,
-    "compile_mode": COMPILE_MODES,
-    "attention": ATTENTION,
-    "loss_impl": LOSS_IMPLS,
-    "loss_chunk": int,
-}
-
-
-def sweep_values(key: str, values: str) -> list[int | str]:
-    """The comma-separated values of a sweep over the setting key, checked; ValueError says what is wrong."""
-    if key not in SWEEPS:
-        raise UserError(f"cannot sweep {key!r}; sweep one of {', '.join(SWEEPS)}")
-    items = [v.strip() for v in values.split(",") if v.strip()]
-    if not items:
-        raise UserError(f"sweep={key} needs values, e.g. --values={'1,2,4,8' if SWEEPS[key] is int else 'sdpa,manual'}")
-    if SWEEPS[key] is int:
-        if not all(v.isdigit() and int(v) >= 1 for v in items):
-            raise UserError(f"{key} values must be whole numbers >= 1, not {values!r}")
-        return [int(v) for v in items]
-    bad = [v for v in items if v not in SWEEPS[key]]
-    if bad:
-        raise UserError(f"{key} values must be among {', '.join(SWEEPS[key])}, not {', '.join(bad)}")
-    return items
 
 
 def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:

@@ -146,15 +146,15 @@ def measure(
     first iteration (compilation, allocator and kernel warm-up) is reported apart. trace_path: profile five more
     steps; snapshot_path: a CUDA memory snapshot of the timed ones."""
     s = case.settings
-    runtime = resolve_runtime(device, s["dtype"], s["tf32"])
+    runtime = resolve_runtime(device, s.dtype, s.tf32)
     reset_peak_memory(runtime.device)
     torch.manual_seed(seed)  # the weights of every case alike
-    data = batches(s["batch_size"], s["block_size"], runtime.device)
-    _, model, optimizer, _, step = build_training(s, runtime, data, vocab_size=s["vocab_size"])
+    data = batches(s.batch_size, s.block_size, runtime.device)
+    _, model, optimizer, _, step = build_training(s, runtime, data, vocab_size=s.vocab_size)
     with cuda_memory_history(snapshot_path, runtime):
         times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
     peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
-    manual = s["attention"] == "manual"
+    manual = s.attention == "manual"
     kernel = "manual (matmul + softmax)" if manual else sdpa_kernel_that_ran(step, runtime.device)
     if trace_path:
         with step_profiler(runtime.device, trace_path) as prof:
@@ -164,8 +164,8 @@ def measure(
     step.batches.close()  # the loader's thread and its token files
     timed = times[burn_in:]
     median = statistics.median(timed)
-    sequences = s["batch_size"] * s["gradient_accumulation_steps"]  # forward and backward passes an iteration
-    compiled = lambda value: value if s["compile"] else None
+    sequences = s.batch_size * s.gradient_accumulation_steps  # forward and backward passes an iteration
+    compiled = lambda value: value if s.compile else None
     return result(
         case,
         "ok",

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nanogpt_perf.config import shown
 from nanogpt_perf.data.shards import has_tokens
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.rules import path_problem, shown
+from nanogpt_perf.rules import path_problem
 
 STATE_FILE = "prepare_state.json"  # an unfinished preparation's progress (nanogpt_perf/data/preparation.py)
 

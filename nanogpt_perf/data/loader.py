@@ -10,18 +10,30 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from nanogpt_perf.data.order import RandomWindows, Window, window_order
+from nanogpt_perf.config import setting
+from nanogpt_perf.data.order import DATA_ORDERS, RandomWindows, Window, window_order
 from nanogpt_perf.data.shards import TokenFile, split_files
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.runtime import host_memory_bytes
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class LoaderConfig:
+    """The loader of a dataset's batches (bench.py's synthetic tokens have none)"""
+
+    data_order: str = setting("random", "'random' windows (nanoGPT's, with replacement) or 'epochs'",
+                              choices=DATA_ORDERS)  # fmt: skip
+    prefetch: int = setting(2, "batches the loader's background thread builds ahead", min=1, max=64,
+                            note=" (batches built ahead)")  # fmt: skip
 
 
 def token_files(data_path: Path, split: str, block_size: int) -> list[TokenFile]:

@@ -5,10 +5,11 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from nanogpt_perf.config import shown
 from nanogpt_perf.data.dataset import folder_tokenizer_spec, read_meta, vocabulary_problem
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.rules import shown
 
+GPT2_VOCAB_SIZE = 50257  # GPT-2's BPE: for a dataset with no meta.pkl, and for synthetic tokens
 GPT2_BPE_HASHES = {  # the official SHA-256 of GPT-2's BPE files, as tiktoken checks them
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
     "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
@@ -44,7 +45,7 @@ def gpt2_encoding():  # -> tiktoken.Encoding
         pat_str=r50k_pat_str,
         mergeable_ranks=ranks,
         special_tokens={"<|endoftext|>": 50256},
-        explicit_n_vocab=50257,
+        explicit_n_vocab=GPT2_VOCAB_SIZE,
     )
 
 

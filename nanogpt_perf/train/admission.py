@@ -13,19 +13,18 @@ from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
-from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
-from nanogpt_perf import settings as shared
+from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig, fields_of_kind
+from nanogpt_perf.config import Config, convert, rule_problem
 from nanogpt_perf.data.dataset import dataset_vocab_size, folder_tokenizer_spec, prepare_if_missing, vocabulary_mismatch
 from nanogpt_perf.data.identity import dataset_identity, identity_change
 from nanogpt_perf.data.token_check import check_token_ids
-from nanogpt_perf.data.tokenizer import Tokenizer, tokenizer_spec
+from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.hellaswag import download_val, read_examples
-from nanogpt_perf.rules import Rule, convert, settings_problem
 from nanogpt_perf.runtime import Runtime, dtype_problem, resolve_device
-from nanogpt_perf.settings import GPT2_VOCAB_SIZE, SHARED_CROSS, model_config
 from nanogpt_perf.train.autobatch import micro_batch, step_shape
+from nanogpt_perf.train.build import model_config
 from nanogpt_perf.train.checkpoint import resume_checkpoint
 from nanogpt_perf.train.ownership import out_dir_problem
 from nanogpt_perf.train.parallel import Ranks, torchrun_rank
@@ -40,55 +39,53 @@ PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "
 PER_COMMAND += ("run_data_preparer",)
 UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of these is no news
 # the GPTConfig fields that leave GPT-2's weights as they are: a run from GPT-2 takes them from its settings
-FREE_OF_WEIGHTS = ("dropout", "attention", "loss_chunk", "loss_impl", "activation_checkpointing")
+FREE_OF_WEIGHTS = fields_of_kind("kernel", "training")
 
 
-def resolve_settings(
-    s: dict[str, Any], given: set[str], rules: dict[str, Rule], cross: tuple
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def resolve_settings(cfg: Config, cross: tuple) -> tuple[Config, dict[str, Any] | None]:
     """The settings this run goes by, and its checkpoint when it resumes: torchrun's variables checked, the out_dir
     free for this run (refused while another holds it, and a new run where an earlier one left checkpoints unless
     overwrite=True), and on resume the checkpoint's settings as the base, overridden by those given (each change
     printed); its architecture, vocabulary and data fixed, iterations left to train. Then every rule between
-    settings (the shared ones' and cross), once, on what was merged."""
+    settings (cross), once, on what was merged."""
     master = torchrun_rank(os.environ) == 0
-    out_dir, resuming = Path(s["out_dir"]), s["init_from"] == "resume"
-    if master and (problem := out_dir_problem(out_dir, not resuming, s["overwrite"], s["eval_only"])):
+    out_dir, resuming = Path(cfg.out_dir), cfg.init_from == "resume"
+    if master and (problem := out_dir_problem(out_dir, not resuming, cfg.overwrite, cfg.eval_only)):
         raise UserError(problem)
-    checkpoint = resume_checkpoint(out_dir, s["resume_fallback"]) if resuming else None
+    checkpoint = resume_checkpoint(out_dir, cfg.resume_fallback) if resuming else None
+    merged = cfg.as_dict()
     if checkpoint is not None:
-        s, overrides = resume_settings(checkpoint, s, given, rules)
+        merged, overrides = resume_settings(checkpoint, cfg)
         if master and overrides:
             print("resumed settings overridden: " + "; ".join(overrides), flush=True)
-    if problem := settings_problem(s, rules, (*SHARED_CROSS, *cross)):
-        raise UserError(problem)
-    if checkpoint is not None and not s["eval_only"] and s["max_iters"] <= checkpoint["iter_num"]:
+    # a resumed run's dtype that this device has not (nanoGPT saves float16 from a CPU run) is auto here
+    device, dtype = merged["device"], merged["dtype"]
+    if checkpoint is not None and "dtype" not in cfg.given and dtype_problem(resolve_device(device), dtype):
+        if master:
+            print(f"resumed settings: dtype={dtype!r} not applied (not on {device}): auto", flush=True)
+        merged["dtype"] = "auto"
+    cfg = cfg.with_values(merged, cross)
+    if checkpoint is not None and not cfg.eval_only and cfg.max_iters <= checkpoint["iter_num"]:
         raise UserError(
-            f"the checkpoint in {out_dir} is at iter {checkpoint['iter_num']} and max_iters={s['max_iters']}: "
+            f"the checkpoint in {out_dir} is at iter {checkpoint['iter_num']} and max_iters={cfg.max_iters}: "
             f"nothing to train (max_iters counts from the run's start): set max_iters above "
             f"{checkpoint['iter_num']}, or eval_only=True to evaluate it"
         )
-    # a resumed run's dtype that this device has not (nanoGPT saves float16 from a CPU run) is auto here
-    if checkpoint is not None and "dtype" not in given and dtype_problem(resolve_device(s["device"]), s["dtype"]):
-        if master:
-            print(f"resumed settings: dtype={s['dtype']!r} not applied (not on {s['device']}): auto", flush=True)
-        s = s | {"dtype": "auto"}
-    return s, checkpoint
+    return cfg, checkpoint
 
 
-def resume_settings(
-    checkpoint: dict[str, Any], s: dict[str, Any], given: set[str], rules: dict[str, Rule]
-) -> tuple[dict, list[str]]:
+def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, Any], list[str]]:
     """The checkpoint's settings (ours, or nanoGPT's, which has the same names), overridden by those given on this
     command: the merged settings, and a line for each override that differs from the checkpoint and for each saved
     setting that does not apply here. A UserError for an override that cannot apply to the checkpoint, or a saved
-    value that is not a valid value here (by its rule, whose words, or_word's 'auto', it takes beside its type)."""
-    saved, identity, merged = checkpoint["config"], checkpoint.get("data_identity"), dict(s)
+    value that is not a valid value here."""
+    saved, identity, given, merged = checkpoint["config"], checkpoint.get("data_identity"), cfg.given, cfg.as_dict()
+    defaults = dict(merged)
     for key, value in saved.items():
         if key in merged and key not in given and key not in PER_COMMAND:
-            merged[key] = saved_value(key, value, s[key], rules.get(key))
+            merged[key] = saved_value(key, value, defaults[key], cfg.metadata(key))
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
-    was = lambda k: saved[k] if k in saved else getattr(shared, k)  # noqa: E731 (a setting it predates: its default)
+    was = lambda k: saved[k] if k in saved else cfg.defaults[k]  # noqa: E731 (a setting it predates: its default)
     fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
     moved = [k for k in changed if k in DATA_NAMES]  # another folder: only for the same files (or when asked)
     what = lambda keys: ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in keys)  # noqa: E731
@@ -125,13 +122,13 @@ def data_change(identity: dict[str, Any] | None, s: dict[str, Any]) -> str | Non
     return change and f"not the checkpoint's data ({change})"
 
 
-def saved_value(key: str, value: Any, default: Any, rule: Rule | None) -> Any:
+def saved_value(key: str, value: Any, default: Any, meta: dict[str, Any]) -> Any:
     """A checkpoint's setting as this train.py takes it (its type, within its rule), or a UserError naming it."""
     try:
-        value = convert(key, value, default, getattr(rule, "words", ()))
+        value = convert(key, value, default, meta.get("words", ()))
     except UserError as e:
         raise UserError(f"the checkpoint's settings are not this train.py's: {e}") from None
-    if rule and (valid := rule(value)):
+    if valid := rule_problem(value, meta):
         raise UserError(f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it")
     return value
 
@@ -144,16 +141,14 @@ class Data(NamedTuple):
     identity: dict[str, Any]  # its files as this run found them (nanogpt_perf/data/identity.py), for its checkpoints
 
 
-def admit_data(
-    s: dict[str, Any], given: set[str], ranks: Ranks, runtime: Runtime, checkpoint: dict[str, Any] | None
-) -> Data:
+def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str, Any] | None) -> Data:
     """The dataset, prepared on first use (rank 0, by this repository's own preparer unless run_data_preparer; the
     others wait), its vocabulary, every token id inside it (rank 0 reads; its error ends every rank), the same files
     as a resumed checkpoint's unless allow_changed_data, and the shape of a step: the micro-batch as set, or with
     tokens_per_iter the accumulation that makes that many tokens, at the largest micro-batch that fits ('auto')."""
-    path = Path(s["data_dir"]) / s["dataset"]
+    path = Path(cfg.data_dir) / cfg.dataset
     if ranks.master:
-        prepare_if_missing(path, s["run_data_preparer"])
+        prepare_if_missing(path, cfg.run_data_preparer)
     if ranks.distributed:
         dist.barrier()
     vocab_size, identity = dataset_vocab_size(path) or GPT2_VOCAB_SIZE, dataset_identity(path)
@@ -162,80 +157,80 @@ def admit_data(
     if ranks.master:
         check_token_ids(path, vocab_size)
         if saved and (change := identity_change(saved, identity)):
-            if not s["allow_changed_data"]:
+            if not cfg.allow_changed_data:
                 raise UserError(
-                    f"dataset {s['dataset']} changed since the checkpoint was saved: {change}; resume on it as it "
+                    f"dataset {cfg.dataset} changed since the checkpoint was saved: {change}; resume on it as it "
                     "is with --allow_changed_data=True"
                 )
             say(
-                f"dataset {s['dataset']} changed since the checkpoint was saved ({change}): resuming on it as it is, "
+                f"dataset {cfg.dataset} changed since the checkpoint was saved ({change}): resuming on it as it is, "
                 "as allow_changed_data=True asks"
             )
-    choose = lambda rows: micro_batch(rows, s, vocab_size, runtime, say)  # noqa: E731
-    batch_size, accumulation = step_shape(s, given, ranks.world_size, choose)
+    choose = lambda rows: micro_batch(rows, cfg, vocab_size, runtime, say)  # noqa: E731
+    batch_size, accumulation = step_shape(cfg, ranks.world_size, choose)
     if accumulation % ranks.world_size:
         raise UserError(f"gradient_accumulation_steps={accumulation} is not divisible by {ranks.world_size} ranks")
     say(f"vocab_size {vocab_size} from {path}")
     say(
-        f"tokens per iteration: {accumulation * batch_size * s['block_size']:,} ({accumulation // ranks.world_size} "
-        f"micro-batches x {ranks.world_size} ranks x {batch_size} x {s['block_size']})"
+        f"tokens per iteration: {accumulation * batch_size * cfg.block_size:,} ({accumulation // ranks.world_size} "
+        f"micro-batches x {ranks.world_size} ranks x {batch_size} x {cfg.block_size})"
     )
     return Data(path, vocab_size, batch_size, accumulation, identity)
 
 
-def initial_model(s: dict[str, Any], vocab_size: int, checkpoint: dict[str, Any] | None) -> GPT:
+def initial_model(cfg: Config, vocab_size: int, checkpoint: dict[str, Any] | None) -> GPT:
     """The model a run starts from: new (the vocabulary padded to a multiple of pad_vocab), the weights and
     architecture of its checkpoint, or GPT-2's weights (a hub name or a transformers folder); cropped to block_size,
     and refused when the data's vocabulary or block_size does not fit it."""
-    config = model_config(s, vocab_size)
-    if s["init_from"] == "scratch":
+    config = model_config(cfg, vocab_size)
+    if cfg.init_from == "scratch":
         return GPT(config)
     if checkpoint is not None:
         model, source = GPT.from_checkpoint(checkpoint, config), "checkpoint"
     else:
-        if recipe := [k for k in RECIPE_ARCHITECTURE if s[k] != GPTConfig.__dataclass_fields__[k].default]:
+        if recipe := [k for k in RECIPE_ARCHITECTURE if getattr(cfg, k) != GPTConfig.__dataclass_fields__[k].default]:
             raise UserError(
-                f"init_from={s['init_from']}: GPT-2's weights fix its architecture; drop {', '.join(recipe)}"
+                f"init_from={cfg.init_from}: GPT-2's weights fix its architecture; drop {', '.join(recipe)}"
             )
-        model_spec = folder_tokenizer_spec(Path(s["init_from"]))  # an export's characters, or GPT-2's BPE
-        data_spec = tokenizer_spec(Path(s["data_dir"]) / s["dataset"])
-        if problem := vocabulary_mismatch(model_spec, data_spec, s["dataset"]):
+        model_spec = folder_tokenizer_spec(Path(cfg.init_from))  # an export's characters, or GPT-2's BPE
+        data_spec = tokenizer_spec(Path(cfg.data_dir) / cfg.dataset)
+        if problem := vocabulary_mismatch(model_spec, data_spec, cfg.dataset):
             raise UserError(problem)
-        model, source = load_gpt2(s["init_from"], **{k: getattr(config, k) for k in FREE_OF_WEIGHTS}), s["init_from"]
-    if s["block_size"] > model.config.block_size:
-        raise UserError(f"block_size={s['block_size']} is larger than the {source}'s {model.config.block_size}")
+        model, source = load_gpt2(cfg.init_from, **{k: getattr(config, k) for k in FREE_OF_WEIGHTS}), cfg.init_from
+    if cfg.block_size > model.config.block_size:
+        raise UserError(f"block_size={cfg.block_size} is larger than the {source}'s {model.config.block_size}")
     if vocab_size > model.config.vocab_size:
         raise UserError(
-            f"dataset {s['dataset']} has {vocab_size} tokens, more than the {source}'s vocabulary of "
+            f"dataset {cfg.dataset} has {vocab_size} tokens, more than the {source}'s vocabulary of "
             f"{model.config.vocab_size}"
         )
-    if s["block_size"] < model.config.block_size:
-        model.crop_block_size(s["block_size"])
+    if cfg.block_size < model.config.block_size:
+        model.crop_block_size(cfg.block_size)
     return model
 
 
-def hellaswag_task(s: dict[str, Any], data_path: Path, ranks: Ranks) -> tuple[list, Callable] | None:
+def hellaswag_task(cfg: Config, data_path: Path, ranks: Ranks) -> tuple[list, Callable] | None:
     """HellaSwag's examples and the encoder that scores them, when hellaswag_interval asks for them: GPT-2's
     tokens and no FSDP; the official file downloaded once (rank 0) unless hellaswag_file names a copy."""
-    if not s["hellaswag_interval"]:
+    if not cfg.hellaswag_interval:
         return None
     tokenizer = Tokenizer.for_dataset(data_path)
-    if tokenizer.itos is not None or s["parallelism"] == "fsdp" and ranks.distributed:
+    if tokenizer.itos is not None or cfg.parallelism == "fsdp" and ranks.distributed:
         raise UserError(
-            f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer.name} with {s['parallelism']}"
+            f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer.name} with {cfg.parallelism}"
         )
-    file = s["hellaswag_file"]
-    path = Path(file) if file else Path(s["data_dir"]) / "hellaswag" / "hellaswag_val.jsonl"
+    file = cfg.hellaswag_file
+    path = Path(file) if file else Path(cfg.data_dir) / "hellaswag" / "hellaswag_val.jsonl"
     if ranks.master and not file:
         download_val(path)
     if ranks.distributed:
         dist.barrier()
-    return read_examples(path, s["hellaswag_examples"]), tokenizer.encode
+    return read_examples(path, cfg.hellaswag_examples), tokenizer.encode
 
 
-def import_wandb(s: dict[str, Any], master: bool) -> ModuleType | None:
+def import_wandb(cfg: Config, master: bool) -> ModuleType | None:
     """wandb, where wandb_log asks for it (rank 0): imported before the run writes anything (the last check)."""
-    if not (s["wandb_log"] and master):
+    if not (cfg.wandb_log and master):
         return None
     try:
         import wandb

@@ -11,11 +11,11 @@ largest divisor not above HOST_BATCH."""
 
 import gc
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from nanogpt_perf.config import Config
 from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.memory import held_memory_bytes, peak_memory_bytes, reset_peak_memory
@@ -67,18 +67,18 @@ def choose_micro_batch(rows: int, budget: int, probe: Probe, log: Callable[[str]
     return small
 
 
-def probe_steps(s: dict[str, Any], vocab_size: int, runtime: Runtime) -> Probe:
+def probe_steps(cfg: Config, vocab_size: int, runtime: Runtime) -> Probe:
     """probe(b): one training step with the settings s at micro-batch b on this device, built by build_training as
     train.py builds it (synthetic tokens): its peak memory and what stays held after it, or None when it does not
     fit. A failure other than memory is an error."""
 
     def probe(batch_size: int) -> tuple[int, int] | None:
         ranks = dist.get_world_size() if dist.is_initialized() else 1
-        given = s | {"batch_size": batch_size, "gradient_accumulation_steps": ranks}  # one micro-batch on each rank
+        given = cfg.replace(batch_size=batch_size, gradient_accumulation_steps=ranks)  # a micro-batch on each rank
         measured = None
         try:
             reset_peak_memory(runtime.device)
-            batches = SyntheticBatches(batch_size, s["block_size"], vocab_size, runtime.device, s["seed"])
+            batches = SyntheticBatches(batch_size, cfg.block_size, vocab_size, runtime.device, cfg.seed)
             training = build_training(given, runtime, batches, vocab_size=vocab_size)
             training.step()
             runtime.synchronize()
@@ -87,7 +87,7 @@ def probe_steps(s: dict[str, Any], vocab_size: int, runtime: Runtime) -> Probe:
             if not out_of_memory(e):
                 raise UserError(f"batch_size={batch_size} failed for another reason than memory: {e}") from e
         training = batches = None  # noqa: F841 (freed before the next probe)
-        if s["compile"]:
+        if cfg.compile:
             torch._dynamo.reset()  # each probe's model compiles afresh: no recompile limit reached, no graph kept
         gc.collect()
         if runtime.device_type == "cuda":
@@ -97,7 +97,7 @@ def probe_steps(s: dict[str, Any], vocab_size: int, runtime: Runtime) -> Probe:
     return probe
 
 
-def micro_batch(rows: int, s: dict[str, Any], vocab_size: int, runtime: Runtime, log: Callable[[str], None]) -> int:
+def micro_batch(rows: int, cfg: Config, vocab_size: int, runtime: Runtime, log: Callable[[str], None]) -> int:
     """The micro-batch batch_size='auto' means for rows sequences per rank and step on this runtime's device;
     under torch.distributed the smallest that any rank found. log(line) says how it was chosen."""
     if runtime.device_type != "cuda":
@@ -105,7 +105,7 @@ def micro_batch(rows: int, s: dict[str, Any], vocab_size: int, runtime: Runtime,
         how = f"no memory limit to find on {runtime.device_type}: at most {HOST_BATCH}"
     else:
         budget = int(torch.cuda.mem_get_info(runtime.device)[0] * MEMORY_BUDGET)
-        chosen = choose_micro_batch(rows, budget, probe_steps(s, vocab_size, runtime), log)
+        chosen = choose_micro_batch(rows, budget, probe_steps(cfg, vocab_size, runtime), log)
         how = "the largest that fits"
     if dist.is_initialized():
         agreed = torch.tensor(chosen, device=runtime.device)
@@ -115,18 +115,17 @@ def micro_batch(rows: int, s: dict[str, Any], vocab_size: int, runtime: Runtime,
     return chosen
 
 
-def step_shape(s: dict[str, Any], given: set[str], world_size: int, choose: Callable[[int], int]) -> tuple[int, int]:
-    """(micro-batch per rank, micro-batches per optimizer step over all ranks) for the settings s: as set, or with
+def step_shape(cfg: Config, world_size: int, choose: Callable[[int], int]) -> tuple[int, int]:
+    """(micro-batch per rank, micro-batches per optimizer step over all ranks) for the settings cfg: as set, or with
     tokens_per_iter set, the accumulation that makes exactly that many tokens, at batch_size or, for 'auto', at
     choose(sequences per rank and step). A UserError says what does not add up."""
-    batch, accumulation, block, tokens = (
-        s[k] for k in ("batch_size", "gradient_accumulation_steps", "block_size", "tokens_per_iter")
-    )
+    batch, accumulation, block = cfg.batch_size, cfg.gradient_accumulation_steps, cfg.block_size
+    tokens = cfg.tokens_per_iter
     if not tokens:
         if batch == "auto":
             raise UserError("batch_size='auto' needs tokens_per_iter, the tokens of one optimizer step (e.g. 491520)")
         return batch, accumulation
-    if "gradient_accumulation_steps" in given:
+    if "gradient_accumulation_steps" in cfg.given:
         raise UserError(
             f"tokens_per_iter={tokens} sets gradient_accumulation_steps: give one of the two (tokens_per_iter=0 to "
             "set the accumulation yourself)"

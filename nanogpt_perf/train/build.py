@@ -2,18 +2,59 @@
 optimizer, the GradScaler and the TrainStep. train.py, bench.py's measurement and the micro-batch search all build
 through build_training, so that what bench.py times is what train.py runs, and a new setting reaches all three."""
 
+import importlib.util
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from model import GPT
+from model import GPT, GPTConfig
+from nanogpt_perf.config import Config, setting
 from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.kernels import triton_problem
+from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.optim import build_optimizer
-from nanogpt_perf.runtime import Runtime
-from nanogpt_perf.settings import model_config
+from nanogpt_perf.runtime import Runtime, resolve_device
 from nanogpt_perf.train.parallel import unwrap, wrap_model
 from nanogpt_perf.train.step import TrainStep
+
+# nanoGPT's train.py trains without biases; GPTConfig's default (True) is GPT-2's, which its checkpoints need
+TRAINING_DEFAULTS = {"bias": False}
+
+
+@dataclass
+class BuildConfig:
+    """How the model is made from the settings and the data"""
+
+    pad_vocab: int = setting(64, "vocab_size rounded up to a multiple of this (50257 -> 50304); 1 = off", min=1,
+                             note=" (1 = off)")  # fmt: skip
+
+
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple, e.g. a vocab of 50257 padded to 50304 (a multiple of 64) for faster matmuls."""
+    return -(-n // multiple) * multiple
+
+
+def model_config(cfg: Config, vocab_size: int) -> GPTConfig:
+    """The GPTConfig of the settings for a vocabulary of vocab_size tokens (the data's, padded to a multiple of
+    pad_vocab); a UserError for a model too large to build here."""
+    padded = round_up(vocab_size, cfg.pad_vocab)
+    if problem := model_size_problem(cfg.n_layer, cfg.n_embd, padded, cfg.block_size):
+        raise UserError(problem)
+    return replace(cfg.model, vocab_size=padded)
+
+
+def kernels_run_here(cfg: Any) -> None:
+    """The rule between loss_impl and the device: 'triton' needs triton and a device its kernel runs on, 'liger'
+    needs liger-kernel."""
+    if cfg.loss_impl == "triton" and (problem := triton_problem(resolve_device(cfg.device))):
+        raise ValueError(f"loss_impl='triton' cannot run here: {problem}; 'plain' or 'fused' run everywhere")
+    if cfg.loss_impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        raise ValueError(
+            "loss_impl must be plain or fused here: liger needs liger-kernel (pip install -e '.[liger]'; CUDA only)"
+        )
 
 
 class Training(NamedTuple):
@@ -24,29 +65,23 @@ class Training(NamedTuple):
     step: TrainStep
 
 
-def optimizer_for(model: GPT, s: dict[str, Any]) -> torch.optim.Optimizer:
-    """The optimizer the settings s name, over model's parameters (FSDP's shards, once it is sharded)."""
-    hyper = dict(learning_rate=s["learning_rate"], weight_decay=s["weight_decay"], betas=(s["beta1"], s["beta2"]))
-    muon = {k: s[k] for k in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_ns_steps")}
-    return build_optimizer(model, s["optimizer"], fused=s["fused_adamw"], **hyper, **muon)
-
-
 def build_training(
-    s: dict[str, Any],
+    cfg: Config,
     runtime: Runtime,
     batches: TokenBatches,
     model: GPT | None = None,
     vocab_size: int | None = None,
 ) -> Training:
-    """What the settings s train, on runtime's device: model (else a new GPT of s for vocab_size tokens), moved to
-    the device and compiled in compile_mode when s asks (the one place a model is compiled), wrapped in DDP or
+    """What the settings train, on runtime's device: model (else a new GPT of cfg for vocab_size tokens), moved to
+    the device and compiled in compile_mode when cfg asks (the one place a model is compiled), wrapped in DDP or
     sharded by FSDP2 (parallelism) under torch.distributed; its optimizer, a GradScaler (float16 only), and the
     TrainStep over batches with this rank's share of gradient_accumulation_steps (over all ranks) a step. The caller
     seeds torch's generator first: a new model draws its weights here."""
-    model = model if model is not None else GPT(model_config(s, vocab_size))
-    wrapped = wrap_model(model, s.get("parallelism", "ddp"), runtime, s["compile"], s["compile_mode"])
-    optimizer = optimizer_for(unwrap(wrapped), s)
+    model = model if model is not None else GPT(model_config(cfg, vocab_size))
+    parallelism = cfg.parallelism if "parallelism" in cfg else "ddp"
+    wrapped = wrap_model(model, parallelism, runtime, cfg.compile, cfg.compile_mode)
+    optimizer = build_optimizer(unwrap(wrapped), cfg.optim)
     scaler = runtime.grad_scaler()
-    accumulation = s["gradient_accumulation_steps"] // (dist.get_world_size() if dist.is_initialized() else 1)
-    step = TrainStep(wrapped, optimizer, scaler, runtime, batches, accumulation, s["grad_clip"])
+    accumulation = cfg.gradient_accumulation_steps // (dist.get_world_size() if dist.is_initialized() else 1)
+    step = TrainStep(wrapped, optimizer, scaler, runtime, batches, accumulation, cfg.grad_clip)
     return Training(wrapped, unwrap(wrapped), optimizer, scaler, step)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 from model import GPT
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.optim import hyperparameters_kept
 from nanogpt_perf.runtime import PTDTYPES, Runtime
 
 PARALLELISMS = ("ddp", "fsdp")
@@ -217,11 +218,13 @@ def load_full_state(
 ) -> None:
     """Load what full_state saved (or a checkpoint of a single process or of DDP) into a plain model, DDP or FSDP;
     under FSDP every rank calls it with the whole state and keeps its own shard. model_state None: the weights are
-    already in the model (loaded before it was wrapped)."""
+    already in the model (loaded before it was wrapped). The optimizer keeps the hyperparameters it was built with
+    (this run's settings), and takes the state's moments and steps."""
     if not is_fsdp(model):
         if model_state is not None:
             unwrap(model).load_state_dict(model_state)
-        optimizer.load_state_dict(optimizer_state)
+        with hyperparameters_kept(optimizer):
+            optimizer.load_state_dict(optimizer_state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
@@ -229,7 +232,8 @@ def load_full_state(
     if model_state is not None:
         set_model_state_dict(model, model_state, options=options)
     by_name_state = by_name(optimizer_state, param_names(model, optimizer))
-    set_optimizer_state_dict(model, optimizer, by_name_state, options=options)
+    with hyperparameters_kept(optimizer):
+        set_optimizer_state_dict(model, optimizer, by_name_state, options=options)
 
 
 def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

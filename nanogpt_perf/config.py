@@ -1,0 +1,201 @@
+"""Settings declared as dataclass fields beside the code that uses them (setting()), checked once, and held as a
+Config: each part's typed object and every setting by its flat name. configurator.py reads a command line into one;
+this module imports no torch (the data preparers' worker processes import it)."""
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from nanogpt_perf.errors import UserError
+
+INT64_MAX = 2**63 - 1
+EXACT_FLOAT = 2**53  # above it, not every integer is a float: an int setting takes no float beyond it
+Check = Callable[[Any], None]  # raises ValueError(what would be valid) for an invalid value
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    interval: str | None = None,
+    note: str = "",
+    choices: Iterable[str] = (),
+    words: Iterable[str] = (),
+    check: Check | None = None,
+    inf: bool = False,
+) -> Any:
+    """A dataclass field declaring a setting: its default, its help and what is valid: min (>=), max (<=), above
+    (>), interval ('[0, 1)'), note (said after the bound: ' (0 = off)'), choices, words it takes beside values of
+    its type ('auto'), check (raises ValueError saying what is valid; a path's: nanogpt_perf/rules.py), inf (takes
+    float('inf'))."""
+    rule = dict(min=min, max=max, above=above, interval=interval, check=check)
+    rule = {k: v for k, v in rule.items() if v is not None}
+    meta = dict(help=help, note=note, choices=tuple(choices), words=tuple(words), inf=inf, **rule)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def declared(part: type) -> dict[str, dataclasses.Field]:
+    """A part's settings: its dataclass fields that have a help (a field without one, GPTConfig's vocab_size, is
+    set by the code, not by the user)."""
+    return {f.name: f for f in dataclasses.fields(part) if f.metadata.get("help")}
+
+
+def shown(value: Any) -> str:
+    """repr(value) for an error line: a huge int by its size, a long text cut, an object by its type."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
+    if type(value) in (bool, int, float):
+        return repr(value)
+    if type(value) is str:
+        return repr(value) if len(value) <= 80 else repr(value[:80]) + f"... ({len(value):,} characters)"
+    kind = type(value)
+    return f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}"
+
+
+def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:
+    """value as the type of default (or one of the setting's words), or a UserError where that would lose or invent
+    information. Only plain bool, int, float and str are taken (a subclass of one is refused, not asked)."""
+    kind, given = type(default), type(value)
+    if given is str and value in words:
+        return value
+    if kind is bool and given in (bool, int) and value in (0, 1):
+        return bool(value)
+    if kind is int and given is int:
+        return value
+    if kind is int and given is float and value.is_integer() and abs(value) <= EXACT_FLOAT:  # 1e5
+        return int(value)
+    if kind is float and given in (int, float):
+        try:
+            return float(value)
+        except OverflowError:
+            raise UserError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
+    if kind is str and given is str:
+        return value
+    also = "".join(f" or {w!r}" for w in words)
+    raise UserError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
+
+
+def rule_problem(value: Any, meta: dict[str, Any]) -> str | None:
+    """What a setting's value must be when it is not valid ('>= 1', 'one of a, b'), else None."""
+    if value in meta.get("words", ()):
+        return None
+    if type(value) is float and not math.isfinite(value) and not (meta.get("inf") and value == math.inf):
+        return "a finite number, or inf (no limit)" if meta.get("inf") else "a finite number"
+    if type(value) is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        return "an integer within 64 bits (-2**63 to 2**63 - 1)"
+    valid = bound_problem(value, meta)
+    if valid is None and (check := meta.get("check")):
+        try:
+            check(value)
+        except ValueError as e:
+            valid = str(e)
+    if valid and meta.get("words"):
+        valid = " or ".join([*map(repr, meta["words"]), valid])
+    return valid
+
+
+def bound_problem(value: Any, meta: dict[str, Any]) -> str | None:
+    if (choices := meta.get("choices")) and value not in choices:
+        return f"one of {', '.join(choices)}"
+    if value == math.inf:  # inf passes every bound where a setting takes it
+        return None
+    note = meta.get("note", "")
+    if "min" in meta and value < meta["min"]:
+        return f">= {meta['min']}{note}"
+    if "above" in meta and value <= meta["above"]:
+        return f"> {meta['above']}{note}"
+    if "max" in meta and value > meta["max"]:
+        return f"<= {meta['max']}"
+    if interval := meta.get("interval"):
+        low, high = (float(x) for x in interval[1:-1].split(","))
+        inside = (value > low if interval[0] == "(" else value >= low) and (
+            value < high if interval[-1] == ")" else value <= high
+        )
+        return None if inside else f"in {interval}"
+    return None
+
+
+class Config:
+    """What configure() returns: each part's typed object by its name (cfg.model, a GPTConfig) and every setting by
+    its flat name (cfg.learning_rate); given: the settings the command's config files and flags set; defaults:
+    every setting's default as the script declares it; cross: the rules between settings it was checked with."""
+
+    def __init__(
+        self, parts: dict[str, Any], given: Iterable[str] = (), cross: tuple = (), defaults: dict | None = None
+    ):
+        owner = {k: part for part in parts.values() for k in declared(type(part))}
+        defaults = {k: declared(type(p))[k].default for k, p in owner.items()} | (defaults or {})
+        self.__dict__.update(parts=parts, given=frozenset(given), cross=tuple(cross), defaults=defaults, _owner=owner)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.__dict__["parts"]:
+            return self.__dict__["parts"][name]
+        if name in self.__dict__["_owner"]:
+            return getattr(self.__dict__["_owner"][name], name)
+        raise AttributeError(f"no setting {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("settings are read-only: cfg.replace(name=value) makes a changed copy")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._owner
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by its flat name, as checkpoints, manifests and logs record them."""
+        return {k: getattr(part, k) for k, part in self._owner.items()}
+
+    def metadata(self, name: str) -> dict[str, Any]:
+        """A setting's declaration: its help and what is valid."""
+        return dict(declared(type(self._owner[name]))[name].metadata)
+
+    def with_values(self, values: dict[str, Any], cross: tuple | None = None) -> "Config":
+        """A Config of the same parts holding values (every setting), checked as configure checks them: each
+        against its declaration, then the rules between them (cross, else this config's)."""
+        types = {name: type(part) for name, part in self.parts.items()}
+        return build(types, values, self.given, self.cross if cross is None else cross, self.defaults)
+
+    def replace(self, **changes: Any) -> "Config":
+        """This config with some settings changed, checked as configure checks them."""
+        if unknown := set(changes) - set(self._owner):
+            raise TypeError(f"no setting {', '.join(sorted(unknown))}")
+        return self.with_values(self.as_dict() | changes)
+
+
+def build(
+    parts: dict[str, type],
+    values: dict[str, Any],
+    given: Iterable[str] = (),
+    cross: tuple = (),
+    defaults: dict | None = None,
+) -> Config:
+    """The Config of values (every setting of the parts by its flat name), each checked against its declaration,
+    each part's own checks run (its __post_init__'s ValueError), then the rules between settings (cross: each
+    raises ValueError with the whole line): the first mistake is a UserError."""
+    meta = {k: f.metadata for part in parts.values() for k, f in declared(part).items()}
+    for name, value in values.items():
+        if valid := rule_problem(value, meta[name]):
+            raise UserError(f"{name} must be {valid}, not {shown(value)}")
+    try:
+        made = {k: part(**{f: values[f] for f in declared(part)}) for k, part in parts.items()}
+        cfg = Config(made, given, cross, defaults)
+        for rule in cross:
+            rule(cfg)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return cfg
+
+
+def flat_defaults(parts: dict[str, type], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every setting of the parts by its flat name and default (a script's overrides of a part's defaults win); a
+    name declared by two parts is a mistake of the code's."""
+    found: dict[str, Any] = {}
+    for part in parts.values():
+        for name, f in declared(part).items():
+            if name in found:
+                raise TypeError(f"the setting {name} is declared twice ({part.__name__} and another part)")
+            found[name] = f.default
+    return found | (overrides or {})
