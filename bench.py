@@ -119,7 +119,7 @@ if cfg.skip_rungs and not ladder:
     raise UserError("skip_rungs is for the ladder: add --ladder=True")
 if (profile or memory_snapshot) and modes:
     raise UserError(f"profile and memory_snapshot look at one configuration: drop --{modes[0]}")
-sweep_key, sweep_at = sweep_values(cfg, sweep, fixed=NOT_MEASURED) if sweep else ("", [])
+sweep_key, sweep_at = sweep_values(cfg, sweep, (*NOT_MEASURED, "burn_in", "steps")) if sweep else ("", [])
 if sweep_key == "compile_mode" and not cfg.compile:
     raise UserError("a compile_mode sweep needs compile=True")
 

@@ -43,7 +43,7 @@ def parse_flag(raw: str, default: Any) -> Any:
         value = ast.literal_eval(raw)
     except Exception:  # not a literal: the text, which convert refuses with the setting's type
         return raw
-    if type(default) is int and type(value) is float and abs(value) > EXACT_FLOAT:
+    if type(default) is int and type(value) is float and abs(value) >= EXACT_FLOAT:
         exact = decimal.Decimal(raw.strip())
         return int(exact) if exact == exact.to_integral_value() else value
     return value

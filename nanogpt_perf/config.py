@@ -66,7 +66,7 @@ def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> 
         return bool(value)
     if kind is int and given is int:
         return value
-    if kind is int and given is float and value.is_integer() and abs(value) <= EXACT_FLOAT:  # 1e5
+    if kind is int and given is float and value.is_integer() and abs(value) < EXACT_FLOAT:  # 1e5
         return int(value)
     if kind is float and given in (int, float):
         try:

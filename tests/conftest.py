@@ -5,7 +5,9 @@ import runpy
 import signal
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -113,3 +115,46 @@ def tiny_data(tmp_path_factory) -> Path:
     (folder / "input.txt").write_text("\n".join(lines * 300) + "\n")
     prepare(folder)
     return data_dir
+
+
+class Declarations(NamedTuple):
+    """What a script hands configure(): its parts, every setting's default as it declares them, and its rules
+    between settings (train.py's are those it hands admission, once a resumed run's settings are merged)."""
+
+    parts: dict
+    defaults: dict
+    cross: tuple
+
+    def config(self, **values):
+        """The Config the script would run with these settings changed, checked as configure checks them."""
+        from nanogpt_perf.config import build
+
+        return build(self.parts, self.defaults | values, (), self.cross, self.defaults)
+
+
+class _Captured(Exception):
+    pass
+
+
+@cache
+def declarations(script: str) -> Declarations:
+    """A script's declarations, run up to its configure() call (which is replaced for it)."""
+    import configurator
+    from nanogpt_perf.config import flat_defaults
+
+    def capture(argv=None, cross=(), defaults=None, **parts):
+        raise _Captured(Declarations(parts, flat_defaults(parts, defaults), tuple(cross)))
+
+    real, configurator.configure = configurator.configure, capture
+    try:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+    except _Captured as e:
+        found = e.args[0]
+    finally:
+        configurator.configure = real
+    if script == "train.py":
+        from nanogpt_perf.optim import muon_rules, schedule_rules
+        from nanogpt_perf.train.build import kernels_run_here
+
+        found = found._replace(cross=(schedule_rules, muon_rules, kernels_run_here))
+    return found

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import TINY_MODEL, assert_one_line_error, run_in_process, run_script
+from conftest import TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
+from nanogpt_perf.config import build
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.train.autobatch import choose_micro_batch, divisors, step_shape
 
@@ -47,8 +48,15 @@ def test_the_largest_divisor_predicted_to_fit_then_checked(rows, held, per_row, 
 
 def shape(given=(), world_size=1, fits_up_to=32, **settings):
     s = dict(batch_size="auto", gradient_accumulation_steps=40, block_size=1024, tokens_per_iter=491520) | settings
+    cfg = train_settings(given, **s)
     largest_that_fits = lambda rows: next((b for b in divisors(rows) if b <= fits_up_to), 0)  # noqa: E731
-    return step_shape(s, set(given), world_size, largest_that_fits)
+    return step_shape(cfg, world_size, largest_that_fits)
+
+
+def train_settings(given, **values):
+    """train.py's settings with values, as its command gave the settings named in given."""
+    declared = declarations("train.py")
+    return build(declared.parts, declared.defaults | values, given, (), declared.defaults)
 
 
 def test_step_shape_keeps_the_tokens_of_a_step():
@@ -100,14 +108,12 @@ def test_train_py_chooses_the_micro_batch_and_derives_the_accumulation(tiny_data
 
 
 def test_a_probe_runs_one_step_of_the_settings_as_set():
-    import nanogpt_perf.settings as shared
-    from configurator import declared
     from nanogpt_perf.runtime import resolve_runtime
     from nanogpt_perf.train.autobatch import probe_steps
 
-    settings = declared({}, shared)[0] | dict(n_layer=1, n_head=2, n_embd=16, block_size=16, compile=False)
-    settings |= dict(
-        batch_size="auto", gradient_accumulation_steps=40, loss_impl="fused", activation_checkpointing=True
-    )
+    settings = declarations("train.py").config(
+        n_layer=1, n_head=2, n_embd=16, block_size=16, compile=False, batch_size="auto",
+        gradient_accumulation_steps=40, loss_impl="fused", activation_checkpointing=True,
+    )  # fmt: skip
     peak, held = probe_steps(settings, 50, resolve_runtime("cpu", "float32"))(4)
     assert peak > 0 and held > 0  # a step ran (on a CPU the two are resident sets, not an allocator's figures)

@@ -8,11 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from configurator import declared
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_script
+from configurator import sweep_values
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
 from model import GPT, GPTConfig
-from nanogpt_perf import settings as shared
-from nanogpt_perf.bench.cases import Case, ladder_cases, largest_fitting, sweep_values
+from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
 from nanogpt_perf.bench.measure import FIGURES, run_case
 from nanogpt_perf.bench.regression import compare_results, verdict
 from nanogpt_perf.data.loader import SyntheticBatches
@@ -126,14 +125,14 @@ def bench_case(name: str = "as set", **changes) -> Case:
     """A Case of SMALL's shape with bench.py's defaults otherwise (compile off), as bench.py makes one."""
     model = dict(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
     work = dict(batch_size=2, gradient_accumulation_steps=1, compile=False)
-    return Case(name, declared({}, shared)[0] | model | work | changes)
+    return Case(name, declarations("bench.py").config(**(model | work | changes)))
 
 
 def test_ladder_rungs_are_cumulative_and_skip_what_cannot_run():
     base = bench_case(vocab_size=50257, compile=True, dtype="bfloat16")
     cases = ladder_cases(base, torch.device("cpu"))
     first, last = cases[0][0].settings, cases[-1][0].settings
-    assert (first["dtype"], first["tf32"], first["compile"], first["fused_adamw"], first["attention"]) == (
+    assert (first.dtype, first.tf32, first.compile, first.fused_adamw, first.attention) == (
         "float32",
         False,
         False,
@@ -141,31 +140,38 @@ def test_ladder_rungs_are_cumulative_and_skip_what_cannot_run():
         "manual",
     )
     assert cases[0][0].measured()["vocab_size"] == 50257 and cases[-1][0].measured()["vocab_size"] == 50304
-    assert (last["dtype"], last["compile"], last["fused_adamw"], last["attention"]) == ("bfloat16", True, True, "sdpa")
+    assert (last.dtype, last.compile, last.fused_adamw, last.attention) == ("bfloat16", True, True, "sdpa")
     reasons = {c.name: why for c, why in cases}
-    assert reasons["+TF32"] == "TF32 is CUDA only" and not last["tf32"]
+    assert reasons["+TF32"] == "TF32 is CUDA only" and not last.tf32
     assert sum(why is None for why in reasons.values()) == 6
 
     skipped = ladder_cases(base, torch.device("cpu"), skip=["compile"])
     assert dict((c.name, why) for c, why in skipped)["+torch.compile"] == "left out by skip_rungs"
-    assert not any(c.settings["compile"] for c, _ in skipped)
+    assert not any(c.settings.compile for c, _ in skipped)
     padded = ladder_cases(base.but(vocab_size=80, pad_vocab=16), torch.device("cpu"))  # 80 is a multiple of 16
     assert padded[5][1] == "vocab_size 80 is a multiple of 16 already"
     with pytest.raises(UserError, match="no rung turbo"):
         ladder_cases(base, torch.device("cpu"), skip=["turbo"])
 
 
-def test_sweep_values_are_parsed_and_checked():
-    assert sweep_values("batch_size", "1, 2,4") == [1, 2, 4]
-    assert sweep_values("attention", "manual,flash") == ["manual", "flash"]
-    for key, values, message in [
-        ("n_layer", "1,2", "cannot sweep"),
-        ("batch_size", "1,0", "whole numbers"),
-        ("block_size", "", "needs values"),
-        ("compile_mode", "default,fastest", "fastest"),
+def test_any_setting_sweeps_its_values_read_and_checked_as_flags():
+    """bench.py's --sweep=KEY=V1,V2 takes any setting of the timed configuration (the model's shape and learning
+    rate too), each value converted and checked as --KEY=V would be; bench.py's own settings are not swept."""
+    case = bench_case()
+    assert sweep_values(case.settings, "batch_size=1, 2,4", NOT_MEASURED) == ("batch_size", [1, 2, 4])
+    assert sweep_values(case.settings, "attention=manual,flash", NOT_MEASURED)[1] == ["manual", "flash"]
+    assert sweep_values(case.settings, "n_layer=1,2", NOT_MEASURED)[1] == [1, 2]
+    assert sweep_values(case.settings, "learning_rate=1e-3,3e-4", NOT_MEASURED)[1] == [1e-3, 3e-4]
+    for text, message in [
+        ("out_json=a.json,b.json", "cannot sweep out_json"),
+        ("batch_size=1,0", "batch_size must be >= 1, not 0"),
+        ("block_size=", "sweep must be KEY=V1,V2"),
+        ("compile_mode=default,fastest", "compile_mode must be one of"),
+        ("n_head=3", "n_embd=32 is not divisible by n_head=3"),
+        ("batch_sise=1", "did you mean 'batch_size'"),
     ]:
         with pytest.raises(UserError, match=message):
-            sweep_values(key, values)
+            sweep_values(case.settings, text, NOT_MEASURED)
 
 
 @pytest.mark.parametrize("largest, limit", [(37, 1000), (64, 1000), (1, 1000), (0, 1000), (1000, 100), (5, 5)])
@@ -318,7 +324,7 @@ def test_regression_check_exit_codes(ladder, tmp_path):
 @pytest.mark.slow
 def test_sweep_and_profile_end_to_end(tmp_path):
     out = tmp_path / "sweep.json"
-    sweep = ["--sweep=batch_size", "--values=1,3"]
+    sweep = ["--sweep=batch_size=1,3"]
     result = run_script("bench.py", *TINY_BENCH, *sweep, "--steps=1", "--burn_in=1", f"--out_json={out}")
     assert result.returncode == 0, result.stderr
     doc = json.loads(out.read_text())
@@ -338,7 +344,8 @@ def test_sweep_and_profile_end_to_end(tmp_path):
     "args, message",
     [
         (["--ladder=True", "--skip_rungs=turbo"], "no rung turbo"),
-        (["--ladder=True", "--sweep=batch_size", "--values=1"], "not ladder and sweep"),
+        (["--ladder=True", "--sweep=batch_size=1"], "not ladder and sweep"),
+        (["--sweep=steps=1,2"], "cannot sweep steps"),
         (["--burn_in=0"], "burn_in"),
         (["--ladder=True", "--profile=True"], "drop --ladder"),
     ],

@@ -1,24 +1,35 @@
-import runpy
+"""Settings: flags and config files convert to each setting's type only where nothing is lost, every value is checked
+against its declaration once, and every script's declarations are whole (each number bounded, each default valid)."""
+
 import subprocess
 import sys
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import pytest
 
-from configurator import apply_overrides, configure, configure_command, declared, settings_of
-from conftest import ROOT
+from configurator import configure, read_overrides, sweep_values
+from conftest import ROOT, declarations
+from nanogpt_perf.config import build, declared, flat_defaults, setting
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.rules import at_least, not_above, settings_problem, unruled
-from nanogpt_perf.settings import SHARED_CROSS
-
-DEFAULTS = {"max_iters": 100, "learning_rate": 6e-4, "compile": True, "out_dir": "out", "wandb_run_name": "gpt2"}
 
 
-def test_settings_of_keeps_only_plain_public_values():
-    import math
+@dataclass
+class Demo:
+    """Settings of a demo"""
 
-    namespace = {"a": 1, "b": 2.0, "c": "x", "d": False, "_private": 3, "math": math, "f": len, "l": [1]}
-    assert settings_of(namespace) == {"a": 1, "b": 2.0, "c": "x", "d": False}
+    max_iters: int = setting(100, "steps", min=0)
+    learning_rate: float = setting(6e-4, "peak", min=0)
+    compile: bool = setting(True, "compile")
+    out_dir: str = setting("out", "where")
+    wandb_run_name: str = setting("gpt2", "a name")
+    seed: int = setting(1337, "seed", min=0)
+
+
+DEFAULTS = flat_defaults({"demo": Demo})
+
+
+def overrides(argv: list[str]) -> dict:
+    return DEFAULTS | read_overrides(DEFAULTS, {}, argv)
 
 
 @pytest.mark.parametrize(
@@ -34,75 +45,96 @@ def test_settings_of_keeps_only_plain_public_values():
         ("--compile=0", "compile", False),
         ("--out_dir=runs/a=b", "out_dir", "runs/a=b"),
         ("--wandb_run_name=123", "wandb_run_name", "123"),
+        ("--seed=9007199254740993.0", "seed", 9007199254740993),  # past float's exact integers: read exactly
+        ("--seed=1e20", "seed", 10**20),
     ],
 )
 def test_flags_convert_to_the_setting_type(flag, key, expected):
-    value = apply_overrides(DEFAULTS, [flag])[key]
+    value = overrides([flag])[key]
     assert value == expected and type(value) is type(expected)
 
 
 @pytest.mark.parametrize(
     "flag",
-    [
-        "--max_iters=1.5",
-        "--max_iters=abc",
-        "--learning_rate=fast",
-        "--compile=maybe",
-        "--compile=2",
-        "--max_iters=True",
-    ],
-)
+    ["--max_iters=1.5", "--max_iters=abc", "--learning_rate=fast", "--compile=maybe", "--compile=2",
+     "--max_iters=True", "--seed=9007199254740993.5"],
+)  # fmt: skip
 def test_lossy_or_wrong_values_are_refused(flag):
     with pytest.raises(UserError, match=flag[2:].split("=")[0]):
-        apply_overrides(DEFAULTS, [flag])
+        overrides([flag])
+
+
+def test_a_config_files_float_past_exact_integers_is_refused_for_an_int(tmp_path):
+    """9007199254740993.0 in a config file is a float already, 2**53 + 1 rounded away: nothing can say what was
+    meant, so an int setting refuses it rather than take 2**53."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text("seed = 9007199254740993.0\n")
+    with pytest.raises(UserError, match="seed must be int"):
+        overrides([str(cfg)])
 
 
 def test_unknown_flag_suggests_the_closest_key():
     with pytest.raises(UserError, match="did you mean 'max_iters'"):
-        apply_overrides(DEFAULTS, ["--max_iter=10"])
+        overrides(["--max_iter=10"])
 
 
 def test_flag_without_value_is_refused():
     with pytest.raises(UserError, match="no value"):
-        apply_overrides(DEFAULTS, ["--compile"])
+        overrides(["--compile"])
 
 
 def test_config_file_then_flags_in_order(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text("import time\nmax_iters = 20\nlearning_rate = 1\nout_dir = 'a' + str(1)\n_helper = 3\n")
-    settings = apply_overrides(DEFAULTS, [str(cfg), "--max_iters=30"])
+    settings = overrides([str(cfg), "--max_iters=30"])
     assert settings["max_iters"] == 30 and settings["learning_rate"] == 1.0 and settings["out_dir"] == "a1"
-    assert apply_overrides(DEFAULTS, ["--max_iters=30", str(cfg)])["max_iters"] == 20
+    assert overrides(["--max_iters=30", str(cfg)])["max_iters"] == 20
+
+
+def test_a_config_files_imports_functions_and_classes_are_not_settings(tmp_path):
+    """configurator.py says imports and helpers in a config file are ignored: `from math import pi` binds a float."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from math import pi, e as euler\nimport os.path\n\ndef half(x):\n    return x / 2\n\n"
+        "class Helper:\n    pass\n\nlearning_rate = half(pi) / 1000\n"
+    )
+    assert overrides([str(cfg)])["learning_rate"] == pytest.approx(1.5707963e-3)
 
 
 def test_unknown_key_in_config_file_names_the_file(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text("learnin_rate = 1e-3\n")
     with pytest.raises(UserError, match=r"cfg\.py; did you mean 'learning_rate'"):
-        apply_overrides(DEFAULTS, [str(cfg)])
+        overrides([str(cfg)])
 
 
 def test_wrong_type_in_config_file(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text("max_iters = '10'\n")
     with pytest.raises(UserError, match="max_iters must be int"):
-        apply_overrides(DEFAULTS, [str(cfg)])
+        overrides([str(cfg)])
 
 
 def test_missing_config_file():
     with pytest.raises(UserError, match="not found"):
-        apply_overrides(DEFAULTS, ["config/does_not_exist.py"])
+        overrides(["config/does_not_exist.py"])
 
 
-# the range checks (nanogpt_perf/rules.py), applied by configure() to the final values
+# every script's declarations, as it hands them to configure()
 
 SCRIPTS = [
     "train.py",
     "bench.py",
     "sample.py",
     "export.py",
+    "hellaswag.py",
+    "plot.py",
     "benchmarks/generate.py",
     "benchmarks/loader.py",
+    "benchmarks/losses.py",
+    "benchmarks/muon.py",
+    "benchmarks/prepare.py",
+    "benchmarks/time_to_loss.py",
     "scripts/soak.py",
     "scripts/preemption_check.py",
     "data/openwebtext/prepare.py",
@@ -110,52 +142,22 @@ SCRIPTS = [
 ]
 
 
-class Captured(Exception):
-    """What a script passes to configure()."""
-
-
-class Script(NamedTuple):
-    settings: dict
-    rules: dict
-    cross: tuple
-    words: dict
-
-
-def defaults_of(script: str, monkeypatch) -> Script:
-    """A script's settings as it defines them (and the shared ones it takes), its rules, its rules between settings
-    and the words its settings take besides values of their types, run up to its configure() call. train.py checks
-    its rules between settings itself, once a resumed run's are merged: its CROSS."""
-    import configurator
-
-    def capture(namespace, argv=None, rules=None, cross=(), shared=None):
-        settings, rules = declared(namespace, shared, rules)
-        words = {k: rule.words for k, rule in rules.items() if hasattr(rule, "words")}
-        if "CROSS" in namespace:  # train.py's, checked by its admission with the shared ones, once merged on resume
-            cross = (*SHARED_CROSS, *namespace["CROSS"])
-        raise Captured(Script(settings, rules, cross, words))
-
-    monkeypatch.setattr(configurator, "configure", capture)
-    monkeypatch.setattr(configurator, "configure_command", capture)
-    with pytest.raises(Captured) as captured:
-        runpy.run_path(str(ROOT / script), run_name="__main__")
-    return captured.value.args[0]
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_every_script_default_is_valid_and_every_number_has_a_rule(script, monkeypatch):
-    if not (ROOT / script).is_file():
-        pytest.skip(f"{script} is not there")
-    settings, rules, cross, _ = defaults_of(script, monkeypatch)
-    assert settings and settings_problem(settings, rules, cross) is None
-    assert unruled(settings, settings, rules) == []
-    assert set(rules) <= set(settings)  # no rule for a setting the script does not have
+def test_every_script_default_is_valid_and_every_number_is_bounded(script):
+    declared = declarations(script)
+    assert declared.defaults and declared.config() is not None
+    for name, default in declared.defaults.items():
+        meta = declared.config().metadata(name)
+        if type(default) in (int, float):  # a number a user could make endless, or absurd, has a bound
+            assert {"min", "max", "above", "interval", "choices", "check"} & set(meta), name
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.py")))
-def test_every_config_is_valid(config, monkeypatch):
-    defaults, rules, cross, words = defaults_of("train.py", monkeypatch)
-    settings = apply_overrides(defaults, [str(ROOT / "config" / config)], words)
-    assert settings_problem(settings, rules, cross) is None
+def test_every_config_is_valid(config):
+    train = declarations("train.py")
+    words = {k: f.metadata.get("words", ()) for part in train.parts.values() for k, f in declared(part).items()}
+    values = read_overrides(train.defaults, words, [str(ROOT / "config" / config)])
+    assert train.config(**values) is not None
 
 
 @pytest.mark.parametrize(
@@ -176,6 +178,7 @@ def test_every_config_is_valid(config, monkeypatch):
         ("train.py", {"log_interval": 0}, "log_interval must be >= 1, not 0"),
         ("train.py", {"save_interval": -1}, "save_interval must be >= 0 (0 = at evals only), not -1"),
         ("train.py", {"max_bad_steps": 0}, "max_bad_steps must be >= 1, not 0"),
+        ("train.py", {"muon_ns_steps": 10**9}, "muon_ns_steps must be <= 100, not 1000000000"),
         ("benchmarks/loader.py", {"batches": 100}, "batches must be > 100 (memory is read after 100), not 100"),
         (
             "benchmarks/loader.py",
@@ -209,6 +212,7 @@ def test_every_config_is_valid(config, monkeypatch):
             {"decay_lr": True, "min_lr": 1.0, "learning_rate": 0.1},
             "min_lr must be <= learning_rate (0.1)",
         ),
+        ("train.py", {"optimizer": "muon", "learning_rate": 0.0, "min_lr": 0.0}, "learning_rate must be > 0"),
         (
             "benchmarks/loader.py",
             {"shard_tokens": 64, "block_size": 64},
@@ -216,46 +220,97 @@ def test_every_config_is_valid(config, monkeypatch):
         ),
     ],
 )
-def test_a_value_out_of_range_names_the_setting_and_the_range(script, settings, message, monkeypatch):
-    defaults, rules, cross, _ = defaults_of(script, monkeypatch)
-    assert message in settings_problem(defaults | settings, rules, cross)
+def test_a_value_out_of_range_names_the_setting_and_the_range(script, settings, message):
+    declared = declarations(script)
+    with pytest.raises(UserError) as refused:
+        declared.config(**settings)
+    assert message in str(refused.value)
 
 
-def test_rules_between_settings_apply_only_where_they_matter(monkeypatch):
-    train, bench = defaults_of("train.py", monkeypatch), defaults_of("bench.py", monkeypatch)
-    check = lambda script, settings, cross=None: settings_problem(  # noqa: E731
-        script.settings | settings, script.rules, script.cross if cross is None else cross
-    )
-    assert check(train, {"decay_lr": False, "warmup_iters": 11, "lr_decay_iters": 10, "min_lr": 1.0}) is None
-    assert check(train, {"decay_lr": True, "warmup_iters": 10, "lr_decay_iters": 10}) is None
-    assert check(bench, {"warmup_iters": 11, "lr_decay_iters": 10}) is None  # no decay_lr: not a schedule
-    assert check(train, {"decay_lr": True, "warmup_iters": 11, "lr_decay_iters": 10}, cross=()) is None
-    assert check(train, {"init_from": str(ROOT)}) is None  # an existing folder
+def test_rules_between_settings_apply_only_where_they_matter():
+    train, bench = declarations("train.py"), declarations("bench.py")
+    assert train.config(decay_lr=False, warmup_iters=11, lr_decay_iters=10, min_lr=1.0) is not None
+    assert train.config(decay_lr=True, warmup_iters=10, lr_decay_iters=10) is not None
+    assert bench.config(warmup_iters=11, lr_decay_iters=10) is not None  # bench.py runs no schedule
+    assert train._replace(cross=()).config(decay_lr=True, warmup_iters=11, lr_decay_iters=10) is not None
+    assert train.config(init_from=str(ROOT)) is not None  # an existing folder
 
 
-def test_configure_checks_the_final_values_once(capsys):
-    namespace = {"batch_size": 4, "decay_lr": True, "warmup_iters": 100, "lr_decay_iters": 1000, "init_from": "scratch"}
-    rules = {k: at_least(1) for k in ("batch_size", "warmup_iters", "lr_decay_iters")}
-    cross = [not_above("warmup_iters", "lr_decay_iters", "decay_lr")]
-    run = lambda argv: configure(dict(namespace), argv, rules, cross)  # noqa: E731
+def test_configure_checks_the_final_values_once_and_says_what_was_given(capsys):
+    @dataclass
+    class Run:
+        """Settings of a run"""
+
+        batch_size: int = setting(4, "rows", min=1)
+        warmup_iters: int = setting(100, "warmup", min=1)
+        lr_decay_iters: int = setting(1000, "decay", min=1)
+        max_new_tokens: int = setting(500, "tokens", min=2, note=" (at least two)")
+
+    def warmup_first(cfg):
+        if cfg.warmup_iters > cfg.lr_decay_iters:
+            raise ValueError(f"warmup_iters must be <= lr_decay_iters ({cfg.lr_decay_iters})")
+
+    run = lambda argv, cross=(warmup_first,): configure(argv, cross, run=Run)  # noqa: E731
     with pytest.raises(UserError, match=r"^batch_size must be >= 1, not 0$"):
         run(["--batch_size=8", "--batch_size=0"])
     with pytest.raises(UserError, match=r"^warmup_iters must be <= lr_decay_iters \(1000\)"):
         run(["--warmup_iters=2000"])
-    assert run(["--warmup_iters=2000", "--lr_decay_iters=3000"])["warmup_iters"] == 2000
-    # resumed: the base is the checkpoint's settings, which the script merges and checks itself (no cross here)
-    assert configure(dict(namespace), ["--init_from=resume", "--lr_decay_iters=10"], rules)["lr_decay_iters"] == 10
-    with pytest.raises(TypeError, match="no rule for the setting"):
-        configure(dict(namespace), [], {})  # a number without a rule: a mistake of the script's, not the user's
-    assert configure_command(dict(namespace), ["--batch_size=8", "--batch_size=9"], rules)[1] == {"batch_size"}
+    cfg = run(["--warmup_iters=2000", "--lr_decay_iters=3000"])
+    assert (
+        cfg.warmup_iters == 2000 and cfg.run.lr_decay_iters == 3000 and cfg.given == {"warmup_iters", "lr_decay_iters"}
+    )
+    assert run(["--batch_size=8", "--batch_size=9"]).given == {"batch_size"}
     with pytest.raises(UserError, match=r"^max_new_tokens must be >= 2 \(at least two\), not 1$"):
-        configure(
-            {"max_new_tokens": 500}, ["--max_new_tokens=1"], rules={"max_new_tokens": at_least(2, " (at least two)")}
-        )
-    assert "Traceback" not in capsys.readouterr().err
+        run(["--max_new_tokens=1"])
+    with pytest.raises(UserError, match="batch_size must be >= 1, not 0"):
+        cfg.replace(batch_size=0)  # a changed copy is checked as a flag is
+    with pytest.raises(AttributeError, match="read-only"):
+        cfg.batch_size = 3
+    assert "overridden: warmup_iters=2000, lr_decay_iters=3000" in capsys.readouterr().out
+
+
+def test_a_setting_declared_twice_is_a_mistake_of_the_code():
+    @dataclass
+    class Other:
+        """Another part"""
+
+        seed: int = setting(1, "again", min=0)
+
+    with pytest.raises(TypeError, match="seed is declared twice"):
+        flat_defaults({"demo": Demo, "other": Other})
+
+
+def test_sweep_values_are_read_converted_and_checked_as_flags():
+    cfg = build({"demo": Demo}, DEFAULTS)
+    assert sweep_values(cfg, "max_iters=1, 2,4e1") == ("max_iters", [1, 2, 40])
+    assert sweep_values(cfg, "compile=true,false") == ("compile", [True, False])
+    for text, message in [
+        ("max_iter=1,2", "did you mean 'max_iters'"),
+        ("max_iters=", "sweep must be KEY=V1,V2"),
+        ("max_iters", "sweep must be KEY=V1,V2"),
+        ("max_iters=1,-1", "max_iters must be >= 0, not -1"),
+        ("max_iters=1.5", "max_iters must be int"),
+        ("out_dir=a,b", "cannot sweep out_dir"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            sweep_values(cfg, text, fixed=("out_dir",))
+
+
+@pytest.mark.parametrize("script", ["train.py", "bench.py", "sample.py"])
+def test_help_lists_every_setting_and_survives_a_closed_pipe(script):
+    """--help is built from the declarations (a setting reassigned below keeps its text: tokens_per_iter), and
+    `python train.py --help | head -1` ends quietly, with no BrokenPipeError traceback."""
+    full = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert full.returncode == 0 and "Traceback" not in full.stderr
+    if script == "train.py":
+        assert "--tokens_per_iter" in full.stdout and "tokens per optimizer step" in full.stdout
+        assert "--muon_ns_steps" in full.stdout and "--n_layer" in full.stdout and "(model.GPTConfig)" in full.stdout
+    piped = subprocess.run(f"{sys.executable} {script} --help | head -1", shell=True, cwd=ROOT, capture_output=True,
+                           text=True)  # fmt: skip
+    assert piped.stdout.startswith("usage:") and piped.stderr == "", piped.stderr
 
 
 def test_the_configurator_imports_no_torch():
     """The data preparation scripts' spawned workers import it: they must not pay for torch."""
-    code = "import sys, configurator; sys.exit('torch' in sys.modules)"
+    code = "import sys, configurator, nanogpt_perf.config; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -1,7 +1,7 @@
 """The house's layout: imports point down through the layers, never up or round in a circle, and none hides in a
 string. model.py stands alone but for the hand-written kernels below it (imported only when a setting asks for one),
 which import nothing of the project; the package's core (errors, files, rules, the runtime and what measures it)
-imports only the model; data sits on the core; the shared settings on data; training and generation on those; the
+imports only the model; data sits on the core; training and generation on those; the
 performance lab, which times the training step, on top (training imports nothing from it); the configurator, which
 reads a script's command line, above the package (which never imports it); the scripts above it all."""
 
@@ -16,7 +16,6 @@ LAYERS = {
     "model": 0,
     "nanogpt_perf": 1,  # the core: errors, files, rules, runtime, timing, memory, peak_flops, manifest, ...
     "nanogpt_perf.data": 2,
-    "nanogpt_perf.settings": 3,
     "nanogpt_perf.train": 4,
     "nanogpt_perf.generate": 4,
     "nanogpt_perf.bench": 5,

@@ -12,10 +12,13 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from model import GPT, GPTConfig
+from nanogpt_perf.config import build, flat_defaults
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.optim import (
     BASE_LR,
     NS_COEFFICIENTS,
     MuonAdamW,
+    OptimConfig,
     build_optimizer,
     gram_is_cheaper,
     gram_newton_schulz,
@@ -25,7 +28,11 @@ from nanogpt_perf.optim import (
     split_parameters,
 )
 
-HYPER = dict(learning_rate=3e-3, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.03, muon_weight_decay=0.05)
+HYPER = dict(learning_rate=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, muon_lr=0.03, muon_weight_decay=0.05)
+
+
+def optim(kind: str, **changes) -> OptimConfig:
+    return OptimConfig(optimizer=kind, **(HYPER | changes))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -160,7 +167,7 @@ def test_the_split_takes_every_parameter_once_on_its_side():
     assert sorted(no_decay) == sorted(n for n, p in model.named_parameters() if p.dim() == 1)
     model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())  # untied
     model.transformer.wpe.weight.requires_grad_(False)
-    optimizer = build_optimizer(model, "muon", **HYPER)
+    optimizer = build_optimizer(model, optim("muon"))
     in_groups = [p for g in optimizer.param_groups for p in g["params"]]
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert len(in_groups) == len({id(p) for p in in_groups}) == len(trainable)
@@ -177,7 +184,7 @@ def test_the_split_takes_every_parameter_once_on_its_side():
 
 def test_adamw_share_is_torch_adamw_and_every_group_follows_the_schedule():
     model, twin = tiny(), tiny()
-    optimizer = build_optimizer(model, "muon", **HYPER)
+    optimizer = build_optimizer(model, optim("muon"))
     _, decay, no_decay = split_parameters(twin)
     groups = [
         {"params": list(decay.values()), "weight_decay": 0.1},
@@ -222,8 +229,8 @@ def train(model: GPT, optimizer: torch.optim.Optimizer, data: list[torch.Tensor]
 def test_adamw_is_configure_optimizers_bit_for_bit():
     data = batches(4)
     a, b = tiny(), tiny()
-    built = build_optimizer(a, "adamw", **HYPER, fused=True)
-    plain = b.configure_optimizers(HYPER["weight_decay"], HYPER["learning_rate"], HYPER["betas"], fused=True)
+    built = build_optimizer(a, optim("adamw"))
+    plain = b.configure_optimizers(HYPER["weight_decay"], HYPER["learning_rate"], (0.9, 0.95), fused=True)
     assert type(built) is torch.optim.AdamW and built.state_dict() == plain.state_dict()
     assert train(a, built, data) == train(b, plain, data)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
@@ -232,9 +239,9 @@ def test_adamw_is_configure_optimizers_bit_for_bit():
 def test_a_saved_muon_optimizer_continues_bit_for_bit():
     data = batches(6)
     straight = tiny()
-    straight_losses = train(straight, build_optimizer(straight, "muon", **HYPER), data)
+    straight_losses = train(straight, build_optimizer(straight, optim("muon")), data)
     first = tiny()
-    optimizer = build_optimizer(first, "muon", **HYPER)
+    optimizer = build_optimizer(first, optim("muon"))
     losses = train(first, optimizer, data[:3])
     buffer = io.BytesIO()
     torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
@@ -242,20 +249,20 @@ def test_a_saved_muon_optimizer_continues_bit_for_bit():
     saved = torch.load(buffer, weights_only=True)
     resumed = tiny(seed=1)
     resumed.load_state_dict(saved["model"])
-    fresh = build_optimizer(resumed, "muon", **HYPER)
+    fresh = build_optimizer(resumed, optim("muon"))
     fresh.load_state_dict(saved["optimizer"])
     losses += train(resumed, fresh, data[3:], first=3)
     assert losses == straight_losses
     assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), straight.parameters(), strict=True))
     # the settings' learning rates win over the checkpoint's, as nanoGPT's lr does; other kinds of state are refused
-    other = build_optimizer(tiny(), "muon", **(HYPER | {"muon_lr": 0.01}))
+    other = build_optimizer(tiny(), optim("muon", muon_lr=0.01))
     other.load_state_dict(saved["optimizer"])
     assert [g[BASE_LR] for g in other.param_groups] == [0.01, 3e-3, 3e-3]
     assert len(other.state) == len(saved["optimizer"]["state"]) == len(list(resumed.parameters()))
     with pytest.raises(ValueError, match="not Muon's"):
-        other.load_state_dict(build_optimizer(tiny(), "adamw", **HYPER).state_dict())
+        other.load_state_dict(build_optimizer(tiny(), optim("adamw")).state_dict())
     with pytest.raises(ValueError):
-        build_optimizer(tiny(), "adamw", **HYPER).load_state_dict(saved["optimizer"])
+        build_optimizer(tiny(), optim("adamw")).load_state_dict(saved["optimizer"])
 
 
 def test_a_tiny_gpt_learns_with_muon():
@@ -264,17 +271,18 @@ def test_a_tiny_gpt_learns_with_muon():
     final = {}
     for muon_lr in (0.0, HYPER["muon_lr"]):
         model = tiny()
-        losses = train(model, build_optimizer(model, "muon", **(HYPER | {"muon_lr": muon_lr})), batches(30))
+        losses = train(model, build_optimizer(model, optim("muon", muon_lr=muon_lr)), batches(30))
         assert losses[0] > 4.1
         final[muon_lr] = sum(losses[-5:]) / 5
     assert final[HYPER["muon_lr"]] < min(0.7 * 4.1, final[0.0] - 0.2)
 
 
 def test_bad_choices_and_fsdp_shards_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="optimizer must be one of adamw, muon, not 'sgd'"):
-        build_optimizer(tiny(), "sgd", **HYPER)
-    with pytest.raises(ValueError, match="muon_momentum"):
-        build_optimizer(tiny(), "muon", **HYPER, muon_momentum=1.0)
+    settings = lambda **changes: build({"optim": OptimConfig}, flat_defaults({"optim": OptimConfig}) | changes)
+    with pytest.raises(UserError, match="optimizer must be one of adamw, muon, not 'sgd'"):
+        settings(optimizer="sgd")
+    with pytest.raises(UserError, match=r"muon_momentum must be in \[0, 1\), not 1.0"):
+        settings(optimizer="muon", muon_momentum=1.0)
     from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -282,8 +290,8 @@ def test_bad_choices_and_fsdp_shards_are_refused(tmp_path):
         model = tiny()
         fc = model.transformer.h[0].mlp.c_fc
         fc.weight = nn.Parameter(distribute_tensor(fc.weight.detach(), DeviceMesh("cpu", [0]), [Shard(0)]))
-        assert build_optimizer(model, "adamw", **HYPER) is not None  # AdamW takes shards
+        assert build_optimizer(model, optim("adamw")) is not None  # AdamW takes shards
         with pytest.raises(ValueError, match="FSDP's shards"):
-            build_optimizer(model, "muon", **HYPER)
+            build_optimizer(model, optim("muon"))
     finally:
         dist.destroy_process_group()
