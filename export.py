@@ -15,11 +15,13 @@ from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
 from configurator import configure
 from model import GPT, RECIPE_ARCHITECTURE, GPTConfig
+from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import VOCABULARY_FILE, vocabulary_problem, write_vocabulary
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
@@ -28,10 +30,17 @@ from nanogpt_perf.gpt2_weights import hf_folder_problem, to_hf_state_dict
 from nanogpt_perf.rules import a_path, output_folder
 from nanogpt_perf.train.checkpoint import load_checkpoint
 
+
 # -----------------------------------------------------------------------------
-out_dir = "out"  # where ckpt.pt is
-export_dir = "out-hf"  # the transformers folder to write
-settings = configure(globals(), rules={"out_dir": a_path, "export_dir": output_folder})
+@dataclass
+class ExportConfig:
+    """Settings of export.py: the checkpoint to export and the folder to write"""
+
+    out_dir: str = setting("out", "where ckpt.pt is", check=a_path)
+    export_dir: str = setting("out-hf", "the transformers folder to write", check=output_folder)
+
+
+cfg = configure(export=ExportConfig)
 # -----------------------------------------------------------------------------
 
 # what save_pretrained writes (the weights in shards when they are large) and the vocabulary: an export replaces
@@ -53,7 +62,7 @@ def not_an_export(folder: Path) -> str | None:
     return None
 
 
-if problem := not_an_export(Path(export_dir)) if Path(export_dir).exists() else None:
+if problem := not_an_export(Path(cfg.export_dir)) if Path(cfg.export_dir).exists() else None:
     what = f"an earlier export to replace (only {', '.join(EXPORT_FILES)})"
     raise UserError(f"export_dir must be a folder that is new, empty or {what}, {problem}")
 
@@ -62,7 +71,7 @@ try:
 except ImportError:
     raise UserError("export needs transformers: pip install transformers") from None
 
-checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt")
+checkpoint = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt")
 if recipe := [
     k for k in RECIPE_ARCHITECTURE if checkpoint["model_args"][k] != GPTConfig.__dataclass_fields__[k].default
 ]:
@@ -74,17 +83,17 @@ model = GPT.from_checkpoint(checkpoint)
 vocab_size = tokenizer.n_vocab  # the real vocabulary, without the padding
 eot = tokenizer.eot if tokenizer.eot is not None and tokenizer.eot < vocab_size else None  # never outside it
 
-cfg = model.config
+shape = model.config
 hf_config = GPT2Config(
     vocab_size=vocab_size,
-    n_positions=cfg.block_size,
-    n_embd=cfg.n_embd,
-    n_layer=cfg.n_layer,
-    n_head=cfg.n_head,
+    n_positions=shape.block_size,
+    n_embd=shape.n_embd,
+    n_layer=shape.n_layer,
+    n_head=shape.n_head,
     activation_function="gelu_new",
-    resid_pdrop=cfg.dropout,
-    embd_pdrop=cfg.dropout,
-    attn_pdrop=cfg.dropout,
+    resid_pdrop=shape.dropout,
+    embd_pdrop=shape.dropout,
+    attn_pdrop=shape.dropout,
     layer_norm_epsilon=1e-5,
     bos_token_id=eot,
     eos_token_id=eot,
@@ -101,7 +110,7 @@ def write_export(folder: Path) -> None:
     write_vocabulary(folder, {"kind": "characters", "itos": tokenizer.itos} if tokenizer.itos else {"kind": "gpt2"})
 
 
-replace_folder(Path(export_dir), write_export)
+replace_folder(Path(cfg.export_dir), write_export)
 vocabulary = f", its vocabulary in {VOCABULARY_FILE}" if tokenizer.itos else ""
 size = f"{model.get_num_params() / 1e6:.2f}M parameters"
-print(f"wrote {export_dir} ({size}, vocab {vocab_size}, {tokenizer.name}{vocabulary})")
+print(f"wrote {cfg.export_dir} ({size}, vocab {vocab_size}, {tokenizer.name}{vocabulary})")

@@ -13,53 +13,51 @@ from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from configurator import configure
 from model import GPT
+from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import vocabulary_problem
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, one_of, optional_path, output_file
-from nanogpt_perf.runtime import PTDTYPES, device_problem, resolve_runtime
+from nanogpt_perf.rules import a_path, init_from_one_of, optional_path, output_file
+from nanogpt_perf.runtime import DeviceConfig, PrecisionConfig, resolve_runtime
 from nanogpt_perf.train.checkpoint import load_checkpoint
 
+
 # -----------------------------------------------------------------------------
-init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
-out_dir = "out"
-file = ""  # a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/ (once)
-limit = 0  # score the first this many examples; 0 = all 10,042
-out_json = ""  # the result as JSON; '' = print only
-device = "auto"
-dtype = "auto"
-settings = configure(
-    globals(),
-    rules={
-        "init_from": init_from_one_of("resume", *HF_HUB_NAMES),
-        "out_dir": a_path,
-        "file": optional_path,
-        "limit": at_least(0, " (0 = all)"),
-        "out_json": output_file(".json"),
-        "device": device_problem,
-        "dtype": one_of("auto", *PTDTYPES),
-    },
-)
+@dataclass
+class HellaSwagConfig:
+    """Settings of hellaswag.py: the model, the examples and where the result goes"""
+
+    init_from: str = setting("resume", "the model: 'resume' is out_dir/ckpt.pt", check=init_from_one_of("resume",
+                             *HF_HUB_NAMES))  # fmt: skip
+    out_dir: str = setting("out", "where ckpt.pt is (init_from='resume')", check=a_path)
+    file: str = setting("", "a local hellaswag_val.jsonl; '' = download the official one to data/hellaswag/ (once)",
+                        check=optional_path)  # fmt: skip
+    limit: int = setting(0, "score the first this many examples; 0 = all 10,042", min=0, note=" (0 = all)")
+    out_json: str = setting("", "the result as JSON; '' = print only", check=output_file(".json"))
+
+
+cfg = configure(hellaswag=HellaSwagConfig, hardware=DeviceConfig, precision=PrecisionConfig)
 # -----------------------------------------------------------------------------
 
-runtime = resolve_runtime(device, dtype)
+runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print(runtime.describe())
-checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt") if init_from == "resume" else None
-tokenizer = Tokenizer.for_model(checkpoint, init_from)
+checkpoint = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt") if cfg.init_from == "resume" else None
+tokenizer = Tokenizer.for_model(checkpoint, cfg.init_from)
 if tokenizer.itos is not None:
     raise UserError(f"HellaSwag is scored in GPT-2's tokens; this model's tokenizer is {tokenizer.name}")
-path = Path(file) if file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")
-examples = read_examples(path, limit)
-model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
+path = Path(cfg.file) if cfg.file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")
+examples = read_examples(path, cfg.limit)
+model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(cfg.init_from)
 if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder"):
     raise UserError(problem)
 model.to(runtime.device)
@@ -71,5 +69,5 @@ print(
     f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']:,}); GPT-2 (124M) scores {GPT2_124M_ACC_NORM} "
     "acc_norm on all 10,042"
 )
-if out_json:
-    write_json(Path(out_json), result | {"file": str(path), "init_from": init_from, "settings": settings})
+if cfg.out_json:
+    write_json(Path(cfg.out_json), result | {"file": str(path), "init_from": cfg.init_from, "settings": cfg.as_dict()})

@@ -223,8 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     out = args.out or (args.out_dirs[0] / "curves.png" if len(args.out_dirs) == 1 else Path("curves.png"))
-    if problem := output_file(".png", optional=False)(str(out)):
-        raise UserError(f"--out must name {problem}, got {out}")
+    try:
+        output_file(".png", optional=False)(str(out))
+    except ValueError as e:
+        raise UserError(f"--out must name {e}, got {out}") from None
     pyplot()  # before reading the logs: a missing matplotlib is the first thing to know
     runs = dict(zip(run_names(args.out_dirs), map(load_curves, args.out_dirs), strict=True))
     draw(runs, out)  # a disk that will not take it: one line (files.WriteFailed)

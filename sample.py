@@ -13,72 +13,76 @@ report_errors()  # from the first moment: Ctrl-C while torch loads is one line t
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from configurator import configure
 from model import GPT
+from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import vocabulary_problem
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import UserError, read_user_text
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.rules import a_path, at_least, init_from_one_of, interval, one_of
-from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
+from nanogpt_perf.rules import a_path, init_from_one_of
+from nanogpt_perf.runtime import (
+    CompileConfig,
+    DeviceConfig,
+    PrecisionConfig,
+    SeedConfig,
+    device_memory_bytes,
+    resolve_runtime,
+)
 from nanogpt_perf.train.checkpoint import load_checkpoint
 
+
+def a_temperature(value: float) -> None:
+    if 0 < value < 1e-6:
+        raise ValueError("0 (greedy) or >= 1e-06 (below, the logits overflow float32)")
+
+
 # -----------------------------------------------------------------------------
-init_from = "resume"  # 'resume' (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a transformers folder
-out_dir = "out"
-start = "\n"  # the prompt: text, or FILE:path to read it from a file (~ expanded)
-num_samples = 10
-batched = False  # all samples at once from one shared prefill (printed when done), else one by one (streamed)
-max_new_tokens = 500
-temperature = 0.8  # 1.0 samples the model's distribution as is, lower is more conservative, 0 is greedy
-top_k = 200  # keep only the k most likely tokens; 0 = all
-top_p = 1.0  # then keep the smallest set of them whose probability reaches top_p (nucleus); 1.0 = all
-stop = ""  # end a sample at this text ('' = none); GPT-2's <|endoftext|> always ends one
-kv_cache = True  # False recomputes the whole context for every token (the slow reference)
-seed = 1337
-device = "auto"
-dtype = "auto"
-compile = False  # torch.compile the model as generation runs it: its one-shape decode step (compiled once, timed apart)
-cuda_graph = True  # CUDA: capture the decode step as a CUDA graph, replayed for every token
+@dataclass
+class SampleConfig:
+    """Settings of sample.py: the model, the prompt and how to sample"""
+
+    init_from: str = setting("resume", "the model: 'resume' is out_dir/ckpt.pt", check=init_from_one_of("resume",
+                             *HF_HUB_NAMES))  # fmt: skip
+    out_dir: str = setting("out", "where ckpt.pt is (init_from='resume')", check=a_path)
+    start: str = setting("\n", "the prompt: text, or FILE:path to read it from a file (~ expanded)")
+    num_samples: int = setting(10, "samples to generate", min=1)
+    batched: bool = setting(False, "all samples at once from one shared prefill (printed when done), else one by one "
+                            "(streamed)")  # fmt: skip
+    max_new_tokens: int = setting(500, "tokens generated per sample", min=1)
+    temperature: float = setting(0.8, "1.0 samples the model's distribution as is, lower is more conservative, 0 is "
+                                 "greedy", min=0, note=" (0 = greedy)", check=a_temperature)  # fmt: skip
+    top_k: int = setting(200, "keep only the k most likely tokens; 0 = all", min=0, note=" (0 = all)")
+    top_p: float = setting(1.0, "then keep the smallest set of them whose probability reaches top_p (nucleus); "
+                           "1.0 = all", interval="(0, 1]")  # fmt: skip
+    stop: str = setting("", "end a sample at this text ('' = none); GPT-2's <|endoftext|> always ends one")
+    kv_cache: bool = setting(True, "False recomputes the whole context for every token (the slow reference)")
+    cuda_graph: bool = setting(True, "CUDA: capture the decode step as a CUDA graph, replayed for every token")
 
 
-def a_temperature(value: float) -> str | None:
-    if value < 0:
-        return ">= 0 (0 = greedy)"
-    return None if value == 0 or value >= 1e-6 else "0 (greedy) or >= 1e-06 (below, the logits overflow float32)"
-
-
-settings = configure(
-    globals(),
-    rules={
-        "init_from": init_from_one_of("resume", *HF_HUB_NAMES),  # sampling needs a trained model: no 'scratch'
-        "out_dir": a_path,
-        "num_samples": at_least(1),
-        "max_new_tokens": at_least(1),
-        "temperature": a_temperature,
-        "top_k": at_least(0, " (0 = all)"),
-        "top_p": interval(0, 1, low_open=True),
-        "seed": at_least(0),
-        "device": device_problem,
-        "dtype": one_of("auto", *PTDTYPES),
-    },
-)
+# sampling needs a trained model (no 'scratch'); compile: the one-shape decode step, compiled once and timed apart
+cfg = configure(
+    sample=SampleConfig, hardware=DeviceConfig, precision=PrecisionConfig, compiler=CompileConfig, rng=SeedConfig,
+    defaults={"compile": False},
+)  # fmt: skip
 # -----------------------------------------------------------------------------
 
-runtime = resolve_runtime(device, dtype)
+runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print(runtime.describe())
-generator = torch.Generator(runtime.device).manual_seed(seed)
+generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
 
 # the tokenizer (a checkpoint's, an export's vocabulary, else GPT-2's) checked against the model and the prompt
 # against the tokenizer, before the model is built
-checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", runtime.device) if init_from == "resume" else None
-tokenizer = Tokenizer.for_model(checkpoint, init_from)
+checkpoint = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", runtime.device) if cfg.init_from == "resume" else None
+tokenizer = Tokenizer.for_model(checkpoint, cfg.init_from)
+start = cfg.start
 if start.startswith("FILE:"):
     start = read_user_text(Path(os.path.expanduser(start[5:])), "start=FILE: names the prompt file")
 try:
@@ -88,29 +92,30 @@ except ValueError as e:
 if not prompt:
     raise UserError("start (the prompt) is empty: give at least one character or token")
 
-model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(init_from)
+model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(cfg.init_from)
 model.eval().to(runtime.device)
 if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder"):
     raise UserError(problem)
 print(f"tokenizer: {tokenizer.name}")
-rows, cfg = num_samples if batched else 1, model.config  # the sequences generated together, and their KV cache
-positions = cache_length(min(len(prompt), cfg.block_size), max_new_tokens, cfg.block_size)
-cache_bytes = 2 * cfg.n_layer * rows * cfg.n_embd * positions * 4  # keys and values, float32
+rows, shape = cfg.num_samples if cfg.batched else 1, model.config  # the sequences generated together; the model
+positions = cache_length(min(len(prompt), shape.block_size), cfg.max_new_tokens, shape.block_size)
+cache_bytes = 2 * shape.n_layer * rows * shape.n_embd * positions * 4  # keys and values, float32
 if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
     raise UserError(
-        f"num_samples={num_samples} batched: the KV cache of {rows} sequences needs {cache_bytes / 1e9:,.0f} GB, "
+        f"num_samples={cfg.num_samples} batched: the KV cache of {rows} sequences needs {cache_bytes / 1e9:,.0f} GB, "
         f"more than {runtime.device}'s memory; generate fewer at once, or batched=False"
     )
 idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
 # the engine: a one-shape decode step (compiled when asked, a CUDA graph on CUDA), built ahead and timed apart
-if not compile:
+if not cfg.compile:
     model = onednn_for_cpu_inference(model, runtime)
-engine = Engine(model, runtime, compile=compile, cuda_graph=cuda_graph)
-sampling = Sampling(temperature, top_k or None, top_p, tokenizer.n_vocab)
-if kv_cache and (compile or engine.graphs):
-    built = engine.decoder(num_samples if batched else 1, idx.size(1), max_new_tokens, sampling).build_seconds
-    how = ("compiled" if compile else "eager") + (", captured as a CUDA graph" if engine.graphs else "")
+engine = Engine(model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph)
+sampling = Sampling(cfg.temperature, cfg.top_k or None, cfg.top_p, tokenizer.n_vocab)
+if cfg.kv_cache and (cfg.compile or engine.graphs):
+    decoder = engine.decoder(cfg.num_samples if cfg.batched else 1, idx.size(1), cfg.max_new_tokens, sampling)
+    built = decoder.build_seconds
+    how = ("compiled" if cfg.compile else "eager") + (", captured as a CUDA graph" if engine.graphs else "")
     print(f"built the decode step ({how}) in {built:.1f} s")
 
 first_token_at: float | None = None  # when the first sample's first token was ready
@@ -119,7 +124,7 @@ first_token_at: float | None = None  # when the first sample's first token was r
 def tokens(n: int):
     """The generator of next tokens, (n, 1) per step."""
     global first_token_at
-    for token in engine.tokens(idx, max_new_tokens, sampling, generator, num_samples=n, use_cache=kv_cache):
+    for token in engine.tokens(idx, cfg.max_new_tokens, sampling, generator, num_samples=n, use_cache=cfg.kv_cache):
         if first_token_at is None:
             runtime.synchronize()
             first_token_at = time.perf_counter()
@@ -127,11 +132,11 @@ def tokens(n: int):
 
 
 def ended(ids: list[int]) -> bool:
-    return ids[-1] == tokenizer.eot or (stop != "" and stop in tokenizer.decode(ids))
+    return ids[-1] == tokenizer.eot or (cfg.stop != "" and cfg.stop in tokenizer.decode(ids))
 
 
 def trim(text: str) -> str:
-    return text.split(stop)[0] if stop else text
+    return text.split(cfg.stop)[0] if cfg.stop else text
 
 
 def stream_one() -> int:
@@ -143,9 +148,9 @@ def stream_one() -> int:
         if ids[-1] == tokenizer.eot:
             break
         text += stream.push(ids[-1:])
-        if stop and stop in text:
+        if cfg.stop and cfg.stop in text:
             break
-        safe = len(text) - max(len(stop) - 1, 0)  # hold back what may be the beginning of the stop text
+        safe = len(text) - max(len(cfg.stop) - 1, 0)  # hold back what may be the beginning of the stop text
         if safe > shown:
             print(text[shown:safe], end="", flush=True)
             shown = safe
@@ -155,9 +160,9 @@ def stream_one() -> int:
 
 def generate_batch() -> int:
     """All num_samples together, printed when every one has ended; returns the tokens generated."""
-    rows = [[] for _ in range(num_samples)]
-    done = [False] * num_samples
-    for token in tokens(num_samples):
+    rows = [[] for _ in range(cfg.num_samples)]
+    done = [False] * cfg.num_samples
+    for token in tokens(cfg.num_samples):
         for row, t in zip(rows, token.view(-1).tolist(), strict=True):
             row.append(t)
         done = [d or ended(row) for d, row in zip(done, rows, strict=True)]
@@ -167,17 +172,17 @@ def generate_batch() -> int:
         cut = row.index(tokenizer.eot) if tokenizer.eot in row else len(row)
         print(start + trim(tokenizer.decode(row[:cut])))
         print("---------------")
-    return len(rows[0]) * num_samples
+    return len(rows[0]) * cfg.num_samples
 
 
 with torch.no_grad():
     runtime.synchronize()
     t0 = time.perf_counter()
-    if batched:
+    if cfg.batched:
         n_tokens = generate_batch()
     else:
         n_tokens = 0
-        for _ in range(num_samples):
+        for _ in range(cfg.num_samples):
             n_tokens += stream_one()
             print("---------------")
     runtime.synchronize()

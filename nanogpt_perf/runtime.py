@@ -101,20 +101,46 @@ def check_device(device: str) -> None:
     raise ValueError(f"one of {', '.join(here)}{why}")
 
 
+# the runtime's settings, in parts that a script takes as far as it uses them (sample.py: no compile_mode, no
+# peak_flops; benchmarks/loader.py: the device alone); RuntimeConfig is all of them, as train.py and bench.py take them
 @dataclass
-class RuntimeConfig:
-    """The device, the precision, the compiler and the random seed"""
+class DeviceConfig:
+    """The device"""
 
     device: str = setting("auto", "'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'",
                           check=check_device)  # fmt: skip
+
+
+@dataclass
+class PrecisionConfig:
+    """The precision"""
+
     dtype: str = setting("auto", "'auto': bf16 if supported, else fp16 + GradScaler; fp32 on CPU",
                          choices=("auto", *PTDTYPES))  # fmt: skip
     tf32: bool = setting(True, "TF32 matmuls for the float32 work (CUDA only)")
+
+
+@dataclass
+class SeedConfig:
+    """The random seed"""
+
+    seed: int = setting(1337, "the random seed (each rank adds its rank)", min=0)
+
+
+@dataclass
+class CompileConfig:
+    """The compiler"""
+
     compile: bool = setting(True, "torch.compile the model")
+
+
+@dataclass
+class RuntimeConfig(CompileConfig, SeedConfig, PrecisionConfig, DeviceConfig):
+    """The device, the precision, the compiler and the random seed"""
+
     compile_mode: str = setting("default", "torch.compile's mode", choices=COMPILE_MODES)
     peak_flops: float = setting(0.0, "the device's peak FLOP/s for MFU; 0 = look it up", min=0,
                                 note=" (0 = look it up)")  # fmt: skip
-    seed: int = setting(1337, "the random seed (each rank adds its rank)", min=0)
 
 
 def resolve_device(device: str) -> torch.device:

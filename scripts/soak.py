@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,24 +20,30 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
-from nanogpt_perf.rules import above, at_least  # noqa: E402
+from nanogpt_perf.config import setting  # noqa: E402
 from nanogpt_perf.train.checkpoint import checkpoint_problem  # noqa: E402
 
+
 # -----------------------------------------------------------------------------
-kills = 20
-max_iters = 3000
-longest = 4.0  # seconds: each run is killed at a uniform random moment between 1 s (starting up) and this
-seed = 0  # of the kill times
-dataset = "shakespeare_char"
-settings = configure(
-    globals(), rules={"kills": at_least(1), "max_iters": at_least(1), "longest": above(1.0), "seed": at_least(0)}
-)
+@dataclass
+class SoakConfig:
+    """Settings of scripts/soak.py: the kills and the run they interrupt"""
+
+    kills: int = setting(20, "SIGKILLs, each followed by a resume", min=1)
+    max_iters: int = setting(3000, "the run's length (it saves every step)", min=1)
+    longest: float = setting(4.0, "seconds: each run is killed at a uniform random moment between 1 s (starting up) "
+                             "and this", above=1.0)  # fmt: skip
+    seed: int = setting(0, "of the kill times (the runs themselves train with train.py's seed)", min=0)
+    dataset: str = setting("shakespeare_char", "the run's dataset")
+
+
+cfg = configure(soak=SoakConfig)
 # -----------------------------------------------------------------------------
 
 TRAIN = [
-    sys.executable, "train.py", f"--dataset={dataset}", "--device=cpu", "--compile=False", "--n_layer=2",
+    sys.executable, "train.py", f"--dataset={cfg.dataset}", "--device=cpu", "--compile=False", "--n_layer=2",
     "--n_head=2", "--n_embd=64", "--block_size=32", "--batch_size=8", "--gradient_accumulation_steps=2",
-    "--dropout=0.1", f"--max_iters={max_iters}", f"--lr_decay_iters={max_iters}", "--warmup_iters=10",
+    "--dropout=0.1", f"--max_iters={cfg.max_iters}", f"--lr_decay_iters={cfg.max_iters}", "--warmup_iters=10",
     "--eval_interval=100", "--eval_iters=2", "--log_interval=50", "--save_interval=1", "--keep_last=2",
 ]  # fmt: skip
 
@@ -63,15 +70,15 @@ def run_killed(out: Path, delay: float) -> bool:
 
 
 def main() -> None:
-    rng = random.Random(seed)
+    rng = random.Random(cfg.seed)
     with tempfile.TemporaryDirectory() as tmp:
         straight, soaked = Path(tmp) / "straight", Path(tmp) / "soaked"
         t0 = time.perf_counter()
         subprocess.run([*TRAIN, f"--out_dir={straight}"], cwd=ROOT, check=True, capture_output=True)
         print(f"uninterrupted run: {time.perf_counter() - t0:.0f} s")
         survived, bad, mid_write = 0, [], 0
-        while survived < kills:
-            if not run_killed(soaked, rng.uniform(1.0, longest)):
+        while survived < cfg.kills:
+            if not run_killed(soaked, rng.uniform(1.0, cfg.longest)):
                 break  # finished before the kill: nothing left to interrupt
             survived += 1
             problems = unreadable(soaked)

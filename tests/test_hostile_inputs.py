@@ -8,6 +8,7 @@ read again."""
 import json
 import pickle
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from test_bad_input import CHECKPOINT, Case, run_case
 from test_bad_input import checkpoint as checkpoint  # the fixture: a tiny checkpoint's bytes
 
 from conftest import assert_one_line_error, run_script
+from nanogpt_perf.config import setting
 from nanogpt_perf.data import token_check
 from nanogpt_perf.data.shards import HEADER_INTS, MAGIC, VERSION
 from nanogpt_perf.data.token_check import CACHE_NAME, check_token_ids
@@ -327,14 +329,20 @@ def test_a_config_file_that_exits_or_is_interrupted_says_so_in_its_own_process(t
         assert_one_line_error(result, f"config file {tmp_path / name}, line")
 
 
+@dataclass
+class Limits:
+    """A setting where inf means no limit, and one where it means nothing."""
+
+    tolerance_pct: float = setting(5.0, "how much worse, in percent (inf: never fail)", min=0, inf=True)
+    learning_rate: float = setting(1e-3, "a rate", min=0)
+
+
 def test_inf_is_taken_where_it_means_no_limit_and_nan_nowhere():
     from configurator import configure
-    from nanogpt_perf.rules import at_least, takes_infinity
 
-    rules = {"tolerance_pct": takes_infinity(at_least(0)), "learning_rate": at_least(0)}
-    run = lambda *flags: configure({"tolerance_pct": 5.0, "learning_rate": 1e-3}, list(flags), rules)  # noqa: E731
-    assert run("--tolerance_pct=inf")["tolerance_pct"] == float("inf")
-    assert run("--tolerance_pct=1e999")["tolerance_pct"] == float("inf")
+    run = lambda *flags: configure(list(flags), limits=Limits)  # noqa: E731
+    assert run("--tolerance_pct=inf").tolerance_pct == float("inf")
+    assert run("--tolerance_pct=1e999").tolerance_pct == float("inf")
     for flag, message in [
         ("--tolerance_pct=-inf", "tolerance_pct must be a finite number, or inf (no limit), not -inf"),
         ("--tolerance_pct=nan", "tolerance_pct must be a finite number, or inf (no limit), not nan"),

@@ -8,7 +8,9 @@ a prepare script's FOLDER, the same folder by other names, and the helpers behin
 import json
 import os
 import pickle
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,8 +19,10 @@ import pytest
 from test_bad_input import contents
 from test_hostile_inputs import HF_CONFIG, hf, meta, shard, uint16
 
+from configurator import configure
 from conftest import ROOT, assert_one_line_error, run_in_process
-from nanogpt_perf.rules import a_path, expand_home, init_from_one_of, optional_path, output_file, output_folder
+from nanogpt_perf.config import setting
+from nanogpt_perf.rules import a_path, init_from_one_of, optional_path, output_file, output_folder
 
 T, S, E, H, B, G = "train.py", "sample.py", "export.py", "hellaswag.py", "bench.py", "benchmarks/generate.py"
 BL, BP, P = "benchmarks/loader.py", "benchmarks/prepare.py", "plot.py"
@@ -359,19 +363,34 @@ def test_the_repositorys_own_preparer_runs_for_its_copy_and_a_foreign_one_only_w
     assert (foreign / "ran").is_file() and (foreign / "train.bin").is_file()
 
 
+@dataclass
+class Paths:
+    """A setting of each path check, and one of free text."""
+
+    out_dir: str = setting("o", "a folder", check=a_path)
+    file: str = setting("", "a file or none", check=optional_path)
+    out_json: str = setting("", "a JSON file to write", check=output_file(".json"))
+    export_dir: str = setting("e", "a folder to write", check=output_folder)
+    init_from: str = setting("scratch", "a choice or a folder", check=init_from_one_of("scratch"))
+    n: str = setting("", "free text")
+
+
 def test_path_rules_and_the_home_expansion_the_configurator_can_apply(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    rules = {"out_dir": a_path, "file": optional_path, "out_json": output_file(".json")}
-    rules |= {"export_dir": output_folder, "init_from": init_from_one_of("scratch"), "n": lambda v: None}
     given = {"out_dir": "~/o", "file": "~", "out_json": "~/r.json", "export_dir": "~/e", "init_from": "~", "n": "~"}
-    expanded = expand_home(given, rules)
-    assert expanded == {k: str(tmp_path) + v[1:] if k != "n" else "~" for k, v in given.items()}
-    assert all(rules[k](v) is None for k, v in expanded.items())
-    assert "write it out: " + str(tmp_path / "o") in a_path("~/o")
+    cfg = configure([f"--{k}={v}" for k, v in given.items()], paths=Paths)  # each expanded value then checked
+    assert cfg.as_dict() == {k: str(tmp_path) + v[1:] if k != "n" else "~" for k, v in given.items()}
+    for k, v in cfg.as_dict().items():
+        if check := cfg.metadata(k).get("check"):
+            assert check(v) is None
+    with pytest.raises(ValueError, match=re.escape("write it out: " + str(tmp_path / "o"))):
+        a_path("~/o")
     (tmp_path / "f").write_text("")
-    assert output_folder(str(tmp_path / "f")) == "a folder (this is a file)"
+    with pytest.raises(ValueError, match=r"^a folder \(this is a file\)$"):
+        output_folder(str(tmp_path / "f"))
     assert output_folder(str(tmp_path / "new" / "deeper")) is None and optional_path("") is None
-    assert init_from_one_of("scratch")(LONG) == "scratch or a transformers folder"  # not an OSError
+    with pytest.raises(ValueError, match="^scratch or a transformers folder$"):  # not an OSError
+        init_from_one_of("scratch")(LONG)
 
 
 def test_the_same_folder_by_other_names(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ prepare.json describes a finished preparation. See nanogpt_perf/data/preparation
 """
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf`
@@ -19,24 +20,25 @@ from nanogpt_perf.errors import report_errors  # noqa: E402
 if __name__ == "__main__":  # not in the worker processes, which import this file too
     report_errors()  # a UserError, and Ctrl-C while the imports below load, is one line
 from configurator import configure  # noqa: E402
-from nanogpt_perf.data.documents import Source, default_processes, local_source  # noqa: E402
-from nanogpt_perf.data.preparation import RULES, prepare  # noqa: E402
-from nanogpt_perf.rules import one_of  # noqa: E402
+from nanogpt_perf.config import setting  # noqa: E402
+from nanogpt_perf.data.documents import Source, local_source  # noqa: E402
+from nanogpt_perf.data.preparation import PrepareConfig, prepare  # noqa: E402
 
 SAMPLES = ("10BT", "100BT", "350BT")
 
-# -----------------------------------------------------------------------------
-sample = "10BT"  # FineWeb-Edu's sample: 10BT, 100BT or 350BT (its billions of GPT-2 tokens)
-input = ""  # comma-separated local files or globs (.txt: one document each; .jsonl, .json, .parquet: a `text` field)
-out_dir = str(Path(__file__).resolve().parent)  # where the shards go
-shard_size = 100_000_000  # tokens per shard, as llm.c
-processes = default_processes()  # tokenising processes; 1 tokenises in this one
-val_tokens = 0  # tokens of the validation split: 0 = the first shard, or a tenth of a corpus that fits in one
-block_size = 1024  # the context it will train with: each split must hold block_size + 1 tokens
-# -----------------------------------------------------------------------------
+
+@dataclass
+class FineWebConfig:
+    """Settings of data/fineweb/prepare.py: the hub's sample (see --input for local files)"""
+
+    sample: str = setting("10BT", "FineWeb-Edu's sample: its billions of GPT-2 tokens", choices=SAMPLES)
+
 
 if __name__ == "__main__":  # the worker processes import this file too: only the parent prepares
-    settings = configure(globals(), rules=RULES | {"sample": one_of(*SAMPLES)})
-    hub = Source(repo="HuggingFaceFW/fineweb-edu", config=f"sample-{sample}")
-    source = local_source(input) if input else hub
-    prepare(source, Path(out_dir), "edu_fineweb", shard_size, processes, val_tokens, block_size)
+    # the settings of every preparation (nanogpt_perf/data/preparation.py), the shards by default in this folder
+    cfg = configure(
+        fineweb=FineWebConfig, prepare=PrepareConfig, defaults={"out_dir": str(Path(__file__).resolve().parent)}
+    )
+    hub = Source(repo="HuggingFaceFW/fineweb-edu", config=f"sample-{cfg.sample}")
+    source = local_source(cfg.input) if cfg.input else hub
+    prepare(source, Path(cfg.out_dir), "edu_fineweb", cfg.shard_size, cfg.processes, cfg.val_tokens, cfg.block_size)

@@ -19,21 +19,13 @@ from nanogpt_perf.errors import report_errors  # noqa: E402
 if __name__ == "__main__":  # not in the worker processes, which import this file too
     report_errors()  # a UserError, and Ctrl-C while the imports below load, is one line
 from configurator import configure  # noqa: E402
-from nanogpt_perf.data.documents import Source, default_processes, local_source  # noqa: E402
-from nanogpt_perf.data.preparation import RULES, prepare  # noqa: E402
-
-# -----------------------------------------------------------------------------
-input = ""  # comma-separated local files or globs (.txt: one document each; .jsonl, .json, .parquet: a `text` field)
-out_dir = str(Path(__file__).resolve().parent)  # where the shards go
-shard_size = 100_000_000  # tokens per shard, as llm.c
-processes = default_processes()  # tokenising processes; 1 tokenises in this one
-val_tokens = 0  # tokens of the validation split: 0 = the first shard, or a tenth of a corpus that fits in one
-block_size = 1024  # the context it will train with: each split must hold block_size + 1 tokens
-# -----------------------------------------------------------------------------
+from nanogpt_perf.data.documents import Source, local_source  # noqa: E402
+from nanogpt_perf.data.preparation import PrepareConfig, prepare  # noqa: E402
 
 if __name__ == "__main__":  # the worker processes import this file too: only the parent prepares
-    settings = configure(globals(), rules=RULES)
+    # the settings of every preparation (nanogpt_perf/data/preparation.py), the shards by default in this folder
+    cfg = configure(prepare=PrepareConfig, defaults={"out_dir": str(Path(__file__).resolve().parent)})
     # datasets >= 4 runs no loading scripts, the default revision's way in: the hub's own Parquet conversion instead
     hub = Source(repo="Skylion007/openwebtext", revision="refs/convert/parquet", documents=8_013_769)
-    source = local_source(input) if input else hub
-    prepare(source, Path(out_dir), "openwebtext", shard_size, processes, val_tokens, block_size)
+    source = local_source(cfg.input) if cfg.input else hub
+    prepare(source, Path(cfg.out_dir), "openwebtext", cfg.shard_size, cfg.processes, cfg.val_tokens, cfg.block_size)

@@ -20,16 +20,19 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import STATE_FILE
 from nanogpt_perf.data.documents import (
     CorpusError,
     Source,
     count_documents,
+    default_processes,
     document_chunks,
     encode_documents,
     hub_revision_sha,
@@ -40,19 +43,33 @@ from nanogpt_perf.data.documents import (
 from nanogpt_perf.data.shards import ShardError, read_shard_header, shard_name, write_shard
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import WriteFailed, write_json
-from nanogpt_perf.rules import Rule, a_path, at_least
+from nanogpt_perf.rules import a_path
 
 RECORD_FILE = "prepare.json"
 MAX_SHARD_SIZE = 2**31 - 1  # the header holds the token count as an int32
 
-# the valid values of the settings every preparation script has
-RULES: dict[str, Rule] = {
-    "out_dir": a_path,
-    "shard_size": lambda v: at_least(1)(v) or (None if v <= MAX_SHARD_SIZE else f"<= {MAX_SHARD_SIZE:,} (an int32)"),
-    "processes": at_least(1, most=1024),
-    "val_tokens": at_least(0, " (0 = the first shard, or a tenth of a corpus that fits in one)"),
-    "block_size": at_least(1),
-}
+
+def fits_an_int32(shard_size: int) -> None:
+    if shard_size > MAX_SHARD_SIZE:
+        raise ValueError(f"<= {MAX_SHARD_SIZE:,} (an int32)")
+
+
+@dataclass
+class PrepareConfig:
+    """The settings every web-scale preparation script has (data/openwebtext, data/fineweb)"""
+
+    input: str = setting("", "comma-separated local files or globs (.txt: one document each; .jsonl, .json, .parquet: "
+                         "a `text` field); '' = the hub")  # fmt: skip
+    out_dir: str = setting(".", "where the shards go (each script's default: its own folder)", check=a_path)
+    shard_size: int = setting(100_000_000, "tokens per shard, as llm.c", min=1, check=fits_an_int32)
+    processes: int = setting(default_processes(), "tokenising processes; 1 tokenises in this one", min=1, max=1024)
+    val_tokens: int = setting(0, "tokens of the validation split: 0 = the first shard, or a tenth of a corpus that "
+                              "fits in one", min=0,
+                              note=" (0 = the first shard, or a tenth of a corpus that fits in one)")  # fmt: skip
+    block_size: int = setting(1024, "the context it will train with: each split must hold block_size + 1 tokens",
+                              min=1)  # fmt: skip
+
+
 SMALL_VAL_SHARE = 10  # a corpus that fits in one shard: a tenth of it is the validation split
 
 
