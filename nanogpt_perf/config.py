@@ -128,6 +128,9 @@ class Config:
         self, parts: dict[str, Any], given: Iterable[str] = (), cross: tuple = (), defaults: dict | None = None
     ):
         owner = {k: part for part in parts.values() for k in declared(type(part))}
+        reserved = {"parts", "given", "cross", "defaults", *dir(Config)}
+        if clash := (set(owner) | set(parts)) & reserved | set(owner) & set(parts):
+            raise TypeError(f"a setting or part named {', '.join(sorted(clash))} would hide Config's or another's")
         defaults = {k: declared(type(p))[k].default for k, p in owner.items()} | (defaults or {})
         self.__dict__.update(parts=parts, given=frozenset(given), cross=tuple(cross), defaults=defaults, _owner=owner)
 

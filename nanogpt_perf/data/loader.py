@@ -32,7 +32,7 @@ class LoaderConfig:
 
     data_order: str = setting("random", "'random' windows (nanoGPT's, with replacement) or 'epochs'",
                               choices=DATA_ORDERS)  # fmt: skip
-    prefetch: int = setting(2, "batches the loader's background thread builds ahead", min=1, max=64,
+    prefetch: int = setting(2, "batches the loader's background thread builds ahead", min=1,
                             note=" (batches built ahead)")  # fmt: skip
 
 
