@@ -11,13 +11,15 @@ one line per run, in the same colour. Each run's first step record is left out o
 compilation and warm-up.
 """
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from configurator import configure
+from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError, report_errors
 from nanogpt_perf.files import write_atomically
 from nanogpt_perf.rules import output_file, path_problem
@@ -208,27 +210,30 @@ def draw(runs: dict[str, list[Curves]], path: Path) -> None:
     plt.close(fig)
 
 
-def refuse(message: str) -> None:
-    raise UserError(message)
+@dataclass(frozen=True)
+class PlotConfig:
+    out: str = setting(
+        "",
+        "the PNG to write ('' = OUT_DIR/curves.png for one run, curves.png here for several)",
+        check=output_file(".png"),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Draw the curves of training runs from their log.jsonl.")
-    parser.error = refuse  # one line, no usage block: as every script of the suite
-    parser.add_argument("out_dirs", nargs="+", type=Path, metavar="OUT_DIR", help="a run's out_dir, with log.jsonl")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="the PNG to write (default OUT_DIR/curves.png for one run, curves.png here for several)",
-    )
-    args = parser.parse_args(argv)
-    out = args.out or (args.out_dirs[0] / "curves.png" if len(args.out_dirs) == 1 else Path("curves.png"))
-    try:
+    """plot.py OUT_DIR [OUT_DIR ...] [--out=FILE.png]: the OUT_DIRs are the arguments that are no flag."""
+    argv = sys.argv[1:] if argv is None else argv
+    flags = [a for a in argv if a.startswith("-")]
+    out_dirs = [Path(a) for a in argv if not a.startswith("-")]
+    cfg = configure(flags, plot=PlotConfig)
+    if not out_dirs and "--help" not in flags:
+        raise UserError("plot.py needs one or more OUT_DIRs: folders of runs, each with a log.jsonl")
+    out = Path(cfg.out) if cfg.out else (out_dirs[0] / "curves.png" if len(out_dirs) == 1 else Path("curves.png"))
+    try:  # the default too: OUT_DIR/curves.png where OUT_DIR is a file, say
         output_file(".png", optional=False)(str(out))
     except ValueError as e:
-        raise UserError(f"--out must name {e}, got {out}") from None
+        raise UserError(f"out must be {e}, not {out}") from None
     pyplot()  # before reading the logs: a missing matplotlib is the first thing to know
-    runs = dict(zip(run_names(args.out_dirs), map(load_curves, args.out_dirs), strict=True))
+    runs = dict(zip(run_names(out_dirs), map(load_curves, out_dirs), strict=True))
     draw(runs, out)  # a disk that will not take it: one line (files.WriteFailed)
     print(f"wrote {out}")
 

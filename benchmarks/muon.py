@@ -212,7 +212,7 @@ def train_probe(kind: str, lr: float, adjust: str | None, vocab: int, train: lis
         return sum(model(v[:, :-1], v[:, 1:])[1].item() for v in batches) / len(batches)
 
 
-for part in cfg.muon.parts.split(","):  # (cfg.parts is the Config's own: its parts)
+for part in cfg.parts.split(","):
     {"newton_schulz": newton_schulz, "step": step_times, "probe": probe if cfg.probe_iters else lambda: None}[
         part.strip()
     ]()

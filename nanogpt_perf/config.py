@@ -128,15 +128,15 @@ class Config:
         self, parts: dict[str, Any], given: Iterable[str] = (), cross: tuple = (), defaults: dict | None = None
     ):
         owner = {k: part for part in parts.values() for k in declared(type(part))}
-        reserved = {"parts", "given", "cross", "defaults", *dir(Config)}
+        reserved = {"given", "cross", "defaults", *dir(Config)}
         if clash := (set(owner) | set(parts)) & reserved | set(owner) & set(parts):
             raise TypeError(f"a setting or part named {', '.join(sorted(clash))} would hide Config's or another's")
         defaults = {k: declared(type(p))[k].default for k, p in owner.items()} | (defaults or {})
-        self.__dict__.update(parts=parts, given=frozenset(given), cross=tuple(cross), defaults=defaults, _owner=owner)
+        self.__dict__.update(_parts=parts, given=frozenset(given), cross=tuple(cross), defaults=defaults, _owner=owner)
 
     def __getattr__(self, name: str) -> Any:
-        if name in self.__dict__["parts"]:
-            return self.__dict__["parts"][name]
+        if name in self.__dict__["_parts"]:
+            return self.__dict__["_parts"][name]
         if name in self.__dict__["_owner"]:
             return getattr(self.__dict__["_owner"][name], name)
         raise AttributeError(f"no setting {name!r}")
@@ -158,7 +158,7 @@ class Config:
     def with_values(self, values: dict[str, Any], cross: tuple | None = None) -> "Config":
         """A Config of the same parts holding values (every setting), checked as configure checks them: each
         against its declaration, then the rules between them (cross, else this config's)."""
-        types = {name: type(part) for name, part in self.parts.items()}
+        types = {name: type(part) for name, part in self._parts.items()}
         return build(types, values, self.given, self.cross if cross is None else cross, self.defaults)
 
     def replace(self, **changes: Any) -> "Config":

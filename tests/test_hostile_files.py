@@ -92,7 +92,7 @@ CASES = {
         "benchmarks/generate.py", "--out_json={dir}/g.json", ("not a folder",), {"g.json/a": ""}
     ),
     "plot-out-a-folder": Hostile(
-        "plot.py", "--out={dir}/c.png", ("--out must name a .png file", "folder"), RUN | {"c.png/a": ""}
+        "plot.py", "--out={dir}/c.png", ("out must be '' or a .png file", "folder"), RUN | {"c.png/a": ""}
     ),
     "plot-out-under-a-file": Hostile("plot.py", "--out={dir}/f/c.png", ("is a file",), RUN | {"f": "x"}),
     # the web-scale preparation: inputs refused before reading
