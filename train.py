@@ -293,7 +293,8 @@ if summary := progress.summary():
 log.close()
 if lock:
     lock.release()
-if ddp:
-    close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/train/parallel.py)
+if ddp:  # every rank together, the group ended before the interpreter ends (nanogpt_perf/train/parallel.py)
+    del model, raw_model, optimizer, step  # they hold the process group: close() can end it only once they are gone
+    close()
 if bad_steps and not stopping:  # a run that ends on non-finite steps has failed, whatever it saved before them
     raise UserError(nonfinite_end(bad_steps, iter_num, Path(out_dir)))

@@ -4,7 +4,9 @@ weights are gathered just before it runs and freed after), and checkpoints of ei
 that one process without torch.distributed loads."""
 
 import gc
+import importlib
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -101,6 +103,11 @@ def start_ranks(device: str, backend: str) -> Ranks:
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # started by hand: it waits for every rank, 30 minutes at most
         where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         print(f"rank {rank}: waiting for all {world_size} ranks at {where} (RANK, WORLD_SIZE... set by hand)")
+    # imported before the group exists: its functions take group=group.WORLD as a default argument, evaluated at
+    # import; imported after (DDP and DTensor import it) they would hold the group to the end, and close() could not
+    # end it
+    importlib.import_module("torch.distributed.nn")
+
     try:
         dist.init_process_group(backend=backend)
     except (RuntimeError, ValueError) as e:  # the port taken, the address unknown
@@ -163,12 +170,45 @@ def shard(model: GPT, runtime: Runtime, compile: bool, compile_mode: str) -> nn.
 
 
 def close() -> None:
-    """Leave torch.distributed, every rank together (gloo aborts a rank torn down while its peer still works). The
-    garbage is collected first: after FSDP2 training on gloo, what it would free after destroy_process_group
-    aborts the process at exit now and then ('terminate called without an active exception')."""
-    dist.barrier()
-    gc.collect()
+    """Leave torch.distributed, every rank together, and end the process group while the interpreter is whole.
+
+    Gloo runs each collective on a thread of its own, which wakes the caller, then lets go of the work, and so of
+    the tensors it was given: when Python has let go of them already, that thread frees their Python objects,
+    which takes the GIL. A thread that takes the GIL once the interpreter is finalizing is ended there
+    (pthread_exit), the unwinding meets a C++ destructor and the process aborts ('terminate called without an
+    active exception'). The barrier's work holds every work before it until its thread lets go of it, a moment
+    after the barrier returns. Only the group's destructor waits for its threads (it joins them, the GIL
+    released), and it runs only once nothing holds the group: the caller releases the DDP or FSDP model, its
+    optimizer and training step first; close() drops what torch.distributed and DTensor keep."""
+    dist.barrier()  # no rank tears its group down while its peer still works with it
     dist.destroy_process_group()
+    forget_dtensor_caches()
+    gc.collect()  # the wrappers' reference cycles: the group's destructor runs here
+
+
+# DTensor's caches of sharding decisions, each holding a device mesh, and so FSDP2's process group: private to torch,
+# so each is looked up and skipped where this torch has no such cache (tests/test_train.py checks that none is left)
+DTENSOR_CACHES = (
+    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache"),
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"),
+)
+
+
+def forget_dtensor_caches() -> None:
+    """Empty DTensor's caches (when DTensor was used): they would keep the process group to the interpreter's end."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    for module, path in DTENSOR_CACHES:
+        try:
+            clear = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        for name in path.split("."):
+            clear = getattr(clear, name, None)
+        if clear is not None:
+            clear()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
