@@ -4,7 +4,6 @@ weights are gathered just before it runs and freed after), and checkpoints of ei
 that one process without torch.distributed loads."""
 
 import gc
-import importlib
 import os
 import sys
 from collections.abc import Mapping
@@ -103,10 +102,10 @@ def start_ranks(device: str, backend: str) -> Ranks:
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # started by hand: it waits for every rank, 30 minutes at most
         where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         print(f"rank {rank}: waiting for all {world_size} ranks at {where} (RANK, WORLD_SIZE... set by hand)")
-    # imported before the group exists: its functions take group=group.WORLD as a default argument, evaluated at
-    # import; imported after (DDP and DTensor import it) they would hold the group to the end, and close() could not
-    # end it
-    importlib.import_module("torch.distributed.nn")
+    # torch.distributed.nn, imported before the group exists: its functions take group=group.WORLD as a default
+    # argument, evaluated at import; imported after it (DDP and DTensor import it), they would hold the group to the
+    # end and close() could not end it
+    import torch.distributed.nn as distributed_nn  # noqa: F401
 
     try:
         dist.init_process_group(backend=backend)
@@ -186,28 +185,25 @@ def close() -> None:
     gc.collect()  # the wrappers' reference cycles: the group's destructor runs here
 
 
-# DTensor's caches of sharding decisions, each holding a device mesh, and so FSDP2's process group: private to torch,
-# so each is looked up and skipped where this torch has no such cache (tests/test_train.py checks that none is left)
-DTENSOR_CACHES = (
-    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
-    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache"),
-    ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
-    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"),
-)
-
-
 def forget_dtensor_caches() -> None:
-    """Empty DTensor's caches (when DTensor was used): they would keep the process group to the interpreter's end."""
+    """Empty DTensor's caches of sharding decisions (when DTensor was used): each holds a device mesh, and so FSDP2's
+    process group, to the interpreter's end. They are private to torch and change with its versions: each is looked
+    up and skipped where this torch has none (tests/test_train.py counts the gloo threads left at the end)."""
     if "torch.distributed.tensor" not in sys.modules:
         return
-    for module, path in DTENSOR_CACHES:
-        try:
-            clear = importlib.import_module(module)
-        except ModuleNotFoundError:
-            continue
-        for name in path.split("."):
-            clear = getattr(clear, name, None)
-        if clear is not None:
+    try:
+        from torch.distributed.tensor import _redistribute, debug
+        from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    except ImportError:
+        return
+    caches = (
+        (debug, "_clear_sharding_prop_cache"),  # the sharding propagator's, in Python and in C++
+        (_redistribute, "clear_redistribute_planner_cache"),
+        (getattr(_redistribute, "_gen_transform_infos", None), "cache_clear"),
+        (getattr(MeshTopoInfo, "build_from_mesh", None), "cache_clear"),
+    )
+    for owner, name in caches:
+        if clear := getattr(owner, name, None):
             clear()
 
 
