@@ -286,7 +286,7 @@ while True:
     if result.skipped:
         log.skipped(iter_num, result.loss.item(), result.grad_norm.item(), bad_steps)
         if bad_steps >= cfg.max_bad_steps:
-            raise UserError(nonfinite_end(bad_steps, iter_num, Path(cfg.out_dir), cfg.max_bad_steps))
+            break  # the error is raised below, once every rank has left torch.distributed
 
 if profiler:
     profiler.stop()  # writes the trace when the run ended inside the profiled window
@@ -295,7 +295,9 @@ if summary := progress.summary():
 log.close()
 if lock:
     lock.release()
-if ddp:
-    close()  # every rank together, after collecting FSDP's garbage (see nanogpt_perf/train/parallel.py)
+if ddp:  # every rank together, the group ended before the interpreter ends (nanogpt_perf/train/parallel.py)
+    del model, raw_model, optimizer, step  # they hold the process group: close() can end it only once they are gone
+    close()
 if bad_steps and not stopping:  # a run that ends on non-finite steps has failed, whatever it saved before them
-    raise UserError(nonfinite_end(bad_steps, iter_num, Path(cfg.out_dir)))
+    limit = cfg.max_bad_steps if bad_steps >= cfg.max_bad_steps else None  # stopped by the guard, or at max_iters
+    raise UserError(nonfinite_end(bad_steps, iter_num, Path(cfg.out_dir), limit))

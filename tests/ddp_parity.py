@@ -6,7 +6,6 @@ process takes them all. tests/test_step.py checks that the two agree.
     torchrun --standalone --nproc_per_node=2 tests/ddp_parity.py OUT.pt K        # 2 ranks, K micro-batches each
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.runtime import resolve_runtime  # noqa: E402
-from nanogpt_perf.train.parallel import close  # noqa: E402
+from nanogpt_perf.train.parallel import close, start_ranks  # noqa: E402
 from nanogpt_perf.train.step import TrainStep  # noqa: E402
 
 STEPS, B, T, V = 2, 2, 16, 64
@@ -43,17 +42,15 @@ class FixedBatches:
         return {}
 
 
-def main(out: Path, k: int) -> None:
-    ddp = "RANK" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    if ddp:
-        dist.init_process_group("gloo")
+def train(rank: int, world: int, k: int) -> tuple[list[float], list[float], dict]:
+    """STEPS steps (rank's share of each under DDP): the step losses (means over every rank), gradient norms and
+    the final weights. The DDP model and its step go with this function's frame, before close()."""
     torch.manual_seed(0)  # the same initial weights on every rank; no biases: the key bias has a zero gradient,
     # which Adam would turn from rounding noise into full-size updates of either sign
     model = GPT(GPTConfig(block_size=T, vocab_size=V, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=False))
     optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95))
     runtime = resolve_runtime("cpu", "float32")
-    wrapped = DDP(model) if ddp else model
+    wrapped = DDP(model) if world > 1 else model
     step = TrainStep(
         wrapped, optimizer, runtime.grad_scaler(), runtime, FixedBatches(rank, world, k), 2 * k // world, 0.5
     )
@@ -61,14 +58,39 @@ def main(out: Path, k: int) -> None:
     for _ in range(STEPS):
         result = step()
         loss = result.loss.clone()
-        if ddp:
+        if world > 1:
             dist.all_reduce(loss)
         losses.append(loss.item() / world)
         norms.append(result.grad_norm.item())
-    if rank == 0:
-        torch.save({"losses": losses, "grad_norms": norms, "model": model.state_dict()}, out)
-    if ddp:
-        close()
+    return losses, norms, model.state_dict()
+
+
+def gloo_threads() -> int | None:
+    """The threads of gloo (a process group's workers and its I/O loop) alive in this process, by the names PyTorch
+    gives them; None where there is no /proc to count them in."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return None
+    return sum((t / "comm").read_text().startswith(("pt_gloo", "gloo_tcp")) for t in tasks.iterdir())
+
+
+def close_checked() -> None:
+    """close(), then no gloo thread may be left: one that outlives it may abort the process as the interpreter
+    ends (see close() in nanogpt_perf/train/parallel.py)."""
+    during = gloo_threads()
+    close()
+    after = gloo_threads()
+    if during is not None and (not during or after):
+        sys.exit(f"gloo threads: {during} before close(), {after} after it (expected some, then none)")
+
+
+def main(out: Path, k: int) -> None:
+    ranks = start_ranks("cpu", "gloo")  # under torchrun: the process group
+    losses, norms, weights = train(ranks.rank, ranks.world_size, k)
+    if ranks.master:
+        torch.save({"losses": losses, "grad_norms": norms, "model": weights}, out)
+    if ranks.distributed:
+        close_checked()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ ac: activation checkpointing; compile: each block compiled; bf16: autocast and F
 """
 
 import copy
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -26,7 +25,7 @@ import ddp_parity  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.runtime import Runtime, resolve_runtime  # noqa: E402
 from nanogpt_perf.train.checkpoint import load_checkpoint, save_iteration  # noqa: E402
-from nanogpt_perf.train.parallel import close, full_state, load_full_state, wrap_model  # noqa: E402
+from nanogpt_perf.train.parallel import full_state, load_full_state, start_ranks, wrap_model  # noqa: E402
 from nanogpt_perf.train.step import TrainStep  # noqa: E402
 
 STEPS, B, T, V = 3, 2, 16, 64
@@ -77,12 +76,9 @@ def resume(out: Path, k: int, rank: int, world: int, options: set[str]) -> tuple
     return losses, full_state(model, optimizer)[0]
 
 
-def main(out: Path, k: int, options: set[str]) -> None:
-    ddp = "RANK" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    if ddp:
-        dist.init_process_group("gloo")
-    out.mkdir(parents=True, exist_ok=True)
+def run(out: Path, k: int, rank: int, world: int, options: set[str]) -> dict:
+    """Three steps, the full state after two, and under torchrun the resumed third step: what test_fsdp.py
+    compares. The sharded models go with this function's frame, before close()."""
     model, optimizer, runtime = build(0, options)
     compute_dtype = []  # the weights' dtype as the first block's attention sees them in forward
     model.transformer.h[0].attn.c_attn.register_forward_pre_hook(lambda m, _: compute_dtype.append(m.weight.dtype))
@@ -99,12 +95,19 @@ def main(out: Path, k: int, options: set[str]) -> None:
         "graphs": counters["stats"]["unique_graphs"],
         "graph_breaks": sum(counters["graph_break"].values()),
     }
-    if ddp:
+    if world > 1:
         result["resumed_loss"], result["resumed_model"] = resume(out, k, rank, world, options)
-    if rank == 0:
+    return result
+
+
+def main(out: Path, k: int, options: set[str]) -> None:
+    ranks = start_ranks("cpu", "gloo")  # under torchrun: the process group
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(out, k, ranks.rank, ranks.world_size, options)
+    if ranks.master:
         torch.save(result, out / "result.pt")
-    if ddp:
-        close()
+    if ranks.distributed:
+        ddp_parity.close_checked()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_train, sigterm_at
-from model import GPT
+from model import GPT, GPTConfig
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.train.checkpoint import restore_training
+from nanogpt_perf.train.parallel import Ranks
 
 SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
 
@@ -134,6 +137,24 @@ def test_non_finite_steps_are_skipped_then_the_run_stops_with_its_checkpoint_int
     skipped = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"skipped"' in line]
     assert len(skipped) == 3
     assert (out / "ckpt.pt").read_bytes() == before
+
+
+def test_a_checkpoint_of_another_number_of_ranks_is_refused_before_any_state_is_loaded():
+    """Under FSDP loading the optimizer state is collective, and a rank that exits just after a collective may
+    abort at the interpreter's end (nanogpt_perf/train/parallel.py, close): the ranks are counted first."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8))
+    trained = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+    model(torch.randint(16, (2, 8)), torch.randint(16, (2, 8)))[1].backward()
+    trained.step()
+    checkpoint = {"optimizer": trained.state_dict(), "iter_num": 1, "best_val_loss": 1.0}  # saved by 1 rank
+    fresh = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+    scaler = torch.amp.GradScaler(enabled=False)
+    with pytest.raises(UserError, match="saved by 1 ranks: resume it with 1"):
+        restore_training(checkpoint, model, fresh, scaler, None, Ranks(rank=0, world_size=2))
+    assert not fresh.state_dict()["state"]  # refused before the optimizer state was loaded
+    assert restore_training(checkpoint, model, fresh, scaler, None, Ranks())[0] == 1  # on 1 rank, it loads
+    assert fresh.state_dict()["state"]
 
 
 @pytest.mark.slow

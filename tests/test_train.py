@@ -1,7 +1,9 @@
 """End to end: train.py and sample.py run as a user runs them, and fail with one clear line on bad input."""
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,3 +189,46 @@ def test_ddp_under_torchrun_on_cpu(tiny_data, tmp_path):
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter_num"] == 4
     uneven = run_train(tiny_data, tmp_path, "--gradient_accumulation_steps=3", "--overwrite=True", ranks=2)
     assert uneven.returncode != 0 and "not divisible by 2 ranks" in uneven.stderr
+
+
+# put before each rank's train.py (as sitecustomize, on PYTHONPATH): once train.py has run, before the interpreter
+# tears itself down, the number of gloo's threads (a process group's workers and its I/O loop) still alive
+EXIT_PROBE = """
+import atexit, os, sys
+
+def report():
+    tasks = "/proc/self/task"
+    alive = sum(open(f"{tasks}/{t}/comm").read().startswith(("pt_gloo", "gloo_tcp")) for t in os.listdir(tasks))
+    print(f"rank {os.environ['RANK']}: {alive} gloo threads at exit", file=sys.stderr, flush=True)
+
+if "RANK" in os.environ:
+    atexit.register(report)
+"""
+
+
+# train.py's ways to its end on 2 ranks, each through close(): trained and saved, in DDP or in FSDP; stopped by the
+# non-finite guard (learning rate 1e30: the second step overflows)
+ENDS = {
+    "ddp": (),
+    "fsdp": ("--parallelism=fsdp",),
+    "stopped on non-finite steps": ("--learning_rate=1e30", "--warmup_iters=0", "--max_bad_steps=1"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@pytest.mark.parametrize("end", ENDS)
+def test_every_rank_ends_its_process_group_before_the_interpreter_ends(tiny_data, tmp_path, monkeypatch, end):
+    """A gloo thread alive as the interpreter finalizes may abort the rank (nanogpt_perf/train/parallel.py, close):
+    train.py releases what holds the group and close() destroys it, so that none is left."""
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "sitecustomize.py").write_text(EXIT_PROBE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "probe"))
+    flags = ("--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--gradient_accumulation_steps=2")
+    result = run_train(tiny_data, tmp_path / "out", *flags, *ENDS[end], ranks=2)
+    if end.startswith("stopped"):
+        assert result.returncode != 0 and "(max_bad_steps=1): stopped at iter 2" in result.stderr, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "out" / "ckpt.pt").is_file()  # saved at the end: the gathers and the barrier came last
+    assert sorted(re.findall(r"rank (\d): (\d+) gloo threads at exit", result.stderr)) == [("0", "0"), ("1", "0")]

@@ -126,6 +126,9 @@ def restore_training(
     """Put back what training_state saved beyond the weights (loaded into the model before it was wrapped): the
     optimizer (sharded again under FSDP), the GradScaler, this rank's loader position; returns the iteration, the
     best val loss and this rank's random generators (to restore last, once everything that draws at start has)."""
+    saved = checkpoint.get("ranks") or [None]
+    if len(saved) != ranks.world_size:  # before FSDP's loading, whose collectives a rank must not exit right after
+        raise UserError(f"the checkpoint was saved by {len(saved)} ranks: resume it with {len(saved)} (nproc_per_node)")
     try:
         load_full_state(model, optimizer, None, checkpoint["optimizer"])
         if checkpoint.get("scaler"):
@@ -134,9 +137,6 @@ def restore_training(
         raise UserError(
             f"the checkpoint's optimizer state does not fit its model: {first_line(e) or repr(e)}"
         ) from None
-    saved = checkpoint.get("ranks") or [None]
-    if len(saved) != ranks.world_size:
-        raise UserError(f"the checkpoint was saved by {len(saved)} ranks: resume it with {len(saved)} (nproc_per_node)")
     mine = saved[ranks.rank]
     if mine:
         batches.load_state_dict(mine["data"])  # before the step fetches its first batch

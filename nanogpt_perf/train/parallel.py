@@ -5,6 +5,7 @@ that one process without torch.distributed loads."""
 
 import gc
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,11 @@ def start_ranks(device: str, backend: str) -> Ranks:
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # started by hand: it waits for every rank, 30 minutes at most
         where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         print(f"rank {rank}: waiting for all {world_size} ranks at {where} (RANK, WORLD_SIZE... set by hand)")
+    # torch.distributed.nn, imported before the group exists: its functions take group=group.WORLD as a default
+    # argument, evaluated at import; imported after it (DDP and DTensor import it), they would hold the group to the
+    # end and close() could not end it
+    import torch.distributed.nn as distributed_nn  # noqa: F401
+
     try:
         dist.init_process_group(backend=backend)
     except (RuntimeError, ValueError) as e:  # the port taken, the address unknown
@@ -164,12 +170,42 @@ def shard(model: GPT, runtime: Runtime, compile: bool, compile_mode: str) -> nn.
 
 
 def close() -> None:
-    """Leave torch.distributed, every rank together (gloo aborts a rank torn down while its peer still works). The
-    garbage is collected first: after FSDP2 training on gloo, what it would free after destroy_process_group
-    aborts the process at exit now and then ('terminate called without an active exception')."""
-    dist.barrier()
-    gc.collect()
+    """Leave torch.distributed, every rank together, and end the process group while the interpreter is whole.
+
+    Gloo runs each collective on a thread of its own, which wakes the caller, then lets go of the work, and so of
+    the tensors it was given: when Python has let go of them already, that thread frees their Python objects,
+    which takes the GIL. A thread that takes the GIL once the interpreter is finalizing is ended there
+    (pthread_exit), the unwinding meets a C++ destructor and the process aborts ('terminate called without an
+    active exception'). The barrier's work holds every work before it until its thread lets go of it, a moment
+    after the barrier returns. Only the group's destructor waits for its threads (it joins them, the GIL
+    released), and it runs only once nothing holds the group: the caller releases the DDP or FSDP model, its
+    optimizer and training step first; close() drops what torch.distributed and DTensor keep."""
+    dist.barrier()  # no rank tears its group down while its peer still works with it
     dist.destroy_process_group()
+    forget_dtensor_caches()
+    gc.collect()  # the wrappers' reference cycles: the group's destructor runs here
+
+
+def forget_dtensor_caches() -> None:
+    """Empty DTensor's caches of sharding decisions (when DTensor was used): each holds a device mesh, and so FSDP2's
+    process group, to the interpreter's end. They are private to torch and change with its versions: each is looked
+    up and skipped where this torch has none (tests/test_train.py counts the gloo threads left at the end)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    try:
+        from torch.distributed.tensor import _redistribute, debug
+        from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    except ImportError:
+        return
+    caches = (
+        (debug, "_clear_sharding_prop_cache"),  # the sharding propagator's, in Python and in C++
+        (_redistribute, "clear_redistribute_planner_cache"),
+        (getattr(_redistribute, "_gen_transform_infos", None), "cache_clear"),
+        (getattr(MeshTopoInfo, "build_from_mesh", None), "cache_clear"),
+    )
+    for owner, name in caches:
+        if clear := getattr(owner, name, None):
+            clear()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
