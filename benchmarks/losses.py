@@ -37,6 +37,7 @@ import model
 from configurator import configure
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.kernels import triton_problem
+from nanogpt_perf.kernels.losses import fused_cross_entropy
 from nanogpt_perf.memory import peak_memory_bytes, reset_peak_memory
 from nanogpt_perf.rules import at_least, list_of, one_of
 from nanogpt_perf.runtime import device_problem, resolve_device
@@ -95,8 +96,8 @@ def loss_ways(names: list[str]) -> dict[str, Callable]:
         "plain": lambda x, w, t: F.cross_entropy(F.linear(x, w).float(), t, ignore_index=-1),
         "chunked": lambda x, w, t: model.chunked_cross_entropy(x, w, t, chunked_rows),
         "old_fused": lambda x, w, t: old(x, w, t),
-        "fused": lambda x, w, t: model.fused_cross_entropy(x, w, t, fused_rows),
-        "triton": lambda x, w, t: model.fused_cross_entropy(x, w, t, fused_rows, use_triton=True),
+        "fused": lambda x, w, t: fused_cross_entropy(x, w, t, fused_rows),
+        "triton": lambda x, w, t: fused_cross_entropy(x, w, t, fused_rows, use_triton=True),
     }
     skipped = {"old_fused": old is None and f"no git history with {BRANCH_POINT}", "triton": triton_problem(dev)}
     for name in names:
