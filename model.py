@@ -370,8 +370,8 @@ class GPT(nn.Module):
         fused: bool = True,
     ) -> torch.optim.AdamW:
         """AdamW with weight decay on matrices and embeddings only (decay_groups), fused (when asked) wherever the
-        device has the kernel, a CPU included. device_type is nanoGPT's argument, taken and not needed: the
-        optimizer finds out itself whether the parameters' device has a fused kernel."""
+        device has the kernel, a CPU included (adamw). device_type is nanoGPT's argument, taken and not needed: the
+        parameters' own devices decide."""
         return adamw(decay_groups(self.parameters(), weight_decay), betas, fused, lr=learning_rate)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
