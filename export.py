@@ -20,13 +20,13 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from configurator import configure
-from model import GPT, RECIPE_ARCHITECTURE, GPTConfig
+from model import GPT, RECIPE_ARCHITECTURE, GPTConfig, to_hf_state_dict
 from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import VOCABULARY_FILE, vocabulary_problem, write_vocabulary
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import replace_folder
-from nanogpt_perf.gpt2_weights import hf_folder_problem, to_hf_state_dict
+from nanogpt_perf.gpt2_weights import hf_folder_problem
 from nanogpt_perf.rules import a_path, output_folder
 from nanogpt_perf.train.checkpoint import load_checkpoint
 

@@ -1,45 +1,35 @@
 """
-The whole GPT-2 in one file: model, optimizer set-up, generation and MFU accounting.
+GPT-2 in one file, torch only: the model with the modern recipe's options (each off by default: with all of them off,
+it is GPT-2), its AdamW, MFU accounting, nanoGPT's generate and GPT-2's weights in and out. Copied anywhere, it runs:
+the project's fused losses (nanogpt_perf/kernels) are imported only when loss_impl asks for one.
 
 References: OpenAI's GPT-2 release and the transformers implementation (for the maths and the weight layout).
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
+from torch import Generator, Tensor
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from nanogpt_perf.kernels.losses import fused_cross_entropy, liger_cross_entropy, wide
-
 # SDPA held to one kernel (a kernel the device lacks is an error when it runs), by its name in the settings
-SDPA_BACKENDS = {
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-    "math": SDPBackend.MATH,
-}
+SDPA_BACKENDS = dict(flash=SDPBackend.FLASH_ATTENTION, efficient=SDPBackend.EFFICIENT_ATTENTION,
+                     cudnn=SDPBackend.CUDNN_ATTENTION, math=SDPBackend.MATH)  # fmt: skip
 # the masked-softmax reference, SDPA choosing its kernel, or SDPA held to one
 ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
-# lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0); ours fused, its softmax in torch or
-# in a Triton kernel (CUDA; pip install -e ".[triton]"); liger-kernel's fused
+# lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0); the fused ones of
+# nanogpt_perf/kernels, their softmax in torch or in a Triton kernel (CUDA; pip install -e ".[triton]"); liger-kernel's
 LOSS_IMPLS = ("plain", "fused", "triton", "liger")
 A100_BF16_PEAK_FLOPS = 312e12  # nanoGPT's MFU yardstick
-# A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
-# and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes no mask there); cuDNN,
-# which SDPA prefers on Hopper, is left out: it builds an execution plan for every new shape it meets. On a CPU,
-# flash takes the mask.
-DECODE_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
-# A prefill (causal, one call per prompt length) under attention="sdpa": flash or memory-efficient, math where neither
-# takes the dtype (float64); not cuDNN, which would build a new execution plan for every prompt length.
-PREFILL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 ROTARY_BASE = 10000.0
+Rope = tuple[Tensor, Tensor]  # rotary's cos and sin
 
 
 def option(default: Any, kind: str, help: str = "", **valid: Any) -> Any:
@@ -92,9 +82,7 @@ class GPTConfig:
             raise ValueError(f"logit_softcap must be a finite number >= 0 (0 = off), not {self.logit_softcap}")
         self.logit_softcap = float(self.logit_softcap)
         if self.logit_softcap and self.loss_impl == "liger":
-            raise ValueError(
-                "logit_softcap is not liger-kernel's: loss_impl='plain', 'fused' or 'triton' cap the logits"
-            )
+            raise ValueError("logit_softcap is not liger-kernel's: loss_impl 'plain', 'fused' or 'triton' caps logits")
         if self.rotary and self.n_embd // self.n_head % 2:
             raise ValueError(f"rotary needs an even head size, not n_embd / n_head = {self.n_embd // self.n_head}")
 
@@ -111,6 +99,11 @@ NANOGPT_FIELDS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dr
 RECIPE_ARCHITECTURE = tuple(k for k in ARCHITECTURE if k not in NANOGPT_FIELDS)
 
 
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the softmax over the logits: float32, or float64 for float64 work."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def norm(config: GPTConfig) -> nn.Module:
     """GPT-2's LayerNorm, or an RMSNorm without a weight: a per-channel gain before a Linear is one that the Linear
     can learn itself (and one parameter tensor fewer for the optimizer and the kernels)."""
@@ -119,9 +112,7 @@ def norm(config: GPTConfig) -> nn.Module:
     return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
-def rotary_angles(
-    block_size: int, head_size: int, positions: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_angles(block_size: int, head_size: int, positions: Tensor, dtype: torch.dtype) -> Rope:
     """cos and sin, (T, head_size / 2), of the angles by which rotary turns q and k at positions (T,): pair i at
     position p by p * base^(-2i / head_size). Made for every position below block_size and looked up, so that a
     position gets the same bits whether it runs alone (a decode step) or among others; no buffer to crop or cast."""
@@ -130,7 +121,7 @@ def rotary_angles(
     return angles.cos()[positions], angles.sin()[positions]
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x (..., hs) with each pair (x_i, x_{i + hs/2}) turned by its angle (the rotate-half form), cos and sin
     broadcast over x's leading dimensions as their shapes say, computed in their dtype."""
     x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
@@ -162,16 +153,11 @@ class CausalSelfAttention(nn.Module):
             self.ve_mix = nn.Parameter(torch.tensor([0.5, 0.5]))
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        ve: torch.Tensor | None = None,
-        cache: tuple | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, rope: Rope | None = None, ve: Tensor | None = None, cache: Callable | None = None
+    ) -> Tensor:
         """Causal self-attention over x (B, T, C); q and k turned by rope = (cos, sin), ve (B, T, C) mixed into the
-        values. cache = (k, v, pos, mask): this layer's KV cache, k and v (B, nh, L, hs) each; without pos, a prefill
-        that writes positions 0..T-1; with pos (a 0-d tensor), one decode step for the token at pos, attending to the
-        whole cache, the positions past pos hidden by the additive mask (1, 1, 1, L): the same shapes at every pos."""
+        values. cache: this layer's KV cache (nanogpt_perf/generate.py), which takes k, v (B, nh, T, hs) and the SDPA
+        kernels chosen here and gives back the keys, values, additive mask (None: causal) and kernels to attend with."""
         B, T, C = x.size()
         if self.qk_norm or rope is not None:
             q, k, v = self.normed_and_turned(x, rope)
@@ -182,14 +168,12 @@ class CausalSelfAttention(nn.Module):
             v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view(B, T, self.n_head, -1).transpose(1, 2).to(v.dtype)
         mask, kernels = None, SDPA_BACKENDS.get(self.attention)  # mask None: causal over the T positions of x
         if cache is not None:
-            k, v, mask, kernels = self.cached(k, v, *cache)
+            k, v, mask, kernels = cache(k, v, kernels)
         y = self.attend(q, k, v, mask, kernels)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def normed_and_turned(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def normed_and_turned(self, x: Tensor, rope: Rope | None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v (B, nh, T, hs) of x, q and k RMS-normalised per head (qk_norm) and turned by rope: the two side
         by side in one tensor, so that each is one op for both (on a CPU, where nothing fuses them, a tenth of the
         step). Before rotary or after is the same: a rotation keeps the norm."""
@@ -204,33 +188,9 @@ class CausalSelfAttention(nn.Module):
         q, k = qk.unbind(2)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def cached(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        pos: torch.Tensor | None,
-        mask: torch.Tensor | None,
-    ) -> tuple:
-        """k and v written into the cache; the keys, values, mask and SDPA kernels to attend with."""
-        if pos is None:
-            k_cache[:, :, : k.size(2)] = k
-            v_cache[:, :, : v.size(2)] = v
-            return k, v, None, PREFILL_KERNELS if self.attention == "sdpa" else SDPA_BACKENDS.get(self.attention)
-        k_cache.index_copy_(2, pos.view(1), k)
-        v_cache.index_copy_(2, pos.view(1), v)
-        return k_cache, v_cache, mask, DECODE_KERNELS
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None,
-        kernels: SDPBackend | list[SDPBackend] | None = None,
-    ) -> torch.Tensor:
-        """softmax(q k^T / sqrt(hs) + mask) v: causal when mask is None, else mask is added (0 or -inf)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, kernels: Any = None) -> Tensor:
+        """softmax(q k^T / sqrt(hs) + mask) v: causal when mask is None, else mask is added (0 or -inf); SDPA
+        held to kernels (one SDPBackend or a list) when given."""
         dropout_p = self.dropout if self.training else 0.0
         if self.attention != "manual":
             with sdpa_kernel(kernels) if kernels else nullcontext():
@@ -238,12 +198,9 @@ class CausalSelfAttention(nn.Module):
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-        if mask is None:
-            causal = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
-            att = att.masked_fill(~causal, float("-inf"))
-        else:
-            att = att + mask
-        return self.attn_dropout(att.softmax(dim=-1)) @ v
+        if mask is None:  # causal: -inf above the diagonal
+            mask = torch.full((q.size(2), k.size(2)), float("-inf"), dtype=att.dtype, device=q.device).triu(1)
+        return self.attn_dropout((att + mask).softmax(dim=-1)) @ v
 
 
 class ReLUSquared(torch.autograd.Function):
@@ -252,13 +209,13 @@ class ReLUSquared(torch.autograd.Function):
     equal to F.relu(h).square() in value and gradient, bit for bit (tests/test_recipe_model.py)."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, h: Tensor) -> Tensor:
         r = F.relu(h)
         ctx.save_for_backward(r)
         return r * r
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, g: Tensor) -> Tensor:
         (r,) = ctx.saved_tensors
         return (g * r).mul_(2.0)
 
@@ -273,7 +230,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         h = self.c_fc(x)
         h = ReLUSquared.apply(h) if self.relu2 else self.gelu(h)
         return self.dropout(self.c_proj(h))
@@ -288,12 +245,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        ve: torch.Tensor | None = None,
-        cache: tuple | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, rope: Rope | None = None, ve: Tensor | None = None, cache: Callable | None = None
+    ) -> Tensor:
         x = x + self.attn(self.ln_1(x), rope, ve, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -343,37 +296,31 @@ class GPT(nn.Module):
             n -= sum(w.numel() for w in lookups if w is not self.lm_head.weight)
         return n
 
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Logits for every position and the mean cross-entropy when targets are given, else logits
-        for the last position only (all that generation needs). With loss_chunk set and targets given, the
-        logits are None: the chunked loss never makes them all at once."""
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """Logits for every position and the mean cross-entropy when targets are given, else logits for the last
+        position only (all that generation needs). The chunked and fused losses give None for the logits: they
+        never make them all at once."""
         x = self.hidden_states(idx)
         if targets is None:
             return self.head(x[:, [-1], :]), None
-        softcap = self.config.logit_softcap
-        if self.config.loss_impl in ("fused", "triton"):
-            triton = self.config.loss_impl == "triton"
-            return None, fused_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk, softcap, triton)
-        if self.config.loss_impl == "liger":
-            return None, liger_cross_entropy(x, self.lm_head.weight, targets, softcap)
-        if self.config.loss_chunk:
-            return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk, softcap)
-        logits = self.head(x)
-        loss = F.cross_entropy(
-            logits.view(-1, logits.size(-1)).to(wide(logits.dtype)), targets.reshape(-1), ignore_index=-1
-        )
-        return logits, loss
+        cfg, weight = self.config, self.lm_head.weight
+        if cfg.loss_impl != "plain":  # the fused losses, imported only when asked for
+            from nanogpt_perf.kernels.losses import lm_head_loss
 
-    def head(self, x: torch.Tensor) -> torch.Tensor:
+            return None, lm_head_loss(cfg.loss_impl, x, weight, targets, cfg.loss_chunk, cfg.logit_softcap)
+        if cfg.loss_chunk:
+            return None, chunked_cross_entropy(x, weight, targets, cfg.loss_chunk, cfg.logit_softcap)
+        logits = self.head(x)
+        return logits, F.cross_entropy(logits.flatten(0, 1).to(wide(logits.dtype)), targets.flatten(), ignore_index=-1)
+
+    def head(self, x: Tensor) -> Tensor:
         """lm_head's logits of the hidden states x; with logit_softcap c, c * tanh(logits / c), in float32 at least."""
         logits = self.lm_head(x)
         if c := self.config.logit_softcap:
             logits = c * torch.tanh(logits.to(wide(logits.dtype)) / c)
         return logits
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, idx: Tensor) -> Tensor:
         """The trunk: (B, T, n_embd) after the last LayerNorm, which lm_head turns into logits."""
         T = idx.size(1)
         if T > self.config.block_size:
@@ -381,9 +328,9 @@ class GPT(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         return self.transformer.ln_f(self.blocks(idx, pos))
 
-    def blocks(self, idx: torch.Tensor, positions: torch.Tensor, caches: list | None = None) -> torch.Tensor:
+    def blocks(self, idx: Tensor, positions: Tensor, caches: list | None = None) -> Tensor:
         """The residual stream (B, T, n_embd) after the last block, for the tokens idx (B, T) at positions (T,);
-        with caches (one (k, v, pos, mask) per layer, as CausalSelfAttention takes it), through the KV cache."""
+        with caches (one per layer, as CausalSelfAttention takes it), through a KV cache."""
         cfg = self.config
         x = self.transformer.wte(idx)
         rope = None
@@ -422,20 +369,10 @@ class GPT(nn.Module):
         device_type: str | None = None,
         fused: bool = True,
     ) -> torch.optim.AdamW:
-        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused (when asked) wherever the device
-        has the kernel, a CPU included. device_type is nanoGPT's argument, taken and not needed: the optimizer
-        finds out itself whether the parameters' device has a fused kernel."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        if fused:
-            try:
-                return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
-            except RuntimeError:  # this device has no fused kernel
-                pass
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+        """AdamW with weight decay on matrices and embeddings only (decay_groups), fused (when asked) wherever the
+        device has the kernel, a CPU included (adamw). device_type is nanoGPT's argument, taken and not needed: the
+        parameters' own devices decide."""
+        return adamw(decay_groups(self.parameters(), weight_decay), betas, fused, lr=learning_rate)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """FLOPs of a forward and backward pass per token, as the PaLM paper counts them (appendix B): 6N for the
@@ -486,65 +423,72 @@ class GPT(nn.Module):
         model.load_state_dict(from_hf_state_dict(hf.state_dict()))
         return model
 
-    # ------------------------------------------------------------------------------------------------------------
-    # generation: nanoGPT's loop (the slow reference), and the forward pass against a KV cache on which
-    # nanogpt_perf/generate.py builds its one-shape decoding
-
-    def cached_forward(
-        self,
-        idx: torch.Tensor,
-        k_cache: Sequence[torch.Tensor],
-        v_cache: Sequence[torch.Tensor],
-        pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Logits (B, V) of the token after idx, keeping every layer's keys and values in its caches: k_cache and
-        v_cache hold one (B, n_head, L, head_size) tensor per layer (rotary keys as turned). Without pos: a prefill
-        of idx (B, T) from position 0. With pos (a 0-d tensor on the device): the one token idx (B, 1) at position
-        pos, attending to the whole cache, masked past pos by one additive mask made here for every layer, so that
-        every shape is the same at every position. A cache of per-layer tensors, not one (n_layer, ...) tensor:
-        under torch.compile, writes into views of one tensor become copies of all of it at every step."""
-        mask = None
-        if pos is None:
-            positions = torch.arange(idx.size(1), device=idx.device)
-        else:
-            positions, L = pos.view(1), k_cache[0].size(2)
-            past = torch.arange(L, device=idx.device) > pos
-            mask = torch.zeros(L, dtype=k_cache[0].dtype, device=idx.device).masked_fill(past, float("-inf"))
-            mask = mask.view(1, 1, 1, L)
-        caches = [(k, v, pos, mask) for k, v in zip(k_cache, v_cache, strict=True)]
-        x = self.blocks(idx, positions, caches)
-        return self.head(self.transformer.ln_f(x[:, -1, :]))
-
     @torch.no_grad()
     def generate(
         self,
-        idx: torch.Tensor,
+        idx: Tensor,
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
+        generator: Generator | None = None,
         vocab_size: int | None = None,
-    ) -> torch.Tensor:
-        """nanoGPT's generate: idx (B, T) extended by max_new_tokens tokens, each drawn after a forward pass over
-        the whole context (its last block_size tokens). Temperature 0 is greedy, top_p keeps the nucleus and
-        vocab_size leaves a padded vocabulary's tail out. Slow: nanogpt_perf/generate.py's cached decoding gives
-        the same tokens (the tests check it against this) many times faster."""
+    ) -> Tensor:
+        """nanoGPT's generate: idx (B, T) extended by max_new_tokens tokens, each drawn by sample after a forward
+        pass over the whole context (its last block_size tokens); vocab_size leaves a padded vocabulary's tail out.
+        Slow, the reference: nanogpt_perf/generate.py's cached decoding (which adds top_p) gives the same tokens
+        from the same generator (tests/test_generate.py), many times faster."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size :])
-            token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
-            idx = torch.cat((idx, token), dim=1)
+            idx = torch.cat((idx, sample(logits[:, -1, :vocab_size], temperature, top_k, generator)), dim=1)
         return idx
 
 
-def chunked_cross_entropy(
-    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, softcap: float = 0.0
-) -> torch.Tensor:
-    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1; capped at softcap when > 0), chunk
-    rows of x at a time.
+def sample(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: Generator | None = None,
+    q: Tensor | None = None,
+) -> Tensor:
+    """One token per row of logits (B, V): the argmax at temperature 0, else drawn from softmax(logits / temperature)
+    over the top_k most likely (exactly k, even when the k-th is tied) as torch.multinomial draws one sample:
+    argmax(p / q), q ~ Exp(1), so that over the whole vocabulary the same generator gives multinomial's token; but
+    without its checks of p, which read the device (a host sync). q: drawn beforehand (B, candidates), if given."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits, ids = logits.float() / temperature, None
+    if top_k is not None and top_k < logits.size(-1):
+        logits, ids = torch.topk(logits, top_k)
+    probs = logits.softmax(dim=-1)
+    q = torch.empty_like(probs).exponential_(1, generator=generator) if q is None else q
+    choice = (probs / q).argmax(dim=-1, keepdim=True)
+    return choice if ids is None else ids.gather(-1, choice)
 
-    Each chunk's logits are made, reduced to a summed loss and dropped, then made again in backward (activation
-    checkpointing), so at most one (chunk, vocab) block of fp32 logits exists instead of all (B*T, vocab)."""
+
+def decay_groups(params: Iterable[nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW's groups of the trainable params: weight decay on matrices and embeddings (>= 2-D), none on vectors
+    (biases, norms' gains, the recipe's mixing weights)."""
+    params = [p for p in params if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def adamw(groups: list[dict[str, Any]], betas: tuple[float, float], fused: bool, **kw: Any) -> torch.optim.AdamW:
+    """torch.optim.AdamW over groups, fused where asked and every parameter's device has the kernel (a CPU too):
+    torch takes fused=True anywhere, and fails at the first step on a device without it."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices as fused_devices
+
+    if fused and {p.device.type for g in groups for p in g["params"]} <= set(fused_devices()):
+        return torch.optim.AdamW(groups, betas=betas, fused=True, **kw)
+    return torch.optim.AdamW(groups, betas=betas, **kw)
+
+
+def chunked_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, chunk: int, softcap: float = 0.0) -> Tensor:
+    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1; capped at softcap when > 0), chunk
+    rows of x at a time: each chunk's logits made, reduced to a summed loss and dropped, then made again in backward
+    (activation checkpointing), so that at most one (chunk, vocab) block of fp32 logits exists, not (B*T, vocab)."""
     x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
     total = sum(
         checkpoint(_summed_cross_entropy, xc, weight, tc, softcap, use_reentrant=False)
@@ -553,7 +497,7 @@ def chunked_cross_entropy(
     return total / (targets != -1).sum()
 
 
-def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float) -> torch.Tensor:
+def _summed_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, softcap: float) -> Tensor:
     logits = F.linear(x, weight)
     logits = logits.to(wide(logits.dtype))
     if softcap:
@@ -565,7 +509,7 @@ def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
     """transformers' GPT-2 weights under this model's names (the same names, Conv1D weights transposed)."""
     state = {}
     for name, p in hf_state.items():
@@ -578,45 +522,14 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return state
 
 
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    noise: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One token per row of logits (B, V): greedy at temperature 0, else drawn from the softmax of logits /
-    temperature over the candidates (see candidates). The draw is torch.multinomial's for one sample, argmax(p / q)
-    with q ~ Exp(1), so that with every token a candidate the same generator gives the same token; but without
-    multinomial's checks of p, which read the device (a host sync), and with q drawn for the candidates only.
-    noise is q drawn beforehand, as a CUDA graph that replays the rest needs it."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    values, indices = candidates(logits.float() / temperature, top_k, top_p)
-    probs = values.softmax(dim=-1)
-    if noise is None:
-        noise = torch.empty_like(probs).exponential_(1, generator=generator)
-    choice = (probs / noise).argmax(dim=-1, keepdim=True)
-    return choice if indices is None else indices.gather(-1, choice)
-
-
-def candidates(
-    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The logits of the tokens that may be drawn and their ids: the top_k most likely (exactly k, even when the
-    k-th value is tied), then of those the smallest set whose probability reaches top_p (nucleus: the others are
-    -inf; the most likely always stays), sorted most likely first; with neither filter, logits as they are and
-    ids None. No shape depends on the values (no boolean indexing), so this runs on the device without a sync."""
-    nucleus = top_p is not None and top_p < 1.0
-    if top_k is not None and top_k < logits.size(-1):
-        values, indices = torch.topk(logits, top_k)
-    elif nucleus:
-        values, indices = logits.sort(dim=-1, descending=True)
-    else:
-        return logits, None
-    if nucleus:
-        probs = values.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each one
-        values = values.masked_fill(before >= top_p, float("-inf"))
-    return values, indices
+def to_hf_state_dict(model: GPT, vocab_size: int) -> dict[str, Tensor]:
+    """from_hf_state_dict's inverse: model's weights in transformers' GPT2LMHeadModel layout, on the CPU, the
+    vocabulary cut to vocab_size (no padding); biases of zero where the model has none (the same function:
+    transformers' GPT-2 always has them)."""
+    state = {n: (p.t() if n.endswith(HF_TRANSPOSED) else p).detach().cpu().contiguous()
+             for n, p in model.state_dict().items()}  # fmt: skip
+    if not model.config.bias:
+        state |= {f"{n}.bias": torch.zeros(m.weight.shape[0]) for n, m in model.named_modules()
+                  if isinstance(m, (nn.Linear, nn.LayerNorm)) and n != "lm_head"}  # fmt: skip
+    state["lm_head.weight"] = state["transformer.wte.weight"] = state["transformer.wte.weight"][:vocab_size].clone()
+    return state

@@ -14,8 +14,8 @@ compilation and warm-up.
 import json
 import os
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from configurator import configure

@@ -38,6 +38,7 @@ from configurator import configure
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.kernels import triton_problem
+from nanogpt_perf.kernels.losses import fused_cross_entropy
 from nanogpt_perf.memory import peak_memory_bytes, reset_peak_memory
 from nanogpt_perf.rules import comma_separated
 from nanogpt_perf.runtime import DeviceConfig, PrecisionConfig, SeedConfig, resolve_runtime
@@ -99,8 +100,8 @@ def loss_ways(names: list[str]) -> dict[str, Callable]:
         "plain": lambda x, w, t: F.cross_entropy(F.linear(x, w).float(), t, ignore_index=-1),
         "chunked": lambda x, w, t: model.chunked_cross_entropy(x, w, t, cfg.chunked_rows),
         "old_fused": lambda x, w, t: old(x, w, t),
-        "fused": lambda x, w, t: model.fused_cross_entropy(x, w, t, cfg.fused_rows),
-        "triton": lambda x, w, t: model.fused_cross_entropy(x, w, t, cfg.fused_rows, use_triton=True),
+        "fused": lambda x, w, t: fused_cross_entropy(x, w, t, cfg.fused_rows),
+        "triton": lambda x, w, t: fused_cross_entropy(x, w, t, cfg.fused_rows, use_triton=True),
     }
     skipped = {"old_fused": old is None and f"no git history with {BRANCH_POINT}", "triton": triton_problem(dev)}
     for name in names:

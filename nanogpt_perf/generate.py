@@ -2,17 +2,67 @@
 shapes are the same at every position. It compiles once and, on CUDA, is captured once as a CUDA graph that each
 token replays (one launch instead of ~450 kernels). Sampling (temperature, top-k, top-p, the padded vocabulary)
 stays on the device: the only host sync per token is the caller's read of it. GPT.generate (model.py) is the slow
-reference: greedy, or sampled with the same seed, both give the same tokens (tests/test_generate.py)."""
+reference: greedy, or sampled with the same seed, both give the same tokens (tests/test_generate.py). What only
+generation uses lives here: the forward pass against the cache (cached_forward) and top_p's nucleus (sample_next,
+candidates), whose draw is model.sample's, GPT.generate's own: one piece of maths for both."""
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend
 
-from model import GPT, sample_next
+from model import GPT, sample
 from nanogpt_perf.runtime import PTDTYPES, Runtime
+
+# A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
+# and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes no mask there); cuDNN,
+# which SDPA prefers on Hopper, is left out: it builds an execution plan for every new shape it meets. On a CPU,
+# flash takes the mask.
+DECODE_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+# A prefill (causal, one call per prompt length) under attention="sdpa": flash or memory-efficient, math where neither
+# takes the dtype (float64); not cuDNN, which would build a new execution plan for every prompt length.
+PREFILL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token per row of logits (B, V): model.sample's (greedy at temperature 0, else drawn as torch.multinomial
+    draws, over the top_k most likely), and with top_p < 1 over the nucleus of those (see candidates). noise is
+    sample's q, the exponentials drawn beforehand (one per candidate), as a CUDA graph that replays the rest needs."""
+    if temperature == 0 or top_p is None or top_p >= 1.0:
+        return sample(logits, temperature, top_k, generator, noise)
+    values, indices = candidates(logits.float() / temperature, top_k, top_p)
+    return indices.gather(-1, sample(values, generator=generator, q=noise))
+
+
+def candidates(
+    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logits of the tokens that may be drawn and their ids: the top_k most likely (exactly k, even when the
+    k-th value is tied), then of those the smallest set whose probability reaches top_p (nucleus: the others are
+    -inf; the most likely always stays), sorted most likely first; with neither filter, logits as they are and
+    ids None. No shape depends on the values (no boolean indexing), so this runs on the device without a sync."""
+    nucleus = top_p is not None and top_p < 1.0
+    if top_k is not None and top_k < logits.size(-1):
+        values, indices = torch.topk(logits, top_k)
+    elif nucleus:
+        values, indices = logits.sort(dim=-1, descending=True)
+    else:
+        return logits, None
+    if nucleus:
+        probs = values.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each one
+        values = values.masked_fill(before >= top_p, float("-inf"))
+    return values, indices
 
 
 @dataclass(frozen=True)
@@ -23,7 +73,7 @@ class Sampling:
     vocab_size: int | None = None  # tokens from here on are never drawn (a padded vocabulary's tail)
 
     def draw(self, logits: torch.Tensor, noise: torch.Tensor | None = None, generator=None) -> torch.Tensor:
-        """The next token (B, 1) after logits (B, V); noise as model.sample_next takes it."""
+        """The next token (B, 1) after logits (B, V); noise as sample_next takes it."""
         return sample_next(logits[:, : self.vocab_size], self.temperature, self.top_k, self.top_p, generator, noise)
 
     def noise_size(self, vocab_size: int) -> int:
@@ -39,6 +89,54 @@ def cache_length(prompt_len: int, max_new_tokens: int, block_size: int) -> int:
     return min(block_size, -(-needed // 64) * 64)
 
 
+def write_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kernels: SDPBackend | None,
+) -> tuple:
+    """One layer's KV cache, as CausalSelfAttention calls it (bound to its caches, pos and mask by cached_forward):
+    k and v written into the caches (B, nh, L, hs); the keys, values, mask and SDPA kernels to attend with. Without
+    pos, a prefill of positions 0..T-1, causal over themselves (kernels: the layer's, else PREFILL_KERNELS); with
+    pos, one decode step attending to the whole cache, the positions past pos hidden by the mask."""
+    if pos is None:
+        k_cache[:, :, : k.size(2)] = k
+        v_cache[:, :, : v.size(2)] = v
+        return k, v, None, kernels or PREFILL_KERNELS
+    k_cache.index_copy_(2, pos.view(1), k)
+    v_cache.index_copy_(2, pos.view(1), v)
+    return k_cache, v_cache, mask, DECODE_KERNELS
+
+
+def cached_forward(
+    model: GPT,
+    idx: torch.Tensor,
+    k_cache: Sequence[torch.Tensor],
+    v_cache: Sequence[torch.Tensor],
+    pos: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Logits (B, V) of the token after idx, keeping every layer's keys and values in its caches: k_cache and
+    v_cache hold one (B, n_head, L, head_size) tensor per layer (rotary keys as turned). Without pos: a prefill
+    of idx (B, T) from position 0. With pos (a 0-d tensor on the device): the one token idx (B, 1) at position
+    pos, attending to the whole cache, masked past pos by one additive mask made here for every layer, so that
+    every shape is the same at every position. A cache of per-layer tensors, not one (n_layer, ...) tensor:
+    under torch.compile, writes into views of one tensor become copies of all of it at every step."""
+    mask = None
+    if pos is None:
+        positions = torch.arange(idx.size(1), device=idx.device)
+    else:
+        positions, L = pos.view(1), k_cache[0].size(2)
+        past = torch.arange(L, device=idx.device) > pos
+        mask = torch.zeros(L, dtype=k_cache[0].dtype, device=idx.device).masked_fill(past, float("-inf"))
+        mask = mask.view(1, 1, 1, L)
+    caches = [functools.partial(write_cache, k, v, pos, mask) for k, v in zip(k_cache, v_cache, strict=True)]
+    x = model.blocks(idx, positions, caches)
+    return model.head(model.transformer.ln_f(x[:, -1, :]))
+
+
 @functools.cache
 def graph_pool() -> tuple:
     """The one memory pool of every decode step's CUDA graph in this process, so that a Decoder per shape and
@@ -49,7 +147,7 @@ def graph_pool() -> tuple:
 
 
 def compile_decode_step(model: GPT, caches: list[torch.Tensor]) -> Callable:
-    """model.cached_forward compiled for one shape, the caches marked as static addresses (the same tensors at
+    """cached_forward compiled for one shape, the caches marked as static addresses (the same tensors at
     every step, so that cudagraphs need not copy them in). torch.compile keeps its graphs per code object, so
     every Decoder of the process shares cached_forward's; past dynamo's recompile limit (8) the step would run
     eagerly without a word, and a CUDA graph would capture that: the limit is raised with every Decoder compiled."""
@@ -61,7 +159,7 @@ def compile_decode_step(model: GPT, caches: list[torch.Tensor]) -> Callable:
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     setattr(config, name, max(getattr(config, name), Decoder.compiled + 8))
-    return torch.compile(model.cached_forward, dynamic=False, fullgraph=True)
+    return torch.compile(cached_forward, dynamic=False, fullgraph=True)
 
 
 class Decoder:
@@ -92,7 +190,7 @@ class Decoder:
         self.pos = torch.zeros((), dtype=torch.long, device=dev)
         self.noise = torch.ones(batch_size, sampling.noise_size(cfg.vocab_size), device=dev)
         self.model, self.runtime, self.sampling, self.cache_len = model, runtime, sampling, cache_len
-        self.forward = compile_decode_step(model, self.k + self.v) if compile else model.cached_forward
+        self.forward = compile_decode_step(model, self.k + self.v) if compile else cached_forward
         self.graph: torch.cuda.CUDAGraph | None = None
         start = time.perf_counter()
         if cuda_graph and dev.type == "cuda":
@@ -104,7 +202,7 @@ class Decoder:
 
     def run_step(self) -> None:
         with torch.no_grad():
-            logits = self.forward(self.token, self.k, self.v, self.pos)
+            logits = self.forward(self.model, self.token, self.k, self.v, self.pos)
             self.token.copy_(self.sampling.draw(logits, self.noise))
             self.pos.add_(1)
 
@@ -131,7 +229,7 @@ class Decoder:
         num_samples sequences (rows b * num_samples ... (b + 1) * num_samples - 1), and draw their first tokens."""
         B, T = idx.shape
         with torch.no_grad():
-            logits = self.model.cached_forward(idx, [k[:B] for k in self.k], [v[:B] for v in self.v])
+            logits = cached_forward(self.model, idx, [k[:B] for k in self.k], [v[:B] for v in self.v])
             if num_samples > 1:
                 for cache in self.k + self.v:
                     cache.copy_(cache[:B].repeat_interleave(num_samples, dim=0))
@@ -184,7 +282,7 @@ class Engine:
         """Yield the next token of every sequence, (B * num_samples, 1), max_new_tokens times, after the prompts
         idx (B, T); each prompt is prefilled once and shared by its num_samples sequences (rows b * num_samples
         ... (b + 1) * num_samples - 1). use_cache=False recomputes the whole context for every token (the
-        reference, GPT.generate)."""
+        reference: GPT.generate's loop)."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, not {num_samples}")
         if not use_cache:
@@ -217,10 +315,14 @@ class Engine:
     def uncached_tokens(
         self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling, generator: torch.Generator | None
     ) -> Iterator[torch.Tensor]:
-        s = sampling
+        """GPT.generate's loop, a forward pass over the whole context (its last block_size tokens) for every token,
+        drawn by sampling (top_p too)."""
         for _ in range(max_new_tokens):
-            idx = self.model.generate(idx, 1, s.temperature, s.top_k, s.top_p, generator, s.vocab_size)
-            yield idx[:, -1:]
+            with torch.no_grad():
+                logits, _ = self.model(idx[:, -self.model.config.block_size :])
+                token = sampling.draw(logits[:, -1], generator=generator)
+            idx = torch.cat((idx, token), dim=1)
+            yield token
 
 
 class PackedLinear(torch.nn.Module):

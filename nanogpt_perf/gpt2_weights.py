@@ -1,5 +1,6 @@
-"""GPT-2 weights in and out: GPT.from_pretrained with one clear line for what goes wrong (for train.py and
-sample.py), and our model's weights in transformers' GPT2LMHeadModel layout (for export.py)."""
+"""GPT-2 weights in: GPT.from_pretrained with one clear line for what goes wrong (for train.py and sample.py). The
+conversion both ways (from_hf_state_dict, to_hf_state_dict, for export.py) is model.py's, which from_pretrained needs
+and which imports nothing of the project."""
 
 import importlib.util
 import json
@@ -9,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
 
-from model import GPT, HF_TRANSPOSED, GPTConfig
+from model import GPT, GPTConfig
 from nanogpt_perf.config import shown
 from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.memory import model_size_problem
@@ -150,18 +150,3 @@ def shapes_problem(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[
     if wrong:
         return f"{name} holds {wrong} as {list(found[wrong])}, config.json makes it {list(expected[wrong])}"
     return None
-
-
-def to_hf_state_dict(model: GPT, vocab_size: int) -> dict[str, torch.Tensor]:
-    """model's weights in transformers' GPT2LMHeadModel layout, without the vocab padding."""
-    out = {
-        n: (p.t() if n.endswith(HF_TRANSPOSED) else p).detach().cpu().contiguous()
-        for n, p in model.state_dict().items()
-    }
-    if not model.config.bias:  # transformers' GPT-2 always has biases: zeros compute the same function
-        for name, module in model.named_modules():
-            if isinstance(module, (nn.Linear, nn.LayerNorm)) and name != "lm_head":
-                out[f"{name}.bias"] = torch.zeros(module.weight.shape[0])
-    out["transformer.wte.weight"] = out["transformer.wte.weight"][:vocab_size].clone()
-    out["lm_head.weight"] = out["transformer.wte.weight"]
-    return out

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from model import adamw, decay_groups
 from nanogpt_perf.config import setting
 
 OPTIMIZERS = ("adamw", "muon")
@@ -53,19 +54,18 @@ class OptimConfig:
 def build_optimizer(model: nn.Module, cfg: OptimConfig, ns_dtype: torch.dtype | None = None) -> torch.optim.Optimizer:
     """'adamw': exactly model.configure_optimizers' AdamW. 'muon': a MuonAdamW whose Muon group (lr muon_lr,
     decoupled decay muon_weight_decay) holds the 2-D weights of transformer.h, and whose two AdamW groups
-    (learning_rate, betas; weight_decay on the matrices and embeddings, none on vectors) hold the rest. ns_dtype:
+    (learning_rate, betas) hold the rest, split as configure_optimizers splits them (model.decay_groups). ns_dtype:
     the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32 elsewhere."""
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
         return model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
     if is_sharded(model):
         raise ValueError(MUON_ON_SHARDS)
-    muon, decay, no_decay = split_parameters(model)
+    muon, rest = split_parameters(model)
     groups = [
         {"params": list(muon.values()), "muon": True, "lr": cfg.muon_lr, "weight_decay": cfg.muon_weight_decay}
         | {"ns_steps": cfg.muon_ns_steps},
-        {"params": list(decay.values()), "muon": False, "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay},
-        {"params": list(no_decay.values()), "muon": False, "lr": cfg.learning_rate, "weight_decay": 0.0},
+        *(group | {"muon": False, "lr": cfg.learning_rate} for group in decay_groups(rest, cfg.weight_decay)),
     ]
     return MuonAdamW(groups, momentum=cfg.muon_momentum, betas=betas, fused=cfg.fused_adamw, ns_dtype=ns_dtype)
 
@@ -87,17 +87,16 @@ def muon_rules(cfg: Any) -> None:
         )
 
 
-def split_parameters(model: nn.Module) -> tuple[dict[str, nn.Parameter], ...]:
-    """The trainable parameters by name, in three parts: Muon's (the 2-D weights of the blocks, transformer.h.*),
-    AdamW's with weight decay (the other matrices: wte, wpe, an untied lm_head) and AdamW's without (vectors:
-    biases, LayerNorm weights). A tied lm_head is wte itself."""
-    muon, decay, no_decay = {}, {}, {}
+def split_parameters(model: nn.Module) -> tuple[dict[str, nn.Parameter], list[nn.Parameter]]:
+    """The trainable parameters in two parts: Muon's by name (the 2-D weights of the blocks, transformer.h.*) and
+    AdamW's (the other matrices: wte, wpe, an untied lm_head; and every vector). A tied lm_head is wte itself."""
+    muon, rest = {}, []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        in_block = name.removeprefix("_orig_mod.").startswith("transformer.h.")
-        (muon if in_block and p.dim() == 2 else decay if p.dim() >= 2 else no_decay)[name] = p
-    return muon, decay, no_decay
+        if p.requires_grad and name.removeprefix("_orig_mod.").startswith("transformer.h.") and p.dim() == 2:
+            muon[name] = p
+        elif p.requires_grad:
+            rest.append(p)
+    return muon, rest
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -255,16 +254,6 @@ class MuonAdamW(torch.optim.Optimizer):
         with hyperparameters_kept(self):
             super().load_state_dict(state_dict)
         self._share_with_adamw()
-
-
-def adamw(groups: list[dict[str, Any]], betas: tuple[float, float], fused: bool) -> torch.optim.AdamW:
-    """torch.optim.AdamW over groups, fused where asked and the device has the kernel (as configure_optimizers)."""
-    if fused:
-        try:
-            return torch.optim.AdamW(groups, betas=betas, fused=True)
-        except RuntimeError:  # this device has no fused kernel
-            pass
-    return torch.optim.AdamW(groups, betas=betas)
 
 
 def orthogonalize(

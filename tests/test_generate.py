@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import run_script
-from model import GPT, GPTConfig, candidates, sample_next
+from model import GPT, GPTConfig, from_hf_state_dict, sample, to_hf_state_dict
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
-from nanogpt_perf.generate import Engine, Sampling, onednn_for_cpu_inference
+from nanogpt_perf.generate import Engine, Sampling, cached_forward, candidates, onednn_for_cpu_inference, sample_next
 from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
@@ -43,10 +43,12 @@ def prompts(B: int, T: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(64, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def engine_generate(model, idx, max_new_tokens, num_samples=1, generator=None, engine=None, **sampling) -> torch.Tensor:
+def engine_generate(
+    model, idx, max_new_tokens, num_samples=1, generator=None, engine=None, use_cache=True, **sampling
+) -> torch.Tensor:
     """idx extended by the engine's tokens, as GPT.generate returns it."""
     engine = engine or Engine(model, CPU)
-    new = engine.tokens(idx, max_new_tokens, Sampling(**sampling), generator, num_samples)
+    new = engine.tokens(idx, max_new_tokens, Sampling(**sampling), generator, num_samples, use_cache)
     return torch.cat([idx.repeat_interleave(num_samples, dim=0), *new], dim=1)
 
 
@@ -67,10 +69,15 @@ def test_cached_greedy_equals_uncached_past_block_size(attention):
 @pytest.mark.parametrize("new_tokens", [3, 9, 30])  # a cache shorter than block_size, one that fills it, sliding
 def test_cached_sampling_equals_uncached_with_the_same_seed(new_tokens):
     model = sharp_model(seed=3)
-    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)
+    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)  # top_p: the engine's alone, uncached as GPT.generate runs
     a = engine_generate(model, prompts(2, 7), new_tokens, generator=seeded(), **kwargs)
-    b = model.generate(prompts(2, 7), new_tokens, generator=seeded(), **kwargs)
+    b = engine_generate(model, prompts(2, 7), new_tokens, generator=seeded(), use_cache=False, **kwargs)
     assert torch.equal(a, b)
+    kwargs = dict(temperature=0.9, top_k=20)  # what GPT.generate samples with: its tokens, cached or not
+    reference = model.generate(prompts(2, 7), new_tokens, generator=seeded(), **kwargs)
+    for use_cache in (True, False):
+        ours = engine_generate(model, prompts(2, 7), new_tokens, generator=seeded(), use_cache=use_cache, **kwargs)
+        assert torch.equal(ours, reference)
 
 
 @pytest.mark.parametrize("options", [k for k in RECIPES if k != "default"])
@@ -80,9 +87,9 @@ def test_cached_equals_uncached_with_the_recipes_options(options):
     greedy = engine_generate(model, idx, 24, temperature=0)  # 29 tokens: past block_size 16
     assert torch.equal(greedy, model.generate(idx, 24, temperature=0))
     assert all(len(set(row[5:].tolist())) >= 3 for row in greedy)  # not a degenerate repetition
-    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)
+    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)  # uncached: GPT.generate's loop (the test above)
     sampled = engine_generate(model, idx, 20, generator=seeded(), **kwargs)
-    assert torch.equal(sampled, model.generate(idx, 20, generator=seeded(), **kwargs))
+    assert torch.equal(sampled, engine_generate(model, idx, 20, generator=seeded(), use_cache=False, **kwargs))
 
 
 def test_sampling_draws_as_torch_multinomial_does():
@@ -94,17 +101,34 @@ def test_sampling_draws_as_torch_multinomial_does():
     assert len(set(ours[0].tolist())) > 20  # really sampled
 
 
+@pytest.mark.parametrize("top_k", [None, 1, 7, 1000])
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
+def test_the_engines_draw_is_model_samples_where_top_p_keeps_every_candidate(top_k, temperature):
+    """sample_next's tokens and GPT.generate's (model.sample's) from the same generator and the same noise: where
+    top_p is off, or keeps every candidate (its -inf mask then changes nothing), token for token."""
+    logits = 3 * torch.randn(4, 1000, generator=seeded(0))
+    for top_p in (None, 1.0, 1.5):
+        g1, g2 = seeded(7), seeded(7)
+        ours = [sample_next(logits, temperature, top_k, top_p, generator=g1) for _ in range(50)]
+        theirs = [sample(logits, temperature, top_k, generator=g2) for _ in range(50)]
+        assert torch.equal(torch.cat(ours, dim=1), torch.cat(theirs, dim=1))
+    for top_p in (None, 0.9):  # noise drawn beforehand (as a CUDA graph replays the rest) is the generator's draw
+        noise = torch.empty(4, min(top_k or 1000, 1000)).exponential_(1, generator=seeded(3))
+        drawn = sample_next(logits, temperature, top_k, top_p, generator=seeded(3))
+        assert torch.equal(sample_next(logits, temperature, top_k, top_p, noise=noise), drawn)
+
+
 @pytest.mark.parametrize("options", ["default", "all"])
 def test_cache_logits_match_a_full_forward_in_float32(options):
     model = sharp_model(dtype=torch.float32, **RECIPES[options])
     idx = prompts(2, 12)
     k, v = ([torch.zeros(2, 4, 16, 8) for _ in range(2)] for _ in range(2))  # per layer: (B, n_head, L, head_size)
     with torch.no_grad():
-        logits = model.cached_forward(idx[:, :4], k, v)
+        logits = cached_forward(model, idx[:, :4], k, v)
         for t in range(4, 12):
             full, _ = model(idx[:, :t])
             torch.testing.assert_close(logits, full[:, -1], rtol=1e-4, atol=1e-4)
-            logits = model.cached_forward(idx[:, t : t + 1], k, v, torch.tensor(t))
+            logits = cached_forward(model, idx[:, t : t + 1], k, v, torch.tensor(t))
 
 
 def test_batched_equals_one_by_one():
@@ -201,6 +225,24 @@ def test_import_from_a_transformers_folder_gives_its_logits(tmp_path):
     ours, _ = model(idx, idx)
     theirs = hf(idx).logits
     assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_weights_to_transformers_and_back_give_the_same_logits():
+    """model.py's conversion both ways, without export.py: a model without biases and with a padded vocabulary
+    (to_hf_state_dict gives zero biases and cuts the padding) in transformers' GPT2LMHeadModel, then back."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(CONFIG, vocab_size=64, bias=False))).eval()
+    hf_config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model, 50), strict=False)
+    assert [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))] == [] and unexpected == []
+    idx = torch.randint(50, (2, 16))
+    ours = model(idx, idx)[0][..., :50]
+    assert (hf(idx).logits - ours).abs().max().item() <= 1e-4
+    back = GPT(GPTConfig(**dict(CONFIG, vocab_size=50))).eval()  # with biases, as transformers' GPT-2: all zero
+    back.load_state_dict(from_hf_state_dict(hf.state_dict()))
+    torch.testing.assert_close(back(idx, idx)[0], ours, rtol=0, atol=1e-5)
 
 
 def test_export_round_trip_through_transformers(tmp_path, tiny_data):
@@ -306,7 +348,7 @@ def test_compiled_decode_step_gives_the_same_tokens_without_recompiling(options)
 
 
 def test_decoders_past_dynamos_recompile_limit_are_still_compiled():
-    """Every Decoder compiles model.cached_forward, whose compiled graphs dynamo keeps in one cache per code
+    """Every Decoder compiles cached_forward, whose compiled graphs dynamo keeps in one cache per code
     object: past its limit it would run them eagerly, silently (fullgraph=True makes that an error here)."""
     import torch._dynamo
 
@@ -334,9 +376,9 @@ def cache_loops(caches: str) -> list[int]:
     k, v = ([torch.zeros(shape) for _ in range(2)] for _ in range(2))
     if caches == "stacked":
         k, v = torch.stack(k), torch.stack(v)
-    step = torch.compile(model.cached_forward, dynamic=False)
+    step = torch.compile(cached_forward, dynamic=False)
     with torch.no_grad():
-        _, code = run_and_get_code(step, prompts(2, 1), k, v, torch.tensor(5))
+        _, code = run_and_get_code(step, model, prompts(2, 1), k, v, torch.tensor(5))
     bound = r"for\s*\(\s*int64_t\s+\w+\s*=.*?;\s*\w+\s*<\s*(?:static_cast<int64_t>\()?(\d+)L"
     return [int(b) for b in re.findall(bound, "\n".join(code))]
 
@@ -393,9 +435,9 @@ def mask_ops(n_layer: int) -> int:
     model = sharp_model(dtype=torch.float32, n_layer=n_layer)
     k, v = ([torch.zeros(1, 4, 16, 8) for _ in range(n_layer)] for _ in range(2))
     with torch.no_grad():
-        model.cached_forward(prompts(1, 5), k, v)
+        cached_forward(model, prompts(1, 5), k, v)
         with Count():
-            model.cached_forward(prompts(1, 1), k, v, torch.tensor(5))
+            cached_forward(model, prompts(1, 1), k, v, torch.tensor(5))
     return len(made)
 
 

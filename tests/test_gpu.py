@@ -24,8 +24,9 @@ CUDA = ["--device=cuda", "--dtype=bfloat16"]  # after TINY_MODEL's --device=cpu:
 RESUME_TOLERANCE = 1e-2  # relative, per step loss, bf16 and compiled (docs/robustness.md, "Never losing work")
 
 
-def generate(engine: Engine, idx: torch.Tensor, n: int, seed: int, **sampling) -> torch.Tensor:
-    tokens = engine.tokens(idx, n, Sampling(**sampling), torch.Generator("cuda").manual_seed(seed))
+def generate(engine: Engine, idx: torch.Tensor, n: int, seed: int, use_cache: bool = True, **sampling) -> torch.Tensor:
+    generator = torch.Generator("cuda").manual_seed(seed)
+    tokens = engine.tokens(idx, n, Sampling(**sampling), generator, use_cache=use_cache)
     return torch.cat([idx, *tokens], dim=1)
 
 
@@ -36,8 +37,10 @@ def test_graph_decoding_equals_eager_decoding_and_the_reference(sampling):
     idx = prompts(2, 5).cuda()
     eager, graph = Engine(model, runtime, cuda_graph=False), Engine(model, runtime, cuda_graph=True)
     a, b = generate(eager, idx, 30, 3, **sampling), generate(graph, idx, 30, 3, **sampling)  # past block_size
-    reference = model.generate(idx, 30, **sampling, generator=torch.Generator("cuda").manual_seed(3))
+    reference = generate(eager, idx, 30, 3, use_cache=False, **sampling)  # GPT.generate's loop; it has no top_p
     assert torch.equal(a, b) and torch.equal(a, reference)
+    if "top_p" not in sampling:
+        assert torch.equal(a, model.generate(idx, 30, **sampling, generator=torch.Generator("cuda").manual_seed(3)))
     assert all(d.graph is not None for d in graph.decoders.values())
 
 

@@ -1,9 +1,10 @@
 """The house's layout: imports point down through the layers, never up or round in a circle, and none hides in a
-string. model.py stands alone but for the hand-written kernels below it (imported only when a setting asks for one),
-which import nothing of the project; the package's core (errors, files, rules, the runtime and what measures it)
-imports only the model; data sits on the core; training and generation on those; the
-performance lab, which times the training step, on top (training imports nothing from it); the configurator, which
-reads a script's command line, above the package (which never imports it); the scripts above it all."""
+string. model.py stands alone, torch only, importing nothing of the project when it is imported: the hand-written
+kernels below it (which import nothing of the project) only inside the function that needs one, when a setting asks
+for it (tests/test_standalone.py runs it copied alone). The package's core (errors, files, rules, the runtime and
+what measures it) imports only the model; data sits on the core; training and generation on those; the performance
+lab, which times the training step, on top (training imports nothing from it); the configurator, which reads a
+script's command line, above the package (which never imports it); the scripts above it all."""
 
 import ast
 from pathlib import Path
@@ -34,10 +35,15 @@ def layer(module: str) -> tuple[str, int]:
     return prefix, LAYERS[prefix]
 
 
-def project_imports(path: Path) -> set[str]:
-    """The modules of the project that a file imports, wherever in the file (function bodies too)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+def project_imports(path: Path, in_functions: bool = True) -> set[str]:
+    """The modules of the project that a file imports, wherever in the file (function bodies too), or with
+    in_functions=False those it imports when it is itself imported (outside every function body)."""
+    found, nodes = set(), [ast.parse(path.read_text())]
+    while nodes:
+        node = nodes.pop()
+        if not in_functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        nodes.extend(ast.iter_child_nodes(node))
         names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
         names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
         found |= {n for n in names if n.split(".")[0] in ("model", "configurator", "nanogpt_perf")}
@@ -56,8 +62,9 @@ def test_imports_point_down_or_stay_in_their_own_layer():
             if their_height > height or (their_height == height and theirs != own):
                 upward.append(f"{module} -> {imported}")
     assert upward == []
-    # the whole GPT in one file, with nothing of the package but its kernels (the losses that never make all the
-    # logits), which import nothing of the project but one another
+    # the whole GPT in one file, importing nothing of the project when imported, and in its functions nothing but
+    # the kernels (the losses that never make all the logits), which import nothing of the project but one another
+    assert project_imports(ROOT / "model.py", in_functions=False) == set()
     assert GRAPH["model"] and all(layer(m)[0] == "nanogpt_perf.kernels" for m in GRAPH["model"])
     kernels = [m for m in GRAPH if layer(m)[0] == "nanogpt_perf.kernels"]
     assert len(kernels) >= 3 and all(layer(i)[0] == "nanogpt_perf.kernels" for m in kernels for i in GRAPH[m])

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, sample_next
+from model import GPT, GPTConfig, sample
 from nanogpt_perf.peak_flops import mfu, peak_flops_for_name
 from nanogpt_perf.train.checkpoint import load_checkpoint, save_checkpoint
 from nanogpt_perf.train.parallel import unwrap
@@ -129,11 +129,24 @@ def test_mfu_is_unavailable_rather_than_invented():
 def test_top_k_keeps_exactly_k_candidates_even_with_ties():
     logits = torch.tensor([[5.0, 1.0, 3.0, 3.0, 3.0, -2.0]])
     g = torch.Generator().manual_seed(0)
-    seen = {sample_next(logits, temperature=1.0, top_k=2, generator=g).item() for _ in range(400)}
+    seen = {sample(logits, temperature=1.0, top_k=2, generator=g).item() for _ in range(400)}
     assert len(seen) == 2 and 0 in seen and seen <= {0, 2, 3, 4}
-    seen = {sample_next(logits, temperature=1.0, top_k=1, generator=g).item() for _ in range(50)}
+    seen = {sample(logits, temperature=1.0, top_k=1, generator=g).item() for _ in range(50)}
     assert seen == {0}
-    assert sample_next(logits, temperature=0.0).item() == 0
+    assert sample(logits, temperature=0.0).item() == 0
+
+
+def test_sample_draws_as_torch_multinomial_does():
+    """With every token a candidate, the same generator gives torch.multinomial's one-sample draw, token for token
+    (at a temperature, of the softmax of logits / temperature)."""
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))
+    for temperature in (1.0, 0.7):
+        g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+        ours = torch.cat([sample(logits, temperature, generator=g1) for _ in range(200)], dim=1)
+        probs = (logits / temperature).softmax(dim=-1)
+        theirs = torch.cat([torch.multinomial(probs, 1, generator=g2) for _ in range(200)], dim=1)
+        assert torch.equal(ours, theirs)
+        assert len(set(ours[0].tolist())) > 20  # really sampled
 
 
 def test_configure_optimizers_decays_only_matrices():

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, decay_groups
 from nanogpt_perf.config import build, flat_defaults
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.optim import (
@@ -19,6 +19,7 @@ from nanogpt_perf.optim import (
     NS_COEFFICIENTS,
     MuonAdamW,
     OptimConfig,
+    adamw_is_fused,
     build_optimizer,
     gram_is_cheaper,
     gram_newton_schulz,
@@ -154,17 +155,23 @@ def test_the_form_chosen_is_the_one_flopcounter_counts_fewer_flops_for(m, n, ste
     )  # fmt: skip
 
 
+def names_of(model: nn.Module, groups: list[dict]) -> list[list[str]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [sorted(names[id(p)] for p in g["params"]) for g in groups]
+
+
 def test_the_split_takes_every_parameter_once_on_its_side():
     model = tiny()
-    muon, decay, no_decay = split_parameters(model)
+    muon, rest = split_parameters(model)
+    decay, no_decay = names_of(model, decay_groups(rest, 0.1))  # AdamW's, as configure_optimizers splits them
     blocks = [
         f"transformer.h.{i}.{m}.weight"
         for i in range(2)
         for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     ]
     assert sorted(muon) == sorted(blocks)
-    assert sorted(decay) == ["transformer.wpe.weight", "transformer.wte.weight"]  # wte is the tied lm_head
-    assert sorted(no_decay) == sorted(n for n, p in model.named_parameters() if p.dim() == 1)
+    assert decay == ["transformer.wpe.weight", "transformer.wte.weight"]  # wte is the tied lm_head
+    assert no_decay == sorted(n for n, p in model.named_parameters() if p.dim() == 1)
     model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())  # untied
     model.transformer.wpe.weight.requires_grad_(False)
     optimizer = build_optimizer(model, optim("muon"))
@@ -172,23 +179,22 @@ def test_the_split_takes_every_parameter_once_on_its_side():
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert len(in_groups) == len({id(p) for p in in_groups}) == len(trainable)
     assert {id(p) for p in in_groups} == {id(p) for p in trainable}
-    names = {id(p): n for n, p in model.named_parameters()}
     kinds = [
-        (g["muon"], g["lr"], g["weight_decay"], sorted(names[id(p)] for p in g["params"]))
-        for g in optimizer.param_groups
+        (g["muon"], g["lr"], g["weight_decay"], names)
+        for g, names in zip(optimizer.param_groups, names_of(model, optimizer.param_groups), strict=True)
     ]
     assert kinds[0] == (True, 0.03, 0.05, sorted(blocks))
     assert kinds[1] == (False, 3e-3, 0.1, ["lm_head.weight", "transformer.wte.weight"])
-    assert kinds[2] == (False, 3e-3, 0.0, sorted(no_decay))
+    assert kinds[2] == (False, 3e-3, 0.0, no_decay)
 
 
 def test_adamw_share_is_torch_adamw_and_every_group_follows_the_schedule():
     model, twin = tiny(), tiny()
     optimizer = build_optimizer(model, optim("muon"))
-    _, decay, no_decay = split_parameters(twin)
+    muon, rest = split_parameters(twin)
     groups = [
-        {"params": list(decay.values()), "weight_decay": 0.1},
-        {"params": list(no_decay.values()), "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
     reference = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), fused=True)
     for lr in (1e-3, 3e-3, 2e-3):
@@ -202,8 +208,9 @@ def test_adamw_share_is_torch_adamw_and_every_group_follows_the_schedule():
             q.grad = p.grad.clone()
         optimizer.step()
         reference.step()
-        for name, q in [*decay.items(), *no_decay.items()]:
-            assert torch.equal(model.get_parameter(name), q), name
+        for name, q in twin.named_parameters():
+            if name not in muon:
+                assert torch.equal(model.get_parameter(name), q), name
     assert [g[BASE_LR] for g in optimizer.param_groups] == [0.03, 3e-3, 3e-3]
 
 
@@ -234,6 +241,22 @@ def test_adamw_is_configure_optimizers_bit_for_bit():
     assert type(built) is torch.optim.AdamW and built.state_dict() == plain.state_dict()
     assert train(a, built, data) == train(b, plain, data)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_adamw_is_fused_where_the_device_has_the_kernel_and_plain_elsewhere():
+    """One rule for configure_optimizers' AdamW and Muon's: fused on a CPU; unfused on a device without the fused
+    kernel (meta here), where torch itself takes fused=True and fails at the first step."""
+    cpu = tiny()
+    assert adamw_is_fused(cpu.configure_optimizers(0.1, 1e-3, (0.9, 0.95)))
+    assert adamw_is_fused(build_optimizer(cpu, optim("muon")))
+    with torch.device("meta"):
+        meta = tiny()
+    assert not adamw_is_fused(meta.configure_optimizers(0.1, 1e-3, (0.9, 0.95)))
+    assert not adamw_is_fused(build_optimizer(meta, optim("muon")))
+    p = meta.lm_head.weight
+    p.grad = torch.zeros_like(p)
+    with pytest.raises(RuntimeError, match="fused=True"):
+        torch.optim.AdamW([p], fused=True).step()  # what asking first spares
 
 
 def test_a_saved_muon_optimizer_continues_bit_for_bit():

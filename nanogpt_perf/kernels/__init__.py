@@ -1,6 +1,6 @@
-"""Below model.py: the losses that never make all of lm_head's logits (losses.py) and the Triton kernel of one of them
-(classifier.py, imported only when loss_impl='triton' asks for it; pip install -e ".[triton]"). They import torch
-(and triton), nothing of the project but one another."""
+"""Below model.py, which imports them only when GPTConfig.loss_impl asks for one: the losses that never make all of
+lm_head's logits (losses.py) and the Triton kernel of one of them (classifier.py, imported only for loss_impl='triton';
+pip install -e ".[triton]"). They import torch (and triton), nothing of the project but one another."""
 
 import importlib.util
 import os

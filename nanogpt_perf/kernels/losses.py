@@ -1,7 +1,7 @@
 """The losses that never make all the logits of lm_head at once, below model.py: the fused lm_head + cross-entropy as
 one operator (torch.library.custom_op: torch.compile neither unrolls its chunks nor keeps a partial per chunk), its
 softmax in torch or in a Triton kernel (classifier.py), and liger-kernel's. They import torch, and nothing of the
-project; model.py's GPT.forward picks one by GPTConfig.loss_impl."""
+project; model.py's GPT.forward imports this module only when GPTConfig.loss_impl asks for one (lm_head_loss)."""
 
 from collections.abc import Callable
 
@@ -10,7 +10,8 @@ from torch.nn import functional as F
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype losses are computed in: float32, or float64 for float64 work."""
+    """The dtype losses are computed in: float32, or float64 for float64 work (model.py's wide: the kernels import
+    nothing of the project)."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -142,6 +143,17 @@ def triton_cross_entropy(device: torch.device) -> Callable:
     from nanogpt_perf.kernels.classifier import cross_entropy_in_place
 
     return cross_entropy_in_place
+
+
+def lm_head_loss(
+    impl: str, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 0, softcap: float = 0.0
+) -> torch.Tensor:
+    """The mean cross-entropy of the logits x @ weight.T (targets of -1 ignored, capped at softcap when > 0) by the
+    loss GPTConfig.loss_impl names: 'fused' or 'triton' (fused_cross_entropy, chunk rows at a time, its softmax in
+    torch or Triton) or 'liger'."""
+    if impl == "liger":
+        return liger_cross_entropy(x, weight, targets, softcap)
+    return fused_cross_entropy(x, weight, targets, chunk, softcap, use_triton=impl == "triton")
 
 
 def fused_cross_entropy(
