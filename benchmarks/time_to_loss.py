@@ -217,8 +217,9 @@ def run_train(which: str, cmd: list[str], env: dict[str, str], out_dir: Path, ru
         for path in out_dir.glob("ckpt*.pt"):
             path.unlink()
     kind, said = outcome(returncode, out_dir, max_iters)
-    if kind not in COUNTED and runs.why is not None:
-        return None  # stopped with the others
+    if kind not in COUNTED and runs.stopping:  # stopped (or failed) as the benchmark stopped
+        runs.stopped.append(which)
+        return None
     output = out_dir / "train.out"
     if kind == "failed":
         raise UserError(f"{which} failed (exit {returncode}): {said} (all of it: {output}; "
@@ -272,7 +273,7 @@ def read_json(path: Path) -> dict[str, Any]:
 def stop_benchmark(name: str, runs: Runs, ended: list[dict[str, Any] | None]) -> None:
     """The benchmark's end at a signal: which runs it stopped, and what it keeps. Ctrl-C ends it as a
     KeyboardInterrupt (its line printed by report_errors), SIGTERM with status 143."""
-    which = f"stopped {', '.join(runs.stopped)}, not finished" if runs.stopped else "no train.py was going"
+    which = f"stopped {', '.join(sorted(runs.stopped))}, not finished" if runs.stopped else "no train.py was going"
     kept = sum(r is not None for r in ended)
     line = f"{which}; {kept} of {len(ended)} runs finished and kept (the same command reuses them)"
     if name == "SIGINT":
@@ -284,29 +285,29 @@ def stop_benchmark(name: str, runs: Runs, ended: list[dict[str, Any] | None]) ->
 def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]:
     """Every configuration x seed, seed-major, jobs at a time; each run's line printed as it ends."""
     order = seed_major(list(chosen), range(first_seed, first_seed + seeds))
-    runs, asked = Runs(), []
+    runs = Runs()
 
     def one(k: int, name: str, seed: int) -> dict[str, Any] | None:
-        if runs.why is not None:
+        if runs.stopping:
             return None
         run = train(name, seed, chosen[name], results / "runs" / f"{folder_name(name)}-s{seed}", runs)
         if run is not None:
             print(run_line(k, len(order), run), flush=True)
         return run
 
-    before = catch_signals(asked)
+    before = catch_signals(runs.asked)
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(one, k + 1, name, seed) for k, (name, seed) in enumerate(order)]
-            runs.supervise(futures, asked)
+            runs.supervise(futures)
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
     failed = [f.exception() for f in futures if f.exception() is not None]
-    if asked:
-        stop_benchmark(asked[0], runs, [None if f.exception() else f.result() for f in futures])
+    if runs.asked:
+        stop_benchmark(runs.asked[0], runs, [None if f.exception() else f.result() for f in futures])
     if failed and isinstance(failed[0], UserError) and runs.stopped:
-        raise UserError(f"{failed[0]}; stopped with it: {', '.join(runs.stopped)}") from None
+        raise UserError(f"{failed[0]}; stopped with it: {', '.join(sorted(runs.stopped))}") from None
     if failed:
         raise failed[0]
     return [f.result() for f in futures]

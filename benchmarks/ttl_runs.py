@@ -160,19 +160,25 @@ def outcome(returncode: int, out_dir: Path, max_iters: int) -> tuple[str, str]:
 
 
 class Runs:
-    """The train.py processes going now. stop() asks each to stop (SIGTERM: train.py finishes its step, saves and
-    exits) and lets no more start; kill() ends them at once (SIGKILL)."""
+    """The train.py processes going now. Once the benchmark stops (a signal in asked, which catch_signals fills, or
+    a run that failed) no more start; stop() asks each going to stop (SIGTERM: train.py finishes its step, saves and
+    exits), kill() ends them at once (SIGKILL)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.going: dict[subprocess.Popen, str] = {}  # process -> which run
-        self.why: str | None = None  # why they were stopped; None while they go on
-        self.stopped: list[str] = []  # the runs going when they were
+        self.asked: list[str] = []  # the signals the benchmark received, by name
+        self.failed = False  # a run failed
+        self.stopped: list[str] = []  # the runs that ended unfinished as the benchmark stopped
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.asked) or self.failed
 
     def run(self, which: str, command: list[str], output: Path, env: dict[str, str], cwd: Path) -> int | None:
-        """command's exit status, its stdout and stderr in output; None when the runs were stopped before it started."""
+        """command's exit status, its stdout and stderr in output; None when the benchmark stopped before it started."""
         with self.lock:
-            if self.why is not None:
+            if self.stopping:
                 return None
             with open(output, "w") as out:
                 process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -183,31 +189,30 @@ class Runs:
             with self.lock:
                 del self.going[process]
 
-    def stop(self, why: str) -> None:
+    def stop(self) -> list[str]:
+        """SIGTERM to every run going; which they are."""
         with self.lock:
-            if self.why is None:
-                self.why, self.stopped = why, list(self.going.values())
             for process in self.going:
                 process.send_signal(signal.SIGTERM)
+            return list(self.going.values())
 
     def kill(self) -> None:
         with self.lock:
             for process in self.going:
                 process.kill()
 
-    def supervise(self, futures: list[Future], asked: list[str], grace_s: float = GRACE_S) -> None:
-        """Wait for futures, the runs. At a signal (asked: their names, catch_signals), or once a run has failed,
-        stop the runs going and start no more; kill those still going grace_s later, or at once at a second signal."""
+    def supervise(self, futures: list[Future], grace_s: float = GRACE_S) -> None:
+        """Wait for futures, the runs. At a signal, or once a run has failed, stop the runs going; kill those still
+        going grace_s later, or at once at a second signal."""
         deadline = None
         while wait(futures, timeout=0.2).not_done:
-            failed = any(f.done() and f.exception() is not None for f in futures)
-            if deadline is None and (asked or failed):
-                self.stop(asked[0] if asked else "a run failed")
-                deadline = time.monotonic() + grace_s
-                if asked and self.stopped:
-                    print(f"{asked[0]}: stopping {', '.join(self.stopped)} (SIGTERM to train.py; killed in "
+            self.failed = self.failed or any(f.done() and f.exception() is not None for f in futures)
+            if deadline is None and self.stopping:
+                going, deadline = self.stop(), time.monotonic() + grace_s
+                if self.asked and going:
+                    print(f"{self.asked[0]}: stopping {', '.join(going)} (SIGTERM to train.py; killed in "
                           f"{grace_s:.0f} s, or at once at a second signal)", file=sys.stderr, flush=True)  # fmt: skip
-            if deadline is not None and (len(asked) > 1 or time.monotonic() > deadline):
+            if deadline is not None and (len(self.asked) > 1 or time.monotonic() > deadline):
                 self.kill()
 
 
