@@ -14,6 +14,7 @@
 
 import hashlib
 import json
+import os
 import platform
 import signal
 import subprocess
@@ -49,8 +50,10 @@ def code_files(root: Path) -> list[str]:
     if listed is not None and listed.returncode == 0:
         paths = [p for p in listed.stdout.decode(errors="surrogateescape").split("\0") if p]
     else:
-        found = (p.relative_to(root) for p in root.rglob("*.py"))
-        paths = [p.as_posix() for p in found if not any(d.startswith((".", "out")) for d in p.parts[:-1])]
+        paths = []
+        for folder, folders, files in os.walk(root):
+            folders[:] = [f for f in folders if not f.startswith((".", "out"))]  # not into .venv, .git, out-ttl
+            paths += [(Path(folder) / f).relative_to(root).as_posix() for f in files if f.endswith(".py")]
     return sorted({p for p in paths if not p.startswith(NOT_CODE)})
 
 
