@@ -82,7 +82,10 @@ cfg = configure(
 def branch_point_fused() -> Callable | None:
     """fused_cross_entropy of model.py at BRANCH_POINT (a frozen copy, loaded as its own module), or None outside a
     git checkout that has that commit."""
-    show = subprocess.run(["git", "show", f"{BRANCH_POINT}:model.py"], cwd=ROOT, capture_output=True, text=True)
+    try:
+        show = subprocess.run(["git", "show", f"{BRANCH_POINT}:model.py"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:  # no git on this machine
+        return None
     if show.returncode != 0:
         return None
     with tempfile.TemporaryDirectory() as tmp:

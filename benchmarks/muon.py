@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure
 from model import GPT, GPTConfig
 from nanogpt_perf.config import Config, setting
+from nanogpt_perf.errors import UserError, read_user_text
 from nanogpt_perf.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, OptimConfig, build_optimizer, orthogonalize, set_lr
 from nanogpt_perf.rules import a_path, comma_separated
 from nanogpt_perf.runtime import DeviceConfig, resolve_device
@@ -154,19 +155,29 @@ def step_times() -> None:
 
 
 def probe_text() -> str:
-    if cfg.text:
-        return Path(cfg.text).read_text(errors="replace")
-    import collections
-    import json
-    import os
+    """--text, or the source of some of Python's modules; a UserError where --text cannot be read as UTF-8 or is too
+    short for a window in each split (the held-out tenth too)."""
+    if not cfg.text:
+        import collections
+        import json
+        import os
 
-    return "".join(inspect.getsource(module) for module in (os, json, collections, inspect, statistics))
+        return "".join(inspect.getsource(module) for module in (os, json, collections, inspect, statistics))
+    chars = read_user_text(Path(cfg.text), "the probe's text")
+    least = 10 * (cfg.block_size + 2)  # its held-out tenth must hold a window of block_size + 1 and a start
+    if len(chars) < least:
+        raise UserError(f"the probe's text {cfg.text} has {len(chars):,} characters: it needs {least:,} at least")
+    return chars
+
+
+# read first: a bad --text stops all at once
+PROBE_TEXT = probe_text() if "probe" in cfg.parts.split(",") and cfg.probe_iters else ""
 
 
 def probe() -> None:
     """Each optimizer trains the demo model's shape for probe_iters steps (warmup, cosine decay to a tenth) on the
     same batches; the loss over the same held-out batches at the end."""
-    chars = probe_text()
+    chars = PROBE_TEXT
     vocab = sorted(set(chars))
     index = {c: i for i, c in enumerate(vocab)}
     ids = torch.tensor([index[c] for c in chars])

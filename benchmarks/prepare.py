@@ -30,6 +30,7 @@ from itertools import groupby
 from configurator import configure
 from data.tiny_shakespeare import markdown_play_to_text
 from nanogpt_perf.config import Config, setting
+from nanogpt_perf.data.documents import local_source
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_atomically
 
@@ -62,6 +63,8 @@ def process_counts(cfg: Config) -> list[int]:
 cfg = configure(prepare=PrepareBenchConfig, cross=(process_counts,))
 # -----------------------------------------------------------------------------
 
+if cfg.input:
+    local_source(cfg.input)  # files that are not there, or not a corpus: one line before any work
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "openwebtext" / "prepare.py"
 # SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status 143)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -112,7 +115,8 @@ def tokens_per_second(corpus: str, out_dir: Path, n_processes: int) -> tuple[flo
     ]
     result = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True, text=True)
     if result.returncode != 0:
-        raise UserError(f"the preparation failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+        said = (result.stderr.strip().splitlines() or ["?"])[-1].removeprefix("error: ")
+        raise UserError(f"the preparation failed: {said}")
     record = json.loads((out_dir / "prepare.json").read_text())
     return record["tokens"] / record["elapsed_s"], record
 

@@ -16,16 +16,19 @@ by linear interpolation between the eval before it and the first eval at or belo
 
 Writes OUT/time_to_loss.json (every run's curve, the summary), .csv (the summary) and .png (val loss against tokens
 and against seconds, the median over seeds with the seeds' range as a band), and prints the tables. A run already
-finished in its out_dir by the same command is not run again (an interrupted benchmark resumes); --fresh=True runs
-everything again.
+finished in its out_dir is not run again where everything that made it is the same (its command and threads, its
+config files' contents, the code, Python's and torch's versions: benchmarks/ttl_runs.py), so an interrupted
+benchmark resumes; --fresh=True runs everything again. A run that train.py stops on non-finite steps (diverged) is
+"never" in the tables. SIGTERM or Ctrl-C stops the runs going (SIGTERM to each, SIGKILL 30 s later or at a second
+signal), says which, and ends the benchmark: a stopped run is never taken as a finished one.
 """
 
 import json
 import os
 import re
 import shlex
+import signal
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,11 +39,11 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (0, 1)]  # benchmarks/ and the repository root
 
-from ttl_curves import MARK, best_values, finished, mark_finished, run_curve, seed_major, summarize
-from ttl_report import summary_csv, summary_table, sweep_table, write_chart
+from ttl_curves import best_values, run_curve, seed_major, summarize
+from ttl_report import run_line, summary_csv, summary_table, sweep_table, write_chart
+from ttl_runs import COUNTED, MARK, Runs, catch_signals, finished, mark_finished, outcome, run_identity
 
 from configurator import configure, read_config_file
-from nanogpt_perf.bench.report import fmt
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json, write_text
@@ -116,9 +119,43 @@ fresh, keep_checkpoints, out = cfg.fresh, cfg.keep_checkpoints, cfg.out
 # -----------------------------------------------------------------------------
 
 
-def configurations() -> dict[str, list[str]]:
-    """The runs' configurations, name -> train.py arguments (task's, configuration's, --train_args): the set's (or
-    --only's), each at every --sweep value; the first is the baseline."""
+def owned(out_dir: Path | str = "OUT/runs/NAME-sSEED", seed: int | str = "SEED") -> dict[str, tuple[Any, str]]:
+    """The train.py settings the benchmark sets in every run, after the configuration's (they win): key -> (value,
+    what sets it). A configuration, --train_args or --sweep that sets one is refused: it would change nothing."""
+    schedule = {"lr_decay_iters": (max_iters, "--max_iters, with --fit_schedule=True; False leaves it to you")}
+    return {
+        "out_dir": (out_dir, "--out: each run has its own folder in it"),
+        "overwrite": (True, "a run that is not reused starts afresh"),
+        "seed": (seed, "--seeds and --first_seed"),
+        "max_iters": (max_iters, "--max_iters"),
+        **(schedule if fit_schedule else {}),
+        "eval_interval": (eval_interval, "--eval_interval"),
+        "log_interval": (eval_interval, "--eval_interval: every eval closes a logging window"),
+        "eval_iters": (eval_iters, "--eval_iters"),
+        "always_save_checkpoint": (False, "only the log is read; --keep_checkpoints keeps the best ones"),
+    }
+
+
+def command(args: list[str], out_dir: Path, seed: int) -> list[str]:
+    """train.py's arguments for one run: the configuration's, then the benchmark's (which win)."""
+    return [*args, *(f"--{key}={value}" for key, (value, _) in owned(out_dir, seed).items())]
+
+
+def check_arguments(where: str, args: list[Any]) -> None:
+    """A UserError where args are not train.py arguments, name a missing config file or set a setting the benchmark
+    owns."""
+    if not all(isinstance(a, str) for a in args):
+        raise UserError(f"{where}: train.py arguments must be strings, got {args!r}")
+    if missing := [a for a in args if not a.startswith("--") and not (ROOT / a).is_file()]:
+        raise UserError(f"{where}: config file {missing[0]} not found (paths from {ROOT})")
+    mine = owned()
+    if taken := [key for a in args if a.startswith("--") and (key := a[2:].partition("=")[0]) in mine]:
+        raise UserError(f"{where} sets {taken[0]}, which the benchmark sets itself in every run ({mine[taken[0]][1]})")
+
+
+def named_lists() -> tuple[list[Any], dict[str, list[Any]]]:
+    """The task's train.py arguments and the chosen configurations' (the set's or --only's, the first the baseline),
+    as the configurations file names them."""
     path = configs if Path(configs).is_file() or not (ROOT / configs).is_file() else str(ROOT / configs)
     named = read_config_file(path)
     tasks, sets = named.get("TASKS"), named.get("SETS")
@@ -129,26 +166,41 @@ def configurations() -> dict[str, list[str]]:
         which = which or f"config_set {config_set!r}: one of {', '.join(sets)}"
         raise UserError(f"{configs} has no {which}")
     chosen = sets[config_set]
+    if not isinstance(chosen, dict) or not chosen:
+        raise UserError(f"{configs}: set {config_set!r} must be a dict of configurations (name: train.py arguments) "
+                        f"with one at least, its baseline, not {chosen!r}")  # fmt: skip
     names = [n.strip() for n in only.split(",")] if only else list(chosen)
     if missing := [n for n in names if n not in chosen]:
         raise UserError(f"set {config_set!r} has no configuration {missing[0]!r}: one of {', '.join(chosen)}")
     lists = {f"task {task!r}": tasks[task]} | {f"configuration {n!r}": chosen[n] for n in names}
     if wrong := [where for where, args in lists.items() if not isinstance(args, list | tuple)]:
         raise UserError(f"{configs}: {wrong[0]} must be a list of train.py arguments")
-    extra = shlex.split(train_args)
-    chosen = {n: [*tasks[task], *chosen[n], *extra] for n in names}
+    return list(tasks[task]), {n: list(chosen[n]) for n in names}
+
+
+def configurations() -> dict[str, list[str]]:
+    """The runs' configurations, name -> train.py arguments (task's, configuration's, --train_args): the set's (or
+    --only's), each at every --sweep value; the first is the baseline."""
+    task_args, lists = named_lists()
+    try:
+        extra = shlex.split(train_args)
+    except ValueError as e:
+        raise UserError(f"train_args {train_args!r} cannot be split as a shell would ({e}): close its quotes") from None
+    check_arguments(f"task {task!r}", task_args)
+    for name, args in lists.items():
+        check_arguments(f"configuration {name!r}", args)
+    check_arguments("--train_args", extra)
+    chosen = {n: [*task_args, *args, *extra] for n, args in lists.items()}
     if sweep:
         key, listed = sweep.split("=", 1)
+        if key in owned():
+            raise UserError(f"--sweep over {key}: the benchmark sets {key} itself in every run ({owned()[key][1]}), "
+                            "so every value would run the same command")  # fmt: skip
         values = [v.strip() for v in listed.split(",")]
         chosen = {f"{n} {key}={v}": [*args, f"--{key}={v}"] for n, args in chosen.items() for v in values}
     folders = [folder_name(n) for n in chosen]
     if len(set(folders)) < len(folders):
         raise UserError(f"configuration names {', '.join(chosen)} share a folder name: rename one")
-    for name, args in chosen.items():
-        if not all(isinstance(a, str) for a in args):
-            raise UserError(f"configuration {name!r}: train.py arguments must be strings, got {args!r}")
-        if missing := [a for a in args if not a.startswith("--") and not (ROOT / a).is_file()]:
-            raise UserError(f"configuration {name!r}: config file {missing[0]} not found (paths from {ROOT})")
     return chosen
 
 
@@ -156,82 +208,166 @@ def folder_name(name: str) -> str:
     return re.sub(r"[^\w.=-]+", "_", name)
 
 
-def command(args: list[str], out_dir: Path, seed: int) -> list[str]:
-    """train.py's arguments for one run: the configuration's, then the benchmark's (which win)."""
-    schedule = [f"--lr_decay_iters={max_iters}"] if fit_schedule else []
-    return [
-        *args, f"--out_dir={out_dir}", "--overwrite=True", f"--seed={seed}", f"--max_iters={max_iters}", *schedule,
-        f"--eval_interval={eval_interval}", f"--log_interval={eval_interval}", f"--eval_iters={eval_iters}",
-        "--always_save_checkpoint=False",
-    ]  # fmt: skip
+def results_folder() -> Path:
+    """--out (or its default), made with its runs/ folder."""
+    swept = f"-sweep-{sweep.split('=')[0]}" if sweep else ""
+    results = Path(out or f"out-ttl/{task}-{config_set}-{max_iters}{swept}").resolve()
+    if results.exists() and not results.is_dir():
+        raise UserError(f"out {results} is a file: give a folder (a new one, or the results folder of an earlier call)")
+    try:
+        (results / "runs").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot make the results folder {results / 'runs'}: {e.strerror or e}") from None
+    return results
 
 
-def train(name: str, seed: int, args: list[str], out_dir: Path) -> dict[str, Any]:
-    """One run of train.py in out_dir, or the finished one already there; its record and its curve."""
-    cmd = command(args, out_dir, seed)
+def environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     if threads or jobs > 1:
         env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // jobs))
-    identity = {"command": cmd, "omp_num_threads": env.get("OMP_NUM_THREADS")}  # the threads change the seconds
-    earlier = None if fresh else finished(out_dir, identity, max_iters)
+    return env
+
+
+def run_train(which: str, cmd: list[str], env: dict[str, str], out_dir: Path, runs: Runs) -> dict[str, Any] | None:
+    """train.py with cmd in out_dir, and what its mark records: when it started, its wall seconds and its outcome
+    ('finished', or 'diverged' with the line that said so); None when it was stopped with the runs. Any other end
+    (an error, a signal, a stop before max_iters) is a UserError: not a run."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MARK).unlink(missing_ok=True)  # not a run that counts until train.py has ended as one
     started, t0 = time.time(), time.perf_counter()
-    if earlier is None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / MARK).unlink(missing_ok=True)  # unfinished until train.py has finished
-        with open(out_dir / "train.out", "w") as output:
-            rc = subprocess.run([sys.executable, "train.py", *cmd], cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
-                                env=env).returncode  # fmt: skip
-        if rc != 0:
-            lines = (out_dir / "train.out").read_text(errors="replace").strip().splitlines() or ["(no output)"]
-            raise UserError(f"run {name!r} seed {seed} failed (exit {rc}): {lines[-1]} (all of it: "
-                            f"{out_dir / 'train.out'}; benchmarks/ttl_data.py prepares the datasets)")  # fmt: skip
-        if not keep_checkpoints:
-            for path in out_dir.glob("ckpt*.pt"):
-                path.unlink()
-        mark_finished(out_dir, identity, {"started_at": started, "wall_s": time.perf_counter() - t0})
-    ran = finished(out_dir, identity, max_iters) or {}  # when reused, the figures of the session that ran it
+    returncode = runs.run(which, [sys.executable, "train.py", *cmd], out_dir / "train.out", env, ROOT)
+    if returncode is None:
+        return None
+    if not keep_checkpoints:  # what the benchmark reads is the log; a run stopped is started afresh
+        for path in out_dir.glob("ckpt*.pt"):
+            path.unlink()
+    kind, said = outcome(returncode, out_dir, max_iters)
+    if kind not in COUNTED and runs.stopping:  # stopped (or failed) as the benchmark stopped
+        runs.stopped.append(which)
+        return None
+    output = out_dir / "train.out"
+    if kind == "failed":
+        raise UserError(f"{which} failed (exit {returncode}): {said} (all of it: {output}; "
+                        f"benchmarks/ttl_data.py prepares the datasets)")  # fmt: skip
+    if kind not in COUNTED:  # killed, or stopped early (train.py saves and exits 0 on SIGTERM)
+        raise UserError(f"{which}: train.py was {said if kind == 'killed' else f'stopped ({said})'} before "
+                        f"max_iters={max_iters}: not a finished run, not kept (its output: {output})")  # fmt: skip
+    ran = {"started_at": started, "wall_s": time.perf_counter() - t0, "outcome": kind}
+    return ran | ({"said": said} if kind == "diverged" else {})
+
+
+def tokens_per_iter(out_dir: Path) -> int:
+    shape = read_json(out_dir / "manifest.json").get("settings")
+    try:
+        return shape["batch_size"] * shape["gradient_accumulation_steps"] * shape["block_size"]
+    except (KeyError, TypeError):
+        raise UserError(f"{out_dir / 'manifest.json'} has no batch_size, gradient_accumulation_steps and "
+                        "block_size in its settings: not a manifest of train.py's") from None  # fmt: skip
+
+
+def train(name: str, seed: int, args: list[str], out_dir: Path, runs: Runs) -> dict[str, Any] | None:
+    """One run of train.py in out_dir, or the one already there that everything the same made: its record and its
+    curve; None when the runs were stopped before it ended."""
+    cmd, env = command(args, out_dir, seed), environment()
+    identity = run_identity(cmd, env.get("OMP_NUM_THREADS"), ROOT)
+    ran = None if fresh else finished(out_dir, identity, max_iters)  # when reused, the figures of its session
+    reused = ran is not None
+    if ran is None:
+        ran = run_train(f"run {name!r} seed {seed}", cmd, env, out_dir, runs)
+        if ran is None:
+            return None
+        mark_finished(out_dir, identity, ran)
     manifest = read_json(out_dir / "manifest.json")
-    shape = manifest["settings"]
-    tokens_per_iter = shape["batch_size"] * shape["gradient_accumulation_steps"] * shape["block_size"]
-    curve = run_curve(read_log(out_dir / "log.jsonl"), tokens_per_iter)
-    return {"config": name, "seed": seed, "out_dir": str(out_dir), **identity, "reused": earlier is not None,
+    curve = run_curve(read_log(out_dir / "log.jsonl"), tokens_per_iter(out_dir), ran["outcome"] == "diverged")
+    return {"config": name, "seed": seed, "out_dir": str(out_dir), **identity, "reused": reused,
+            "outcome": ran["outcome"], "said": ran.get("said"),
             "git_commit": manifest.get("git_commit"), "git_dirty": manifest.get("git_dirty"),
             "started_at": ran.get("started_at"), "wall_s": ran.get("wall_s"), "curve": curve}  # fmt: skip
 
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return doc
+
+
+def stop_benchmark(name: str, runs: Runs, ended: list[dict[str, Any] | None]) -> None:
+    """The benchmark's end at a signal: which runs it stopped, and what it keeps. Ctrl-C ends it as a
+    KeyboardInterrupt (its line printed by report_errors), SIGTERM with status 143."""
+    which = f"stopped {', '.join(sorted(runs.stopped))}, not finished" if runs.stopped else "no train.py was going"
+    kept = sum(r is not None for r in ended)
+    line = f"{which}; {kept} of {len(ended)} runs finished and kept (the same command reuses them)"
+    if name == "SIGINT":
+        raise KeyboardInterrupt(line)
+    print(f"stopped by {name}: {line}", file=sys.stderr, flush=True)
+    sys.exit(128 + signal.SIGTERM)
 
 
 def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]:
     """Every configuration x seed, seed-major, jobs at a time; each run's line printed as it ends."""
     order = seed_major(list(chosen), range(first_seed, first_seed + seeds))
+    runs = Runs()
 
-    def one(k: int, name: str, seed: int) -> dict[str, Any]:
-        run = train(name, seed, chosen[name], results / "runs" / f"{folder_name(name)}-s{seed}")
-        c = run["curve"]
-        how = "reused" if run["reused"] else f"{run['wall_s']:,.0f} s wall"
-        ms = fmt(c["ms_per_iter"], ",.1f")
-        print(f"[{k}/{len(order)}] {name}, seed {seed}: final val {c['final_val_loss']:.4f}, "
-              f"{c['training_seconds']:,.1f} s training, {ms} ms/iter ({how})", flush=True)  # fmt: skip
+    def one(k: int, name: str, seed: int) -> dict[str, Any] | None:
+        if runs.stopping:
+            return None
+        run = train(name, seed, chosen[name], results / "runs" / f"{folder_name(name)}-s{seed}", runs)
+        if run is not None:
+            print(run_line(k, len(order), run), flush=True)
         return run
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(one, k + 1, name, seed) for k, (name, seed) in enumerate(order)]
-        try:
-            runs = [f.result() for f in futures]
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    return runs
+    before = catch_signals(runs.asked)
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(one, k + 1, name, seed) for k, (name, seed) in enumerate(order)]
+            runs.supervise(futures)
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if runs.asked:
+        stop_benchmark(runs.asked[0], runs, [None if f.exception() else f.result() for f in futures])
+    if failed and isinstance(failed[0], UserError) and runs.stopped:
+        raise UserError(f"{failed[0]}; stopped with it: {', '.join(sorted(runs.stopped))}") from None
+    if failed:
+        raise failed[0]
+    return [f.result() for f in futures]
+
+
+def sweep_summary(chosen: dict[str, list[str]], curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A sweep's table: each configuration's values and their final val losses over seeds, the best marked."""
+    key, finals = sweep.split("=")[0], {}
+    for name in chosen:
+        config, value = name.rsplit(f" {key}=", 1)
+        finals.setdefault(config, {})[value] = [c["final_val_loss"] for c in curves[name]]
+    return {"key": key, "table": best_values(finals)}
+
+
+def print_report(summary: dict[str, Any], sweep_doc: dict[str, Any] | None, runs: list[dict[str, Any]]) -> None:
+    if summary["target"] is None:
+        print(f"\nno target: most seeds of the baseline {summary['baseline']!r} diverged, so every run is 'never' "
+              "(give --target)")  # fmt: skip
+    else:
+        given = "given" if target else f"the final val loss of {summary['baseline']}, median"
+        print(f"\ntarget val loss {summary['target']:.4f} ({given}); seconds are training seconds, evals left out; "
+              "medians over seeds [min, max]")  # fmt: skip
+    print(summary_table(summary))
+    if sweep_doc:
+        print()
+        print(sweep_table(sweep_doc))
+    if diverged := [f"{r['config']} seed {r['seed']}" for r in runs if r["outcome"] == "diverged"]:
+        print(f"diverged (non-finite steps; 'never', with no final val loss): {', '.join(diverged)}")
+    per_iter = {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}
+    if len(per_iter) > 1:
+        print(f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): compare tokens")
 
 
 chosen = configurations()
-swept = sweep.split("=")[0]
-results = Path(out or f"out-ttl/{task}-{config_set}-{max_iters}" + (f"-sweep-{swept}" if sweep else "")).resolve()
+results = results_folder()
 baseline = next(iter(chosen))
 t0 = time.perf_counter()
 print(f"{len(chosen)} configurations x {seeds} seeds, {max_iters} iterations each, {jobs} at a time, into {results}")
@@ -240,12 +376,7 @@ wall = time.perf_counter() - t0
 
 curves = {name: [r["curve"] for r in runs if r["config"] == name] for name in chosen}
 summary = summarize(curves, baseline, target or None)
-finals = {}
-if sweep:
-    for name in chosen:
-        config, value = name.rsplit(f" {swept}=", 1)
-        finals.setdefault(config, {})[value] = [c["final_val_loss"] for c in curves[name]]
-sweep_doc = {"key": swept, "table": best_values(finals)} if sweep else None
+sweep_doc = sweep_summary(chosen, curves) if sweep else None
 commit, dirty = git_state(ROOT)
 doc = {
     "kind": "time_to_loss",
@@ -261,22 +392,12 @@ doc = {
     "sweep": sweep_doc,
     "runs": runs,
 }
-results.mkdir(parents=True, exist_ok=True)
 write_json(results / "time_to_loss.json", doc)
 write_text(results / "time_to_loss.csv", summary_csv(summary))
 title = f"{task}, {config_set}, {max_iters} iterations, {seeds} seeds"
 lines = [f"wrote {results / 'time_to_loss.json'}", f"wrote {results / 'time_to_loss.csv'}"]
 lines.append(write_chart(results / "time_to_loss.png", curves, summary, title))
-print()
-print(f"target val loss {summary['target']:.4f} ({'given' if target else f'the final val loss of {baseline}, median'})"
-      f"; seconds are training seconds, evals left out; medians over seeds [min, max]")  # fmt: skip
-print(summary_table(summary))
-if sweep_doc:
-    print()
-    print(sweep_table(sweep_doc))
-per_iter = {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}
-if len(per_iter) > 1:
-    print(f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): compare tokens, not iters")
+print_report(summary, sweep_doc, runs)
 walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
 each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""
 print(f"{len(runs)} runs ({sum(r['reused'] for r in runs)} reused) in {wall:,.0f} s wall{each}")

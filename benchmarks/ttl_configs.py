@@ -1,7 +1,8 @@
 # The configurations of benchmarks/time_to_loss.py: each is a name and train.py's arguments (config files and
 # --key=value flags, applied in order, a later one winning). A run's command is its task's arguments, then its
 # configuration's, then the benchmark's --train_args, then the benchmark's own (out_dir, seed, max_iters and
-# lr_decay_iters, eval_interval, log_interval, eval_iters). The first configuration of a set is its baseline.
+# lr_decay_iters, eval_interval, log_interval, eval_iters: a --flag here for one of them is refused, a config file's
+# value overridden). The first configuration of a set is its baseline.
 
 DEMO = ["config/train_shakespeare_char_cpu.py"]  # nanoGPT's CPU shape: 4 x 128, block 64, batch 16 (1,024 tokens/it)
 # AdamW's best learning rate on char (the sweeps in docs/time-to-loss.md), for every AdamW group: the baseline's and

@@ -7,20 +7,15 @@
   from the eval before it; None when no eval reaches it ("not reached");
 - medians and spreads over seeds where "not reached" counts as later than any reached, ratios to the baseline, the
   val loss at equal tokens;
-- the order of the runs (seed-major) and the mark that tells a finished run from an interrupted one.
+- the order of the runs (seed-major).
+
+A run that diverged (train.py stopped it on non-finite steps) is "never" at every target and has no final val loss.
 """
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import write_json
-
-MARK = "ttl_run.json"  # in a run's out_dir, written once train.py has finished: what made the run
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
@@ -64,9 +59,9 @@ def last_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return records[start:]
 
 
-def run_curve(records: list[dict[str, Any]], tokens_per_iter: int) -> dict[str, Any]:
+def run_curve(records: list[dict[str, Any]], tokens_per_iter: int, diverged: bool = False) -> dict[str, Any]:
     """A run's evals on the three axes, its median ms per iteration (first window, which warms up, left out) and
-    its final val loss."""
+    its final val loss (None for a run that diverged)."""
     records = last_run(records)
     windows = [r for r in records if "ms_per_iter" in r]
     evals = [r for r in records if "val_loss" in r]
@@ -80,14 +75,16 @@ def run_curve(records: list[dict[str, Any]], tokens_per_iter: int) -> dict[str, 
         "train_loss": [r["train_loss"] for r in evals],
         "ms_per_iter": statistics.median(w["ms_per_iter"] for w in windows[1:]) if len(windows) > 1 else None,
         "training_seconds": w_seconds[-1],
-        "final_val_loss": evals[-1]["val_loss"] if evals else None,
+        "final_val_loss": evals[-1]["val_loss"] if evals and not diverged else None,
         "tokens_per_iter": tokens_per_iter,
+        "diverged": diverged,
     }
 
 
-def reach(curve: dict[str, Any], target: float) -> dict[str, float | None]:
-    """The iteration, tokens and training seconds at which a run's val loss reaches target (None: not reached)."""
-    it = crossing(curve["iters"], curve["val_loss"], target)
+def reach(curve: dict[str, Any], target: float | None) -> dict[str, float | None]:
+    """The iteration, tokens and training seconds at which a run's val loss reaches target (None: not reached, no
+    target, or a run that diverged)."""
+    it = None if target is None or curve.get("diverged") else crossing(curve["iters"], curve["val_loss"], target)
     if it is None:
         return {"iters": None, "tokens": None, "seconds": None}
     seconds = interpolate(curve["iters"], curve["seconds"], it)
@@ -127,22 +124,20 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def summarize(curves: dict[str, list[dict[str, Any]]], baseline: str, target: float | None) -> dict[str, Any]:
     """Per configuration (curves: its runs' curves, one per seed): the tokens and seconds to target, medians and
     spreads, ratios to the baseline, ms per iteration, the val loss at the baseline's final tokens and the final val
-    loss. target None: the baseline's final val loss, median over its seeds."""
+    loss. target None: the baseline's final val loss, median over its seeds (None, and every run "never", where
+    most of its seeds diverged). A run that diverged has "never" and "-" in every column but ms per iteration."""
     if target is None:
         target = median_spread([c["final_val_loss"] for c in curves[baseline]])["median"]
-        if target is None:
-            raise UserError(f"the baseline {baseline!r} did not end on a finite val loss in most seeds: give --target")
-    equal_tokens = statistics.median(c["tokens"][-1] for c in curves[baseline])
+    equal_tokens = max((c["tokens"][-1] for c in curves[baseline] if c["tokens"]), default=0)
     rows = {}
     for name, runs in curves.items():
         reached = [reach(c, target) for c in runs]
+        at_equal = [None if c["diverged"] else interpolate(c["tokens"], c["val_loss"], equal_tokens) for c in runs]
         rows[name] = {
             "tokens_to_target": median_spread([r["tokens"] for r in reached]),
             "seconds_to_target": median_spread([r["seconds"] for r in reached]),
             "ms_per_iter": median_spread([c["ms_per_iter"] for c in runs])["median"],
-            "val_loss_at_equal_tokens": median_spread(
-                [interpolate(c["tokens"], c["val_loss"], equal_tokens) for c in runs]
-            ),  # fmt: skip
+            "val_loss_at_equal_tokens": median_spread(at_equal),
             "final_val_loss": median_spread([c["final_val_loss"] for c in runs]),
             "tokens_per_iter": sorted({c["tokens_per_iter"] for c in runs}),
         }
@@ -156,11 +151,13 @@ def summarize(curves: dict[str, list[dict[str, Any]]], baseline: str, target: fl
 
 def best_values(finals: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
     """A sweep: per configuration, each value's median final val loss (and min, max) over seeds, and the value with
-    the lowest median (the best). finals: configuration -> value -> the seeds' final val losses."""
+    the lowest median (the best; None where no value has one). finals: configuration -> value -> the seeds' final
+    val losses (None: a seed that diverged)."""
     table = {}
     for config, by_value in finals.items():
         spreads = {value: median_spread(losses) for value, losses in by_value.items()}
-        best = min(spreads, key=lambda v: math.inf if spreads[v]["median"] is None else spreads[v]["median"])
+        ranked = [value for value in spreads if spreads[value]["median"] is not None]
+        best = min(ranked, key=lambda v: spreads[v]["median"], default=None)
         table[config] = {"values": spreads, "best": best}
     return table
 
@@ -171,21 +168,5 @@ def seed_major(configs: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, 
     return [(config, seed) for seed in seeds for config in configs]
 
 
-def finished(out_dir: Path, identity: dict[str, Any], max_iters: int) -> dict[str, Any] | None:
-    """When out_dir holds a finished run of exactly this identity (train.py's command and what else changes its
-    figures, e.g. its threads), what its mark recorded of it (when it started, its wall seconds); else None. Finished:
-    its mark says so and its log ends with the eval at max_iters."""
-    try:
-        mark = json.loads((out_dir / MARK).read_text())
-        records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return None
-    if not isinstance(mark, dict) or not all(isinstance(r, dict) and "iter" in r for r in records):
-        return None
-    evals = [r for r in last_run(records) if "val_loss" in r]
-    same = mark.get("identity") == identity and bool(evals) and evals[-1]["iter"] == max_iters
-    return mark.get("ran", {}) if same else None
-
-
-def mark_finished(out_dir: Path, identity: dict[str, Any], ran: dict[str, Any]) -> None:
-    write_json(out_dir / MARK, {"identity": identity, "ran": ran})
+if __name__ == "__main__":
+    raise SystemExit("error: ttl_curves.py is a module of benchmarks/time_to_loss.py: run that one (--help)")

@@ -54,11 +54,19 @@ def kjv_text() -> str:
 def prepare(folder: Path, tokens: str, text: str | None) -> None:
     """Write text (if any) to folder/input.txt and tokenise it with the prepare script for tokens."""
     if text is not None:
-        folder.mkdir(parents=True, exist_ok=True)
+        if not text.strip():
+            raise UserError(f"the text for {folder.name} is empty: give a text file with something in it")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot make the dataset folder {folder}: {e.strerror or e}") from None
         write_text(folder / "input.txt", text)
         print(f"wrote {folder / 'input.txt'}: {len(text):,} characters")
-    if subprocess.run([sys.executable, str(PREPARE[tokens]), str(folder)]).returncode != 0:
-        raise UserError(f"{PREPARE[tokens]} {folder} failed; see its message above")
+    run = subprocess.run([sys.executable, str(PREPARE[tokens]), str(folder)], stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(run.stderr if run.returncode == 0 else "")  # its warnings; its error is ours
+    if run.returncode != 0:
+        said = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1].removeprefix("error: ")
+        raise UserError(f"{PREPARE[tokens]} {folder}: {said}")
 
 
 def refuse(message: str) -> None:

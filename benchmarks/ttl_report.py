@@ -3,9 +3,13 @@ learning rates), the CSV of the summary and the chart of val loss against tokens
 
 import csv
 import io
+import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
 from nanogpt_perf.bench.report import fmt, markdown_table
 from nanogpt_perf.files import write_atomically
@@ -35,6 +39,15 @@ def spread_text(spread: dict[str, Any], shown: Any) -> str:
     return f"{shown(spread['median'])} [{shown(spread['min'])}, {shown(spread['max'])}]"
 
 
+def run_line(k: int, count: int, run: dict[str, Any]) -> str:
+    """The line printed as a run ends (k of count)."""
+    c = run["curve"]
+    how = "reused" if run["reused"] else f"{run['wall_s']:,.0f} s wall"
+    end = "diverged (non-finite steps): never" if c["diverged"] else f"final val {loss_text(c['final_val_loss'])}"
+    return (f"[{k}/{count}] {run['config']}, seed {run['seed']}: {end}, {c['training_seconds']:,.1f} s training, "
+            f"{fmt(c['ms_per_iter'], ',.1f')} ms/iter ({how})")  # fmt: skip
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """One row per configuration: seeds that reached the target, tokens and training seconds to it (median [min,
     max]) and their ratios to the baseline, ms per iteration and its ratio, the val loss at the baseline's final
@@ -56,13 +69,15 @@ def summary_table(summary: dict[str, Any]) -> str:
 
 
 def sweep_table(sweep: dict[str, Any]) -> str:
-    """A sweep's values, configuration by configuration: the median final val loss [min, max] over seeds, the best
-    (lowest median) marked."""
+    """A sweep's values, configuration by configuration: the median final val loss [min, max] over seeds ('-': a
+    seed that diverged), the best (lowest median) marked, and how many seeds diverged."""
     rows = []
     for config, entry in sweep["table"].items():
         for value, spread in entry["values"].items():
-            best = "best" if value == entry["best"] else ""
-            rows.append([config, f"{sweep['key']}={value}", spread_text(spread, loss_text), best])
+            notes = ["best"] if value == entry["best"] else []
+            if diverged := spread["runs"] - spread["reached"]:
+                notes.append(f"{diverged}/{spread['runs']} diverged")
+            rows.append([config, f"{sweep['key']}={value}", spread_text(spread, loss_text), ", ".join(notes)])
     return markdown_table(["configuration", "value", "final val loss", ""], rows, left=(0, 1, 3))
 
 
@@ -88,7 +103,7 @@ def median_curve(curves: list[dict[str, Any]], axis: str) -> tuple[list[float], 
     xs, median, low, high = [], [], [], []
     for it in curves[0]["iters"]:
         at = [(c[axis][c["iters"].index(it)], c["val_loss"][c["iters"].index(it)]) for c in curves if it in c["iters"]]
-        points = [(x, v) for x, v in at if x is not None and v is not None]
+        points = [(x, v) for x, v in at if x is not None and v is not None and math.isfinite(v)]
         if not points:
             continue
         xs.append(statistics.median(x for x, _ in points))
@@ -111,7 +126,7 @@ def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: di
         return "no chart: matplotlib is not installed (pip install matplotlib)"
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
     target, lowest, highest = summary["target"], [], []
-    most = max(c["tokens"][-1] for runs in curves.values() for c in runs)
+    most = max((c["tokens"][-1] for runs in curves.values() for c in runs if c["tokens"]), default=0)
     per, unit = (1e6, "millions") if most >= 1e6 else (1e3, "thousands")
     for i, (name, runs) in enumerate(curves.items()):
         for ax, axis in zip(axes, ("tokens", "seconds"), strict=True):
@@ -119,20 +134,32 @@ def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: di
             xs = [x / per for x in xs] if axis == "tokens" else xs
             ax.plot(xs, median, color=f"C{i}", lw=1.5, label=name)
             ax.fill_between(xs, low, high, color=f"C{i}", alpha=0.2, lw=0)
-            lowest.append(min(low))
-            highest.append(max(high))
+            if low:  # a configuration every seed of which diverged at once has none
+                lowest.append(min(low))
+                highest.append(max(high))
+    if not lowest:
+        plt.close(fig)
+        return "no chart: no run has a finite val loss"
     for ax, label in zip(axes, (f"tokens ({unit})", "training seconds (evals left out)"), strict=True):
-        ax.axhline(target, color="grey", ls="--", lw=1)
+        if target is not None:
+            ax.axhline(target, color="grey", ls="--", lw=1)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     # the last stretch, where the configurations part and cross the target, not the first evals' high losses
     bottom = min(lowest)
-    worst_end = max([target, *(row["final_val_loss"]["median"] or target for row in summary["rows"].values())])
+    ends = [target, *(row["final_val_loss"]["median"] for row in summary["rows"].values())]
+    worst_end = max((end for end in ends if end is not None), default=bottom)
     top = min(max(highest), bottom + 3 * (worst_end - bottom)) if worst_end > bottom else max(highest)
-    axes[0].set_ylim(bottom - 0.02 * (top - bottom), top)
+    if top > bottom:  # not a single point
+        axes[0].set_ylim(bottom - 0.02 * (top - bottom), top)
     axes[0].set_ylabel("val loss (median over seeds; band: min to max)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{title}: target val loss {target:.4f} (dashed)", fontsize=10)
+    shown = "no target" if target is None else f"target val loss {target:.4f} (dashed)"
+    fig.suptitle(f"{title}: {shown}", fontsize=10)
     write_atomically(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
     return f"wrote {path}"
+
+
+if __name__ == "__main__":
+    raise SystemExit("error: ttl_report.py is a module of benchmarks/time_to_loss.py: run that one (--help)")

@@ -6,26 +6,33 @@ import csv
 import importlib.util
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import sysconfig
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_script
+from nanogpt_perf.files import process_alive
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from ttl_curves import (  # noqa: E402
     best_values,
     crossing,
-    finished,
     interpolate,
-    mark_finished,
     median_spread,
     reach,
     run_curve,
     seed_major,
     summarize,
 )
+from ttl_report import summary_table, sweep_table  # noqa: E402
+from ttl_runs import code_digest, finished, mark_finished, outcome, run_identity  # noqa: E402
 
 
 def records(losses: list[float], every: int = 25, ms: float = 100.0, first_ms: float = 1000.0) -> list[dict]:
@@ -154,22 +161,132 @@ def write_log(out_dir: Path, lines: list[dict]) -> None:
     (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
-def test_a_finished_run_of_the_same_command_is_reused_and_nothing_else(tmp_path):
-    run = {"command": ["config/x.py", "--seed=1", "--max_iters=50"], "omp_num_threads": None}
-    ran = {"started_at": 1.5, "wall_s": 42.0}
+def test_a_finished_run_is_reused_only_with_its_whole_identity_and_a_log_that_says_so(tmp_path):
+    run = {"command": ["config/x.py", "--seed=1", "--max_iters=50"], "omp_num_threads": None, "code": "c0de"}
+    ran = {"started_at": 1.5, "wall_s": 42.0, "outcome": "finished"}
     write_log(tmp_path / "done", records([4.0, 3.0, 2.0]))
     assert finished(tmp_path / "done", run, 50) is None  # no mark: train.py may have been stopped
     mark_finished(tmp_path / "done", run, ran)
     assert finished(tmp_path / "done", run, 50) == ran  # with the figures of the session that ran it
     assert finished(tmp_path / "done", run | {"command": [*run["command"], "--learning_rate=1e-3"]}, 50) is None
     assert finished(tmp_path / "done", run | {"omp_num_threads": "1"}, 50) is None  # other threads: other seconds
+    assert finished(tmp_path / "done", run | {"code": "c0df"}, 50) is None  # other code
     assert finished(tmp_path / "done", run, 75) is None  # another horizon
     write_log(tmp_path / "cut", records([4.0, 3.0, 2.0])[:-3])  # a log that ends before max_iters
     mark_finished(tmp_path / "cut", run, ran)
     assert finished(tmp_path / "cut", run, 50) is None
+    mark_finished(tmp_path / "cut", run, ran | {"outcome": "diverged"})  # ends where train.py stopped it
+    assert finished(tmp_path / "cut", run, 50) == ran | {"outcome": "diverged"}
+    mark_finished(tmp_path / "done", run, ran | {"outcome": "stopped"})  # never written: not a run
+    assert finished(tmp_path / "done", run, 50) is None
     (tmp_path / "done" / "ttl_run.json").write_text("[1, 2")  # a damaged mark
     assert finished(tmp_path / "done", run, 50) is None
     assert finished(tmp_path / "nothing", run, 50) is None
+
+
+def nonfinite_line(out_dir: Path, max_bad_steps: int | None) -> str:
+    from nanogpt_perf.train.ownership import nonfinite_end
+
+    return "error: " + nonfinite_end(3, 4, out_dir, max_bad_steps)  # as train.py prints it
+
+
+@pytest.mark.parametrize(
+    "returncode, evals, said, kind, line",
+    [
+        (0, 3, "timing: median 3.2 ms/iter", "finished", "timing: median 3.2 ms/iter"),
+        (0, 2, "stopped by SIGTERM after iter 25, saved ckpt.pt: resume with\n  python train.py", "stopped",
+         "stopped by SIGTERM after iter 25, saved ckpt.pt: resume with"),
+        (-9, 2, "iter 30: loss 2.1", "killed", "killed by SIGKILL"),
+        (-15, 2, "", "killed", "killed by SIGTERM"),
+        (130, 2, "second Ctrl-C: exiting now, without saving", "killed", "killed by SIGINT"),
+        (1, 2, "NONFINITE", "diverged", "NONFINITE"),
+        (1, 3, "NONFINITE_AT_END", "diverged", "NONFINITE_AT_END"),
+        (1, 1, "error: dataset 'x' not found", "failed", "error: dataset 'x' not found"),
+        (1, 1, "Traceback (most recent call last):\nValueError: non-finite", "failed", "ValueError: non-finite"),
+    ],
+)  # fmt: skip
+def test_what_a_train_py_exit_means(tmp_path, returncode, evals, said, kind, line):
+    lines = {"NONFINITE": nonfinite_line(tmp_path, 3), "NONFINITE_AT_END": nonfinite_line(tmp_path, None)}
+    said, line = lines.get(said, said), lines.get(line, line)
+    write_log(tmp_path, records([4.0, 3.0, 2.0])[: 1 + 3 * (evals - 1)])  # evals at 0, 25 and 50
+    (tmp_path / "train.out").write_text(f"iter 0: val 4.0\n{said}\n")
+    assert outcome(returncode, tmp_path, 50) == (kind, line)
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                   capture_output=True)  # fmt: skip
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_code_digest_is_the_code_on_disk_committed_or_not(tmp_path):
+    root = tmp_path / "repo"
+    write_tree(root, {"train.py": "a = 1\n", "pkg/mod.py": "b = 2\n", "tests/test_x.py": "t = 0\n",
+                      "config/c.py": "", "benchmarks/b.py": "", "docs/x.md": "doc\n", ".gitignore": "out*/\n",
+                      "out-x/run.py": ""})  # fmt: skip
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "first")
+    first = code_digest(root)
+    write_tree(root, {"docs/x.md": "other\n", "tests/test_x.py": "t = 1\n", "benchmarks/b.py": "c = 3\n",
+                      "out-x/run.py": "d = 4\n", "pkg/notes.txt": "not code\n", "config/c.py": "e = 5\n"})  # fmt: skip
+    assert code_digest(root) == first  # what no run executes, what git ignores, config files (by their command)
+    write_tree(root, {"train.py": "a = 2\n"})
+    edited = code_digest(root)
+    assert edited != first  # an uncommitted edit
+    git(root, "commit", "-qam", "second")
+    assert code_digest(root) == edited  # the same code, committed: the same digest
+    write_tree(root, {"pkg/new.py": ""})
+    assert code_digest(root) != edited  # a new file, untracked
+    (root / "pkg/new.py").unlink()
+    (root / "pkg/mod.py").unlink()
+    assert code_digest(root) not in (first, edited)  # a tracked file deleted
+    git(root, "checkout", "--", "pkg/mod.py")
+    assert code_digest(root) == edited
+    shutil.copytree(root, tmp_path / "plain", ignore=shutil.ignore_patterns(".git"))
+    assert code_digest(tmp_path / "plain") == edited  # outside git: the same files, found on disk
+
+
+def test_a_run_identity_holds_its_config_files_contents(tmp_path):
+    write_tree(tmp_path, {"config/a.py": "x = 1\n"})
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.py"
+    outside.write_text("y = 1\n")
+    cmd = ["config/a.py", str(outside), "--seed=1"]
+    first = run_identity(cmd, None, tmp_path)
+    assert run_identity(cmd, None, tmp_path) == first
+    assert run_identity(cmd, "1", tmp_path) != first  # other threads
+    outside.write_text("y = 2\n")
+    second = run_identity(cmd, None, tmp_path)
+    assert second["config_files"] != first["config_files"] and second["code"] == first["code"]
+    write_tree(tmp_path, {"config/a.py": "x = 2\n"})
+    assert run_identity(cmd, None, tmp_path)["config_files"] not in (first["config_files"], second["config_files"])
+    outside.unlink()
+    assert run_identity(cmd, None, tmp_path)["config_files"][str(outside)] is None  # gone: no digest
+
+
+def test_a_run_that_diverged_is_never_whatever_it_reached_before():
+    base = [curve_of([4.0, 3.0, 2.0]) for _ in range(3)]
+    flaky = [curve_of([4.0, 2.0, 1.0]), run_curve(records([4.0, 1.0], every=10, ms=10.0, first_ms=10.0), 100, True)]
+    s = summarize({"base": base, "flaky": flaky}, "base", None)
+    row = s["rows"]["flaky"]
+    assert flaky[1]["final_val_loss"] is None and flaky[1]["val_loss"][-1] == 1.0
+    assert row["tokens_to_target"] == {"median": 1000, "min": 1000, "max": None, "reached": 1, "runs": 2}
+    assert row["final_val_loss"]["reached"] == 1 and row["val_loss_at_equal_tokens"]["reached"] == 1
+    assert row["ms_per_iter"] == 10.0  # its steps were timed all the same
+    wild = [run_curve(records([4.0, 3.0], every=10, ms=10.0, first_ms=10.0), 100, True) for _ in range(2)]
+    s = summarize({"wild": wild, "base": base}, "wild", None)  # a baseline that diverged in most seeds
+    assert s["target"] is None and s["equal_tokens"] == 1000
+    assert s["rows"]["base"]["tokens_to_target"]["reached"] == 0 and s["rows"]["base"]["tokens_ratio"] is None
+    assert "never" in summary_table(s)
+    sweep = best_values({"a": {"x": [None, None], "y": [None, 2.0]}, "b": {"x": [None]}})
+    assert sweep["a"]["best"] == "y" and sweep["b"]["best"] is None  # no value with a median: none is best
+    assert "1/2 diverged" in sweep_table({"key": "lr", "table": sweep})
 
 
 SCRIPT = "benchmarks/time_to_loss.py"
@@ -191,7 +308,7 @@ def configs_file(folder: Path, data_dir: Path) -> Path:
         ("--only=slow,quick", ("set 'two' has no configuration 'quick': one of slow, fast",)),
         ("--sweep=learning_rate", ("sweep must be '' or KEY=V1,V2,...",)),
         ("--eval_interval=30 --max_iters=20", ("eval_interval must be <= max_iters (20)",)),
-        ("--train_args=config/none.py", ("configuration 'slow': config file config/none.py not found",)),
+        ("--train_args=config/none.py", ("--train_args: config file config/none.py not found",)),
     ],
 )
 def test_bad_settings_are_one_error_line(tmp_path, flags, fragments):
@@ -224,7 +341,8 @@ def test_end_to_end_two_configurations_two_seeds(tmp_path, tiny_data):
     doc = json.loads((out / "time_to_loss.json").read_text())
     runs = doc["runs"]
     assert [(r["config"], r["seed"]) for r in runs] == [("slow", 1337), ("fast", 1337), ("slow", 1338), ("fast", 1338)]
-    assert [r["started_at"] for r in runs] == sorted(r["started_at"] for r in runs)  # started seed-major
+    first, second = ([r["started_at"] for r in runs if r["seed"] == seed] for seed in (1337, 1338))
+    assert max(first) < min(second)  # seed-major: the two of seed 1337 together (jobs=2), then those of 1338
     finals = {}
     for r in runs:  # the final val losses as train.py logged them
         lines = [json.loads(line) for line in (Path(r["out_dir"]) / "log.jsonl").read_text().splitlines()]
@@ -248,3 +366,427 @@ def test_end_to_end_two_configurations_two_seeds(tmp_path, tiny_data):
     redone = json.loads((out / "time_to_loss.json").read_text())
     assert redone["summary"] == summary
     assert [r["started_at"] for r in redone["runs"]] == [r["started_at"] for r in runs]  # as they ran
+
+
+# ----------------------------------------------------------------------------- refusals before any work
+
+
+OWNED = ["out_dir", "overwrite", "seed", "max_iters", "lr_decay_iters", "eval_interval", "log_interval", "eval_iters",
+         "always_save_checkpoint"]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", OWNED)
+def test_a_sweep_over_a_setting_the_benchmark_sets_is_refused(tmp_path, key):
+    configs = configs_file(tmp_path, tmp_path / "data")
+    result = run_in_process(SCRIPT, f"--configs={configs}", "--task=tiny", "--config_set=two", f"--sweep={key}=1,2")
+    assert_one_line_error(result, f"--sweep over {key}: the benchmark sets {key} itself in every run",
+                          "every value would run the same command")  # fmt: skip
+    assert not (ROOT / "out-ttl" / f"tiny-two-600-sweep-{key}").exists()
+
+
+@pytest.mark.parametrize(
+    "where, text, fragments",
+    [
+        ("task", "'--eval_iters=5'", ("task 'tiny' sets eval_iters", "(--eval_iters)")),
+        ("configuration", "'--seed=7'", ("configuration 'slow' sets seed", "(--seeds and --first_seed)")),
+        ("train_args", "--max_iters=5", ("--train_args sets max_iters", "(--max_iters)")),
+        ("train_args", "--lr_decay_iters=5", ("--train_args sets lr_decay_iters", "--fit_schedule=True")),
+    ],
+)
+def test_a_configuration_that_sets_a_setting_the_benchmark_sets_is_refused(tmp_path, where, text, fragments):
+    tasks = {"tiny": ["--n_layer=1"] + ([eval(text)] if where == "task" else [])}
+    sets = {"two": {"slow": ["--n_layer=2"] + ([eval(text)] if where == "configuration" else []), "fast": []}}
+    (tmp_path / "configs.py").write_text(f"TASKS = {tasks!r}\nSETS = {sets!r}\n")
+    flags = [f"--configs={tmp_path / 'configs.py'}", "--task=tiny", "--config_set=two"]
+    result = run_in_process(SCRIPT, *flags, *([f"--train_args={text}"] if where == "train_args" else []))
+    assert_one_line_error(result, *fragments, "which the benchmark sets itself in every run")
+
+
+@pytest.mark.parametrize(
+    "case, fragments",
+    [
+        ("empty set", ("set 'two' must be a dict of configurations", "with one at least, its baseline, not {}")),
+        ("set a list", ("set 'two' must be a dict of configurations", "not ['a']")),
+        ("unbalanced quote", ('train_args "\'--n_layer=2" cannot be split as a shell would', "close its quotes")),
+        ("out a file", ("is a file: give a folder",)),
+        ("out in a file", ("cannot make the results folder", "Not a directory")),
+        ("configs a folder", ("not found",)),
+        ("configs binary", ("cannot be read as Python", "null bytes")),
+    ],
+)
+def test_what_used_to_be_a_traceback_is_one_error_line(tmp_path, case, fragments):
+    configs, blocker = configs_file(tmp_path, tmp_path / "data"), tmp_path / "file"
+    blocker.write_text("kept\n")
+    flags = {
+        "empty set": [f"--configs={tmp_path / 'empty.py'}"],
+        "set a list": [f"--configs={tmp_path / 'list.py'}"],
+        "unbalanced quote": ["--train_args='--n_layer=2"],
+        "out a file": [f"--out={blocker}"],
+        "out in a file": [f"--out={blocker / 'results'}"],
+        "configs a folder": [f"--configs={tmp_path}"],
+        "configs binary": [f"--configs={tmp_path / 'binary.py'}"],
+    }[case]
+    (tmp_path / "empty.py").write_text("TASKS = {'tiny': []}\nSETS = {'two': {}}\n")
+    (tmp_path / "list.py").write_text("TASKS = {'tiny': []}\nSETS = {'two': ['a']}\n")
+    (tmp_path / "binary.py").write_bytes(b"TASKS = {}\0\xff")
+    result = run_in_process(SCRIPT, f"--configs={configs}", "--task=tiny", "--config_set=two", *flags)
+    if "Python" in fragments[0]:
+        fragments = ("binary.py",)  # the configurator's own words for a file with NUL bytes
+    assert_one_line_error(result, *fragments)
+    assert blocker.read_text() == "kept\n"
+
+
+@pytest.mark.parametrize(
+    "script, flags, fragments",
+    [
+        ("muon", ["--text={tmp}/missing.txt"], ("the probe's text", "missing.txt is not found")),
+        ("muon", ["--text={tmp}"], ("the probe's text", "is not found")),  # a folder
+        ("muon", ["--text={tmp}/binary.txt"], ("binary.txt cannot be read as UTF-8 text",)),
+        ("muon", ["--text={tmp}/short.txt"], ("short.txt has 6 characters: it needs 660 at least",)),
+        ("prepare", ["--input={tmp}/missing.txt"], ("input file", "missing.txt not found")),
+        ("prepare", ["--input={tmp}"], ("is a folder: give its files",)),
+        ("prepare", ["--input={tmp}/empty.jsonl"], ("empty.jsonl is empty: no documents",)),
+        ("ttl_data", ["--text={tmp}/empty.txt", "--name=x", "--data_dir={tmp}/data"], ("the text for x is empty",)),
+        ("ttl_data", ["--text={tmp}/short.txt", "--name=x", "--data_dir={tmp}/short.txt"],
+         ("cannot make the dataset folder", "short.txt/x")),
+        ("ttl_data", ["--text={tmp}/binary.txt", "--name=x", "--data_dir={tmp}/data"], ("cannot be read as UTF-8",)),
+    ],
+)  # fmt: skip
+def test_a_benchmarks_missing_or_odd_input_file_is_one_error_line(tmp_path, script, flags, fragments):
+    write_tree(tmp_path, {"short.txt": "abcdef", "empty.txt": " \n", "empty.jsonl": ""})
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not text")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    parts = ["--parts=probe", "--probe_iters=1"] if script == "muon" else []
+    result = run_in_process(f"benchmarks/{script}.py", *parts, *(f.format(tmp=tmp_path) for f in flags))
+    assert_one_line_error(result, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and (tmp_path / "short.txt").read_text() == "abcdef"
+
+
+# ----------------------------------------------------------------------------- a checkout with a stand-in train.py
+
+FAKE_TRAIN = r"""
+# A stand-in for train.py: the records the benchmark reads, made up from its flags (val loss 4 / (1 + rate x iter)),
+# and the ends a run can have (--end=): finish, diverge (train.py's line for non-finite steps), fail, sleep (until
+# SIGTERM or SIGINT, which stop it as they stop train.py: it exits 0 before max_iters; --ignore_sigterm=1: SIGTERM
+# does nothing). A seed in --diverge_seeds diverges; --after=PATH: the end waits for PATH to exist.
+import json, os, signal, sys, time
+from pathlib import Path
+
+flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+out, max_iters, every = Path(flags["out_dir"]), int(flags["max_iters"]), int(flags["eval_interval"])
+rate, end = float(flags.get("learning_rate", "0.1")), flags.get("end", "finish")
+end = "diverge" if flags["seed"] in flags.get("diverge_seeds", "").split(",") else end
+asked = []
+signal.signal(signal.SIGINT, lambda n, f: asked.append("SIGINT"))
+signal.signal(signal.SIGTERM, signal.SIG_IGN if "ignore_sigterm" in flags else lambda n, f: asked.append("SIGTERM"))
+out.mkdir(parents=True, exist_ok=True)
+settings = {"batch_size": 2, "gradient_accumulation_steps": 1, "block_size": 8}
+(out / "manifest.json").write_text(json.dumps({"settings": settings, "git_commit": "fake"}))
+with open(out / "log.jsonl", "w") as log:
+    for it in range(0, max_iters + 1, every):
+        if it:
+            log.write(json.dumps({"iter": it, "ms_per_iter": 10.0, "step_loss": 1.0}) + "\n")
+        log.write(json.dumps({"iter": it, "val_loss": 4 / (1 + rate * it), "train_loss": 1.0}) + "\n")
+        log.flush()
+        if it == every and end != "finish":
+            break
+(out / "pid").write_text(str(os.getpid()))
+while "after" in flags and not Path(flags["after"]).exists():
+    time.sleep(0.02)
+if end == "diverge":
+    sys.exit(f"error: 3 steps in a row with a non-finite loss or gradient norm (max_bad_steps=3): stopped at iter "
+             f"{every + 3}; no checkpoint was saved in {out}")
+if end == "fail":
+    sys.exit("error: the stand-in fails")
+if end == "sleep":
+    print("sleeping", flush=True)
+    while not asked:
+        time.sleep(0.02)
+    print(f"stopped by {asked[0]} after iter {every}, before any checkpoint: nothing to resume (start it again)")
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A checkout whose train.py is FAKE_TRAIN (a fraction of a second a run): benchmarks/ copied, the modules the
+    benchmark imports linked, and config/ of its own."""
+    root = tmp_path / "checkout"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "config").mkdir()
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        shutil.copy(path, root / "benchmarks" / path.name)
+    for name in ("configurator.py", "plot.py", "nanogpt_perf"):
+        (root / name).symlink_to(ROOT / name)
+    (root / "train.py").write_text(FAKE_TRAIN)
+    return root
+
+
+def fake_flags(root: Path, sets: dict[str, list[str]], *flags: str) -> list[str]:
+    """The benchmark's command in root for one set of configurations (SETS' 's'), 4 iterations, an eval every 2."""
+    (root / "configs.py").write_text(f"TASKS = {{'fake': []}}\nSETS = {{'s': {sets!r}}}\n")
+    return [str(root / SCRIPT), f"--configs={root / 'configs.py'}", "--task=fake", "--config_set=s", "--seeds=1",
+            "--max_iters=4", "--eval_interval=2", "--eval_iters=1", f"--out={root / 'out'}", *flags]  # fmt: skip
+
+
+def run_fake(root: Path, sets: dict[str, list[str]], *flags: str) -> subprocess.CompletedProcess:
+    """The benchmark in root, in this process (torch is imported already), its runs the stand-in's processes."""
+    result = run_in_process(*fake_flags(root, sets, *flags), cwd=root)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result
+
+
+def reused(root: Path) -> dict[str, bool]:
+    return {f"{r['config']} s{r['seed']}": r["reused"] for r in read_doc(root)["runs"]}
+
+
+def read_doc(root: Path) -> dict:
+    return json.loads((root / "out" / "time_to_loss.json").read_text())
+
+
+def test_an_edited_config_file_runs_its_configurations_again_and_no_other(checkout):
+    (checkout / "config" / "lr.py").write_text("learning_rate = 0.1\n")
+    sets = {"a": ["config/lr.py"], "b": ["--learning_rate=0.2"]}
+    run_fake(checkout, sets, "--seeds=2")
+    assert reused(checkout) == {"a s1337": False, "b s1337": False, "a s1338": False, "b s1338": False}
+    (checkout / "config" / "lr.py").write_text("learning_rate = 0.3\n")  # same command, other contents
+    run_fake(checkout, sets, "--seeds=2")
+    assert reused(checkout) == {"a s1337": False, "b s1337": True, "a s1338": False, "b s1338": True}
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_an_edit_of_train_py_runs_everything_again_committed_or_not(checkout):
+    """(The code's digest, committed or not, edits that are not code: test_the_code_digest_is_the_code_on_disk...)"""
+    git(checkout, "init", "-q")
+    git(checkout, "add", ".")
+    git(checkout, "commit", "-qm", "the code")
+    sets = {"a": [], "b": ["--learning_rate=0.2"]}
+    run_fake(checkout, sets)
+    (checkout / "train.py").write_text(FAKE_TRAIN + "# an edit, not committed\n")
+    run_fake(checkout, sets)
+    assert reused(checkout) == {"a s1337": False, "b s1337": False}
+    git(checkout, "commit", "-qam", "the edit")  # the same code, committed
+    (checkout / "docs").mkdir()
+    (checkout / "docs" / "notes.md").write_text("no code\n")  # neither is this
+    run_fake(checkout, sets)
+    assert reused(checkout) == {"a s1337": True, "b s1337": True}
+
+
+def test_a_sweep_over_lr_decay_iters_applies_when_the_schedule_is_left_to_the_configurations(checkout):
+    result = run_fake(checkout, {"a": []}, "--fit_schedule=False", "--sweep=lr_decay_iters=10,20")
+    commands = {r["config"]: r["command"] for r in read_doc(checkout)["runs"]}
+    for value in ("10", "20"):
+        flags = [f for f in commands[f"a lr_decay_iters={value}"] if f.startswith("--lr_decay_iters=")]
+        assert flags == [f"--lr_decay_iters={value}"]
+    assert "lr_decay_iters=10" in result.stdout and "lr_decay_iters=20" in result.stdout
+
+
+def test_diverging_seeds_are_never_and_the_tables_still_print(checkout):
+    sets = {"base": [], "flaky": ["--diverge_seeds=1338"]}
+    result = run_fake(checkout, sets, "--seeds=3", "--sweep=learning_rate=0.1,0.3")
+    doc = read_doc(checkout)
+    assert [r["started_at"] for r in doc["runs"]] == sorted(r["started_at"] for r in doc["runs"])  # seed-major
+    assert [(r["config"], r["seed"]) for r in doc["runs"][:4]] == [(c, 1337) for c in doc["configurations"]]
+    rows = doc["summary"]["rows"]
+    # the target: base at 0.1's final val loss, which flaky at 0.3 reaches sooner, in two seeds of three
+    assert rows["flaky learning_rate=0.3"]["tokens_to_target"]["reached"] == 2
+    assert rows["flaky learning_rate=0.3"]["tokens_to_target"]["max"] is None
+    assert rows["flaky learning_rate=0.3"]["final_val_loss"]["reached"] == 2
+    assert rows["base learning_rate=0.3"]["tokens_to_target"]["reached"] == 3
+    assert "| flaky learning_rate=0.3 |     2/3 |" in result.stdout
+    swept = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| flaky  ")]
+    assert [[cell.strip() for cell in row] for row in swept] == [
+        ["flaky", "learning_rate=0.1", "2.8571 [2.8571, -]", "1/3 diverged"],
+        ["flaky", "learning_rate=0.3", "1.8182 [1.8182, -]", "best, 1/3 diverged"],
+    ]  # the sweep's table: a seed that diverged has no final val loss
+    assert "diverged (non-finite steps; 'never', with no final val loss): flaky learning_rate=0.1 seed 1338, " \
+           "flaky learning_rate=0.3 seed 1338" in result.stdout  # fmt: skip
+    assert "diverged (non-finite steps): never" in result.stdout  # its line as it ended
+    again = run_fake(checkout, sets, "--seeds=3", "--sweep=learning_rate=0.1,0.3")
+    assert "12 runs (12 reused)" in again.stdout  # a diverged run is a run: reused as the others
+
+
+def test_a_baseline_that_diverged_leaves_no_target_and_the_table_prints(checkout):
+    result = run_fake(checkout, {"base": ["--diverge_seeds=1337"], "other": []})
+    assert "no target: most seeds of the baseline 'base' diverged" in result.stdout
+    assert "| other         |     0/1 |            never |" in result.stdout
+    assert read_doc(checkout)["summary"]["target"] is None
+
+
+# ----------------------------------------------------------------------------- signals, and runs that end early
+
+
+def default_sigint() -> None:
+    """In the benchmark's process, before it starts: SIGINT as a terminal's process has it (a CI job started with
+    `&` ignores it, and Python keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, text=True, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=default_sigint)  # fmt: skip
+
+
+def ended(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def wait_for(ready, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def sleeping_child(root: Path, name: str) -> int:
+    """The pid of configuration name's stand-in train.py (seed 1337), once it sleeps."""
+    out_dir = root / "out" / "runs" / f"{name}-s1337"
+    wait_for(lambda: "sleeping" in ((out_dir / "train.out").read_text() if (out_dir / "train.out").exists() else ""),
+             f"{name} to start")  # fmt: skip
+    return int((out_dir / "pid").read_text())
+
+
+@pytest.mark.parametrize("sig, group", [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)])
+def test_sigterm_or_ctrl_c_stops_the_running_train_py_and_says_so(checkout, sig, group):
+    """group: Ctrl-C in a terminal, which reaches the benchmark and its train.py at once."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    bench = subprocess.Popen([sys.executable, *fake_flags(checkout, {"done": [], "sleepy": ["--end=sleep"]})],
+                             cwd=checkout, text=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=default_sigint, start_new_session=True)  # fmt: skip
+    child = sleeping_child(checkout, "sleepy")
+    if group:
+        os.killpg(bench.pid, sig)
+    else:
+        bench.send_signal(sig)
+    result = ended(bench)
+    assert not process_alive(child)
+    runs = checkout / "out" / "runs"
+    line = "stopped run 'sleepy' seed 1337, not finished; 1 of 2 runs finished and kept (the same command reuses them)"
+    if not group:  # (in a group, train.py may have stopped before the benchmark would stop it)
+        name = signal.Signals(sig).name
+        assert result.stderr.startswith(f"{name}: stopping run 'sleepy' seed 1337 (SIGTERM to train.py; killed in 30")
+    if sig == signal.SIGTERM:
+        assert result.returncode == 143 and result.stderr.strip().endswith(f"stopped by SIGTERM: {line}")
+    else:
+        assert result.returncode == -signal.SIGINT and result.stderr.strip().endswith(f"interrupted (Ctrl-C): {line}")
+    assert "Traceback" not in result.stderr
+    said = f"stopped by {'SIGINT' if group else 'SIGTERM'} after iter 2"  # asked to stop, as train.py is
+    assert said in (runs / "sleepy-s1337" / "train.out").read_text()
+    assert (runs / "done-s1337" / "ttl_run.json").is_file() and not (runs / "sleepy-s1337" / "ttl_run.json").exists()
+    assert not (checkout / "out" / "time_to_loss.json").exists()
+
+
+def test_a_second_signal_kills_a_train_py_that_does_not_stop(checkout):
+    bench = start(*fake_flags(checkout, {"sleepy": ["--end=sleep", "--ignore_sigterm=1"]}), cwd=checkout)
+    child = sleeping_child(checkout, "sleepy")
+    bench.send_signal(signal.SIGTERM)
+    assert bench.stderr.readline().startswith("SIGTERM: stopping run 'sleepy' seed 1337")
+    assert process_alive(child)  # it ignores SIGTERM
+    bench.send_signal(signal.SIGTERM)
+    result = ended(bench)
+    assert result.returncode == 143 and not process_alive(child)
+    assert result.stderr.strip() == "stopped by SIGTERM: stopped run 'sleepy' seed 1337, not finished; 0 of 1 runs " \
+                                    "finished and kept (the same command reuses them)"  # fmt: skip
+    assert "stopped by" not in (checkout / "out" / "runs" / "sleepy-s1337" / "train.out").read_text()  # killed
+
+
+@pytest.mark.parametrize(
+    "sig, said",
+    [
+        (signal.SIGTERM, "train.py was stopped (stopped by SIGTERM after iter 2, before any checkpoint: nothing to "
+                         "resume (start it again)) before max_iters=4"),
+        pytest.param(signal.SIGINT, "train.py was stopped (stopped by SIGINT after iter 2", marks=pytest.mark.slow),
+        (signal.SIGKILL, "train.py was killed by SIGKILL before max_iters=4"),
+    ],
+)  # fmt: skip
+def test_a_train_py_stopped_or_killed_from_elsewhere_is_not_a_finished_run(checkout, sig, said):
+    bench = start(*fake_flags(checkout, {"sleepy": ["--end=sleep"]}), cwd=checkout)
+    os.kill(sleeping_child(checkout, "sleepy"), sig)
+    assert_one_line_error(ended(bench), f"run 'sleepy' seed 1337: {said}", "not a finished run, not kept")
+    assert not (checkout / "out" / "runs" / "sleepy-s1337" / "ttl_run.json").exists()
+    assert not (checkout / "out" / "time_to_loss.json").exists()
+
+
+def test_a_failed_run_stops_the_runs_going_with_it(checkout):
+    sleepy = checkout / "out" / "runs" / "sleepy-s1337"
+    sets = {"sleepy": ["--end=sleep"], "broken": ["--end=fail", f"--after={sleepy / 'pid'}"]}
+    bench = start(*fake_flags(checkout, sets, "--jobs=2"), cwd=checkout)
+    child = sleeping_child(checkout, "sleepy")
+    result = ended(bench)
+    assert_one_line_error(result, "run 'broken' seed 1337 failed (exit 1): error: the stand-in fails",
+                          "; stopped with it: run 'sleepy' seed 1337")  # fmt: skip
+    assert not process_alive(child) and "stopped by SIGTERM after iter 2" in (sleepy / "train.out").read_text()
+
+
+# ----------------------------------------------------------------------------- the real train.py
+
+
+@pytest.mark.slow  # the stand-in's: test_a_train_py_stopped_or_killed_from_elsewhere_is_not_a_finished_run
+def test_a_real_train_py_stopped_by_sigterm_is_not_a_finished_run(tmp_path, tiny_data):
+    out, configs = tmp_path / "out", configs_file(tmp_path, tiny_data)
+    flags = ["--task=tiny", "--config_set=two", "--only=slow", "--seeds=1", "--max_iters=100000", "--eval_interval=50"]
+    bench = start(SCRIPT, f"--configs={configs}", *flags, "--eval_iters=1", f"--out={out}", "--threads=1")
+    run = out / "runs" / "slow-s1337"
+    wait_for(lambda: (run / "log.jsonl").exists() and '"ms_per_iter"' in (run / "log.jsonl").read_text(), "a step")
+    os.kill(json.loads((run / "train.lock").read_text())["pid"], signal.SIGTERM)  # train.py's own, as a scheduler
+    assert_one_line_error(ended(bench), "run 'slow' seed 1337: train.py was stopped (stopped by SIGTERM after iter",
+                          "before max_iters=100000: not a finished run, not kept")  # fmt: skip
+    assert not (run / "ttl_run.json").exists() and not (out / "time_to_loss.json").exists()
+    assert not list(run.glob("ckpt*.pt"))  # the checkpoint it saved as it stopped: the next call starts afresh
+
+
+def test_a_real_run_that_diverges_is_never_and_the_table_prints(tmp_path, tiny_data):
+    task = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", "--warmup_iters=0"]
+    sets = {"wild": {"wild": ["--learning_rate=1e30", "--max_bad_steps=2"]}}  # the weights overflow at once
+    (tmp_path / "configs.py").write_text(f"TASKS = {{'tiny': {task!r}}}\nSETS = {sets!r}\n")
+    result = run_in_process(SCRIPT, f"--configs={tmp_path / 'configs.py'}", "--task=tiny", "--config_set=wild",
+                            "--seeds=1", "--max_iters=6", "--eval_interval=2", "--eval_iters=1",
+                            f"--out={tmp_path / 'out'}", "--threads=1")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "| wild          |     0/1 |            never |" in result.stdout
+    assert "diverged (non-finite steps; 'never', with no final val loss): wild seed 1337" in result.stdout
+    (run,) = json.loads((tmp_path / "out" / "time_to_loss.json").read_text())["runs"]
+    assert run["outcome"] == "diverged" and "2 steps in a row with a non-finite loss" in run["said"]
+
+
+# ----------------------------------------------------------------------------- from any folder
+
+
+def without_the_install() -> dict[str, str]:
+    """The environment of a python that has the packages but not this checkout's editable install (a user who never
+    ran pip install -e .): with -S, site-packages on PYTHONPATH, whose .pth files are not read."""
+    paths = dict.fromkeys(sysconfig.get_paths()[kind] for kind in ("purelib", "platlib"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    return env | {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+def run_from(script: Path, cwd: Path) -> subprocess.CompletedProcess:
+    shown = script.name if script.parent == cwd else str(script)
+    return subprocess.run([sys.executable, "-S", shown, "--help"], cwd=cwd, env=without_the_install(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module, where", [("ttl_report.py", "its folder"), ("ttl_curves.py", "another"), ("ttl_runs.py", "its folder")]
+)  # every script from both: test_every_script_runs_from_any_folder (slow)
+def test_the_time_to_loss_modules_say_what_they_are_from_any_folder(tmp_path, module, where):
+    script = ROOT / "benchmarks" / module
+    result = run_from(script, script.parent if where == "its folder" else tmp_path)
+    assert_one_line_error(result, f"{module} is a module of benchmarks/time_to_loss.py: run that one")
+
+
+SCRIPTS = sorted(
+    str(p.relative_to(ROOT)) for pattern in ("benchmarks/*.py", "scripts/*.py", "data/*/prepare.py")
+    for p in ROOT.glob(pattern)
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_runs_from_any_folder(tmp_path, script):
+    for cwd in (ROOT / script).parent, tmp_path:
+        result = run_from(ROOT / script, cwd)
+        assert "Traceback" not in result.stderr, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 0 or (len(lines) == 1 and "is a module of" in lines[0]), result.stderr
