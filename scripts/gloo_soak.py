@@ -25,6 +25,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,16 +33,25 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
+from nanogpt_perf.config import setting  # noqa: E402
 from nanogpt_perf.data.shards import write_shard  # noqa: E402
-from nanogpt_perf.rules import a_path, at_least, list_of  # noqa: E402
+from nanogpt_perf.rules import a_path, comma_separated  # noqa: E402
 
 CASES = ("ddp", "fsdp", "parity", "hellaswag", "sigterm", "nonfinite", "refused")
+
+
 # -----------------------------------------------------------------------------
-rounds = 5
-cases = ",".join(CASES)
-starve = False
-root = str(ROOT)  # the checkout whose runs are soaked
-settings = configure(globals(), rules={"rounds": at_least(1), "cases": list_of(*CASES), "root": a_path})
+@dataclass(frozen=True)
+class GlooSoakConfig:
+    """Settings of scripts/gloo_soak.py: the rounds, the cases, the starving of gloo's threads, the checkout"""
+
+    rounds: int = setting(5, "rounds of every case", min=1, max=10_000)
+    cases: str = setting(",".join(CASES), "the cases run, comma-separated", check=comma_separated(*CASES))
+    starve: bool = setting(False, "gloo's threads in the idle scheduling class, each run on a core of its own")
+    root: str = setting(str(ROOT), "the checkout whose runs are soaked (its train.py and tests/)", check=a_path)
+
+
+cfg = configure(soak=GlooSoakConfig)
 # -----------------------------------------------------------------------------
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -74,7 +84,7 @@ OK, REFUSED, STOPPED = "trained", "refused", "stopped"
 
 def runs(case: str, tmp: Path, data: Path) -> list[tuple[str, list[str], str]]:
     """The runs of a case, in order: (name, command, expected outcome)."""
-    train = [*TORCHRUN, f"{root}/train.py", *TINY, f"--data_dir={data}", "--dataset=tiny"]
+    train = [*TORCHRUN, f"{cfg.root}/train.py", *TINY, f"--data_dir={data}", "--dataset=tiny"]
     resume = ["--max_iters=6", "--init_from=resume"]
     if case in ("ddp", "fsdp"):
         more = [f"--parallelism={case}", f"--out_dir={tmp}/out"]
@@ -84,13 +94,13 @@ def runs(case: str, tmp: Path, data: Path) -> list[tuple[str, list[str], str]]:
         ]
     if case == "parity":
         return [
-            ("ddp parity", [*TORCHRUN, f"{root}/tests/ddp_parity.py", f"{tmp}/two.pt", "2"], OK),
-            ("fsdp parity", [*TORCHRUN, f"{root}/tests/fsdp_parity.py", str(tmp), "2"], OK),
+            ("ddp parity", [*TORCHRUN, f"{cfg.root}/tests/ddp_parity.py", f"{tmp}/two.pt", "2"], OK),
+            ("fsdp parity", [*TORCHRUN, f"{cfg.root}/tests/fsdp_parity.py", str(tmp), "2"], OK),
         ]
     if case == "hellaswag":
         flags = [f"--data_dir={data}", "--dataset=gpt2tokens", f"--hellaswag_file={data}/hellaswag.jsonl"]
         flags += ["--hellaswag_interval=2", "--max_iters=2", "--eval_interval=2", "--gradient_accumulation_steps=2"]
-        return [("hellaswag", [*TORCHRUN, f"{root}/train.py", *TINY, *flags, f"--out_dir={tmp}/out"], OK)]
+        return [("hellaswag", [*TORCHRUN, f"{cfg.root}/train.py", *TINY, *flags, f"--out_dir={tmp}/out"], OK)]
     if case == "sigterm":
         return [("sigterm", [*train, "--max_iters=400", f"--out_dir={tmp}/out"], STOPPED)]
     if case == "nonfinite":
@@ -99,7 +109,7 @@ def runs(case: str, tmp: Path, data: Path) -> list[tuple[str, list[str], str]]:
             ("non-finite stop", [*bad, "--max_iters=20", "--max_bad_steps=2", f"--out_dir={tmp}/a"], REFUSED),
             ("non-finite end", [*bad, "--max_iters=4", f"--out_dir={tmp}/b"], REFUSED),
         ]
-    one = [sys.executable, f"{root}/train.py", *TINY, f"--data_dir={data}", "--dataset=tiny", "--max_iters=2"]
+    one = [sys.executable, f"{cfg.root}/train.py", *TINY, f"--data_dir={data}", "--dataset=tiny", "--max_iters=2"]
     return [
         ("refused: uneven", [*train, "--gradient_accumulation_steps=3", f"--out_dir={tmp}/u"], REFUSED),
         ("1 rank, to resume on 2", [*one, "--gradient_accumulation_steps=2", f"--out_dir={tmp}/o"], OK),
@@ -111,8 +121,8 @@ def runs(case: str, tmp: Path, data: Path) -> list[tuple[str, list[str], str]]:
 def run(command: list[str], env: dict[str, str], expect: str) -> tuple[str, str, str]:
     """Run one command (on this pool thread's core under starve); its verdict, stdout and stderr."""
     core = int(threading.current_thread().name.rsplit("_", 1)[-1]) % os.cpu_count()
-    pin = (lambda: os.sched_setaffinity(0, {core})) if starve else None
-    proc = subprocess.Popen(command, env=env, cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    pin = (lambda: os.sched_setaffinity(0, {core})) if cfg.starve else None
+    proc = subprocess.Popen(command, env=env, cwd=cfg.root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=pin)  # fmt: skip
     if expect == STOPPED:
         for line in proc.stdout:
@@ -171,11 +181,11 @@ def main() -> None:
     keep = Path(tempfile.mkdtemp(prefix="gloo-soak-"))
     make_data(keep / "data")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    if starve:
+    if cfg.starve:
         (keep / "hook").mkdir()
         (keep / "hook" / "sitecustomize.py").write_text(STARVE_HOOK)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(keep / "hook"), env.get("PYTHONPATH")]))
-    jobs = [c.strip() for _ in range(rounds) for c in cases.split(",")]
+    jobs = [c.strip() for _ in range(cfg.rounds) for c in cfg.cases.split(",")]
     counts, t0 = Counter(), time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
         for verdicts in pool.map(lambda case: soak(case, keep / "data", env, keep), jobs):
@@ -183,7 +193,7 @@ def main() -> None:
     for (name, verdict), n in sorted(counts.items()):
         print(f"{name:24s} {verdict:12s} {n}")
     failed = sum(n for (_, verdict), n in counts.items() if verdict != "as expected")
-    print(f"{failed} failed of {sum(counts.values())} runs in {time.perf_counter() - t0:.0f} s (starve={starve})")
+    print(f"{failed} failed of {sum(counts.values())} runs in {time.perf_counter() - t0:.0f} s (starve={cfg.starve})")
     if not failed:
         subprocess.run(["rm", "-rf", str(keep)], check=True)
     sys.exit(1 if failed else 0)

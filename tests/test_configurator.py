@@ -136,6 +136,7 @@ SCRIPTS = [
     "benchmarks/prepare.py",
     "benchmarks/time_to_loss.py",
     "scripts/soak.py",
+    "scripts/gloo_soak.py",
     "scripts/preemption_check.py",
     "data/openwebtext/prepare.py",
     "data/fineweb/prepare.py",
