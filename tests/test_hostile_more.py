@@ -107,7 +107,7 @@ CASES = {
     "generate-nanogpt_dir~": Hostile(G, "--nanogpt_dir=~/nanoGPT", ("nanogpt_dir must be",), HOME, home=True),
     "loader-data~": Hostile(BL, "--data=~/data", ("data must be",), HOME, home=True),
     "openwebtext-out_dir~": Hostile(OWT, "--out_dir=~/owt", ("out_dir must be",), HOME | DOCS, home=True),
-    "plot-out~": Hostile(P, "--out=~/c.png", ("--out must name",), HOME | RUN, home=True),
+    "plot-out~": Hostile(P, "--out=~/c.png", ("out must be",), HOME | RUN, home=True),
     # names the OS rejects: one longer than 255 bytes, a path longer than 4096, a file where a folder must be
     "sample-out_dir-name-too-long": Hostile(S, f"--out_dir={{dir}}/{LONG}", ("out_dir must be", "255 bytes")),
     "train-data_dir-name-too-long": Hostile(T, f"--data_dir={{dir}}/{LONG}", ("data_dir must be", "255 bytes")),
@@ -118,7 +118,7 @@ CASES = {
     "hellaswag-file-path-too-long": Hostile(H, f"--file={{dir}}/{DEEP}", ("file must be", "4,096 bytes"), CKPT),
     "bench-out_json-name-too-long": Hostile(B, f"--out_json={{dir}}/{LONG}.json", ("out_json", "255 bytes")),
     "plot-OUT_DIR-name-too-long": Hostile(P, f"{{dir}}/{LONG}", ("OUT_DIR must be", "255 bytes"), RUN),
-    "plot-out-name-too-long": Hostile(P, f"--out={{dir}}/{LONG}.png", ("--out must name", "255 bytes"), RUN),
+    "plot-out-name-too-long": Hostile(P, f"--out={{dir}}/{LONG}.png", ("out must be", "255 bytes"), RUN),
     "regression-compare-name-too-long": Hostile(
         B, f"--compare={{dir}}/{LONG} --baseline=x", ("compare must be", "255 bytes")
     ),

@@ -515,7 +515,7 @@ def checkout(tmp_path) -> Path:
     (root / "config").mkdir()
     for path in (ROOT / "benchmarks").glob("*.py"):
         shutil.copy(path, root / "benchmarks" / path.name)
-    for name in ("configurator.py", "plot.py", "nanogpt_perf"):
+    for name in ("configurator.py", "plot.py", "model.py", "nanogpt_perf"):
         (root / name).symlink_to(ROOT / name)
     (root / "train.py").write_text(FAKE_TRAIN)
     return root
