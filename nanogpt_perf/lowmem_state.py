@@ -1,0 +1,195 @@
+"""The memory savers' optimizer state in checkpoints, as plain data.
+
+torchao keeps a low-bit state as Tensor subclasses (OptimState8bit, OptimState4bit), and registers them as safe
+globals for torch.load(weights_only=True) when imported. Our checkpoints never hold them: state_dict() writes each as
+a dict of plain tensors, {"lowbit": 8 or 4, "signed", "codes" (uint8), "scale" (float32)}, and load_state_dict()
+rebuilds it from torchao's own zeros for the parameter (its quantization map, never one read from a file) after
+lowmem_state_problem has checked every entry against the state this optimizer keeps. So what a checkpoint may hold
+stays tensors and plain data, whether torchao was imported or not; a subclass found in a file is refused as foreign;
+and a state of another precision or shape, or a corrupt scale, is one error line before anything is loaded.
+
+The same goes for a state whose dtype is not its parameter's (Muon's bfloat16 momentum over float32 weights):
+torch.optim.Optimizer.load_state_dict would cast it to the parameter's dtype (and the codes of a low-bit state to
+floats); these entries are put back as saved instead."""
+
+from collections.abc import Iterator
+from itertools import chain
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from nanogpt_perf.errors import UserError
+
+LOWBIT = "lowbit"  # the key of an encoded low-bit state: its bits
+ENCODED_KEYS = {LOWBIT, "signed", "codes", "scale"}
+
+
+def register_state_codec(optimizer: torch.optim.Optimizer) -> None:
+    """Make optimizer.state_dict() plain data and load_state_dict() rebuild it (checked first): its hooks, so that
+    the optimizer stays the one the caller holds (MuonAdamW, or torchao's AdamW8bit/AdamW4bit/_AdamW)."""
+    pending: dict[torch.Tensor, dict[str, Any]] = {}
+
+    def load_pre_hook(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        check_lowmem_state(optimizer, state_dict)
+        pending.clear()
+        state = {}
+        for saved_id, p in saved_params(optimizer, state_dict):
+            entries = state_dict["state"].get(saved_id)
+            if entries is None:
+                continue
+            kept = {k: v for k, v in entries.items() if k != "step" and (isinstance(v, dict) or v.dtype != p.dtype)}
+            pending[p] = kept
+            state[saved_id] = {k: v for k, v in entries.items() if k not in kept}
+        return {**state_dict, "state": state}
+
+    def load_post_hook(optimizer: torch.optim.Optimizer) -> None:
+        for p, entries in pending.items():
+            fresh = expected_state(optimizer, p, p.device)
+            for key, value in entries.items():
+                optimizer.state[p][key] = decoded(value, fresh[key])
+        pending.clear()
+        for group in torchao_groups(optimizer):  # a checkpoint's float lr: torchao steps only with a tensor
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(group["lr"], dtype=torch.float32)
+
+    optimizer.register_state_dict_post_hook(plain_state_dict)
+    optimizer.register_load_state_dict_pre_hook(load_pre_hook)
+    optimizer.register_load_state_dict_post_hook(load_post_hook)
+
+
+def plain_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """state_dict with each low-bit state encoded as plain tensors (new dicts: the live state is untouched)."""
+    state = {k: {key: encoded(v) for key, v in entries.items()} for k, entries in state_dict["state"].items()}
+    return {**state_dict, "state": state}
+
+
+def encoded(value: Any) -> Any:
+    from torchao.optim.subclass_4bit import OptimState4bit
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    if isinstance(value, OptimState8bit | OptimState4bit):
+        bits = 8 if isinstance(value, OptimState8bit) else 4
+        return {LOWBIT: bits, "signed": value.signed, "codes": value.codes, "scale": value.scale}
+    return value
+
+
+def decoded(value: Any, fresh: torch.Tensor) -> torch.Tensor:
+    """A checked saved entry as the state it was: fresh (torchao's zeros, or a plain tensor) filled with it."""
+    if isinstance(value, dict):
+        fresh.codes.copy_(value["codes"])
+        fresh.scale.copy_(value["scale"])
+        return fresh
+    return value.to(device=fresh.device)
+
+
+def check_lowmem_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
+    """One UserError line when state_dict cannot be loaded into optimizer as the state it keeps."""
+    if problem := lowmem_state_problem(optimizer, state_dict):
+        raise UserError(f"the checkpoint's optimizer state {problem}")
+
+
+def lowmem_state_problem(optimizer: torch.optim.Optimizer, state_dict: Any) -> str | None:
+    """Why state_dict (as state_dict() wrote it) is not a state this optimizer keeps, or None: each parameter's
+    entries against expected_state (names, precision, shapes, dtypes), each low-bit entry's codes and scales
+    (finite, >= 0), and no Tensor subclass anywhere (a foreign file's). Checked on the meta device: no memory."""
+    if not (isinstance(state_dict, dict) and isinstance(state_dict.get("state"), dict)):
+        return "is not an optimizer's state dict (state and param_groups)"
+    groups = state_dict.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and type(g.get("params")) is list for g in groups):
+        return "is not an optimizer's state dict (state and param_groups)"
+    saved = [len(g["params"]) for g in groups]
+    mine = [len(g["params"]) for g in optimizer.param_groups]
+    if saved != mine:
+        return f"has groups of {saved} parameters, this optimizer's are of {mine}"
+    for index, (saved_id, p) in enumerate(saved_params(optimizer, state_dict)):
+        entries = state_dict["state"].get(saved_id)
+        if entries is not None and (problem := entries_problem(entries, expected_state(optimizer, p, "meta"))):
+            return f"for parameter {index} {tuple(p.shape)} {problem}"
+    return None
+
+
+def entries_problem(entries: Any, expected: dict[str, torch.Tensor]) -> str | None:
+    if not isinstance(entries, dict):
+        return "is not a dict of tensors"
+    for key, value in entries.items():
+        if key == "step":
+            continue
+        if key not in expected:
+            return f"holds {key!r}, which this optimizer does not keep (it keeps {', '.join(expected)})"
+        want = expected[key]
+        if is_traceable_wrapper_subclass(value) or isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+            return f"holds {key} as a {type(value).__name__}, not plain tensors: a foreign file's"
+        if (have := precision(value)) != precision(want):
+            return f"keeps {key} in {have}, this run in {precision(want)} (resume with the same optimizer precision)"
+        if problem := encoded_problem(value, want) if isinstance(value, dict) else plain_problem(value, want):
+            return f"has {key} {problem}"
+    return None
+
+
+def precision(value: Any) -> str:
+    """'8-bit', '4-bit' or a dtype's name, for a state entry (encoded or a tensor) or an expected state."""
+    if isinstance(value, dict):
+        return f"{value.get(LOWBIT)}-bit"
+    if is_traceable_wrapper_subclass(value):
+        return f"{8 if type(value).__name__ == 'OptimState8bit' else 4}-bit"
+    return str(value.dtype).removeprefix("torch.") if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def encoded_problem(value: dict[str, Any], want: torch.Tensor) -> str | None:
+    if set(value) != ENCODED_KEYS:
+        return f"with the entries {sorted(value)}, not {sorted(ENCODED_KEYS)}"
+    codes, scale = value["codes"], value["scale"]
+    if value["signed"] is not want.signed:
+        return f"signed={value['signed']!r}, not {want.signed}"
+    for name, tensor, like in (("codes", codes, want.codes), ("scales", scale, want.scale)):
+        if type(tensor) is not torch.Tensor or tensor.dtype != like.dtype or tensor.shape != like.shape:
+            return f"{name} that are not {like.dtype} of shape {tuple(like.shape)}"
+    if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
+        return "scales that are not finite and >= 0 (corrupt)"
+    return None
+
+
+def plain_problem(value: torch.Tensor, want: torch.Tensor) -> str | None:
+    return None if value.shape == want.shape else f"of shape {tuple(value.shape)}, not {tuple(want.shape)}"
+
+
+def saved_params(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> Iterator[tuple[Any, torch.Tensor]]:
+    """(saved id, parameter) pairs, as torch.optim.Optimizer.load_state_dict pairs them: group by group, in order."""
+    saved = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+    return zip(saved, chain.from_iterable(g["params"] for g in optimizer.param_groups), strict=False)
+
+
+def expected_state(optimizer: torch.optim.Optimizer, p: torch.Tensor, device: torch.device | str) -> dict:
+    """The state (but its step) optimizer keeps for p, as zeros on device (meta: shapes and formats only): a
+    MuonAdamW's momentum, torchao's AdamW moments (quantized or plain, by its own rule) or torch's AdamW's."""
+    from nanogpt_perf.lowbit import new_momentum
+    from nanogpt_perf.optim import MuonAdamW
+
+    like = torch.empty_like(p, device=device)
+    if isinstance(optimizer, MuonAdamW):
+        group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+        if group["muon"]:
+            return {"momentum_buffer": new_momentum(like, optimizer.momentum_dtype)}
+        optimizer = optimizer.adamw
+    if is_torchao(optimizer):
+        state = {"exp_avg": optimizer._new_buffer(like, True), "exp_avg_sq": optimizer._new_buffer(like, False)}
+    else:
+        state = {"exp_avg": torch.zeros_like(like), "exp_avg_sq": torch.zeros_like(like)}
+    amsgrad = any(g.get("amsgrad") for g in optimizer.param_groups)
+    return state | ({"max_exp_avg_sq": state["exp_avg_sq"]} if amsgrad else {})
+
+
+def is_torchao(optimizer: Any) -> bool:
+    """Whether optimizer is one of torchao's AdamWs (without importing torchao where nothing did)."""
+    return any(c.__module__.startswith("torchao.optim") for c in type(optimizer).__mro__)
+
+
+def torchao_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The groups that torchao steps: all of a torchao AdamW's; a MuonAdamW's AdamW groups when its inner AdamW is
+    torchao's."""
+    if is_torchao(optimizer):
+        return optimizer.param_groups
+    if is_torchao(getattr(optimizer, "adamw", None)):
+        return [g for g in optimizer.param_groups if not g["muon"]]
+    return []
