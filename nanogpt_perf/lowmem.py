@@ -70,11 +70,10 @@ def lowmem_problem(
         return f"{describe(spec)} needs torchao: pip install -e '.[lowmem]'"
     if spec != LowMem() and parallelism == "fsdp":
         return f"{describe(spec)} is for whole tensors, not FSDP's shards: use parallelism='ddp' or one process"
-    if spec.in_backward:
-        return in_backward_problem(grad_clip, gradient_accumulation_steps, parallelism, dtype)
-    if spec.offload:
-        return offload_problem(spec, optimizer, device_type, grad_clip)
-    return None
+    accumulation = gradient_accumulation_steps
+    if spec.in_backward and (problem := in_backward_problem(grad_clip, accumulation, parallelism, dtype)):
+        return problem
+    return offload_problem(spec, optimizer, device_type, grad_clip) if spec.offload else None
 
 
 def choice_problem(spec: LowMem, optimizer: str) -> str | None:
@@ -116,6 +115,8 @@ def in_backward_problem(grad_clip: float, accumulation: int, parallelism: str | 
 
 
 def offload_problem(spec: LowMem, optimizer: str, device_type: str, grad_clip: float) -> str | None:
+    if spec.in_backward:
+        return "offload=True steps on the host after backward, from its own copies of the gradients: not in_backward"
     if device_type != "cuda":
         return f"offload=True moves the optimizer's state from a CUDA device to the host: this run is on {device_type}"
     if optimizer != "adamw":

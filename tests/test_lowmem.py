@@ -385,6 +385,7 @@ CUDA = RUN | dict(device_type="cuda")
         (LowMem(offload=True), CUDA | dict(optimizer="muon"), "optimizer='muon' cannot"),
         (LowMem(offload=True, state_bits=8), CUDA, "not state_bits=8"),
         (LowMem(offload=True), CUDA | dict(grad_clip=1.0), "before grad_clip=1.0 could clip it"),
+        (LowMem(offload=True, in_backward=True), CUDA, "from its own copies of the gradients: not in_backward"),
         (LowMem(state_bits=8), RUN | dict(parallelism="fsdp"), "state_bits=8 is for whole tensors"),
         (LowMem(momentum_dtype="bfloat16"), RUN, "optimizer='adamw' keeps none"),
         (LowMem(state_bits=16), RUN, "state_bits must be one of 32, 8, 4, not 16"),
