@@ -5,6 +5,7 @@ peak, each configuration in a fresh process; and, with --time, each saver's CPU 
     python benchmarks/memory.py                       # 124M (12 x 768) and 350M (24 x 1024), every configuration
     python benchmarks/memory.py --sizes=124M --configs=adamw,adamw-bf16-8bit
     python benchmarks/memory.py --time --rounds=7     # ms per step at 4 x 256, configurations interleaved
+    python benchmarks/memory.py --state-only          # the state's bytes alone: one step on zero gradients
 
 The peak: on CUDA the caching allocator's peak allocated over step 2 (state included); on a CPU the process's peak
 resident set over step 2 (reset by clear_refs) less its resident set before the model was built (the interpreter,
@@ -112,9 +113,35 @@ def one(size: str, config: str, batch: int, block: int) -> dict:
     }
 
 
-def run_fresh(size: str, config: str, batch: int, block: int) -> dict:
+def state_only(size: str, config: str) -> dict:
+    """The training state's bytes without a forward or backward pass (for a CPU that computes the bfloat16 ones
+    slowly): one step on zero gradients makes the optimizer's state (Muon's Newton-Schulz with 1 iteration: the
+    bytes are the same), then the gradients are counted as they would be at their fullest (none in backward)."""
+    from model import GPT, GPTConfig
+    from nanogpt_perf.lowmem import build_lowmem_optimizer, cast_weights
+    from nanogpt_perf.memory import training_state_bytes
+
+    n_layer, n_embd = SIZES[size]
+    optimizer, spec = CONFIGS[config]
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=256, bias=False)
+    model = cast_weights(GPT(cfg), spec)
+    optim = build_lowmem_optimizer(
+        model, optimizer, spec, **HYPER, **({"muon_ns_steps": 1} if optimizer == "muon" else {})
+    )
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optim.step()
+    if spec.in_backward:
+        optim.zero_grad(set_to_none=True)
+    state = training_state_bytes(model, optim)
+    per = {k: state[k] / state["params"] for k in ("weights", "grads", "optimizer")}
+    return dict(size=size, config=config, params=state["params"], **per, state=sum(per.values()))
+
+
+def run_fresh(size: str, config: str, batch: int, block: int, only_state: bool = False) -> dict:
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "131072"}
     args = [sys.executable, __file__, "--one", size, config, f"--batch={batch}", f"--block={block}"]
+    args += ["--state-only"] if only_state else []
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode != 0:
         return {"size": size, "config": config, "error": done.stderr.strip().splitlines()[-1:]}
@@ -129,6 +156,9 @@ def table(rows: list[dict]) -> None:
             print(f"{r['size']:>5} {r['config']:<30} error: {r['error']}")
             continue
         parts = f"{r['weights']:7.2f} {r['grads']:6.2f} {r['optimizer']:6.2f} {r['state']:6.2f}"
+        if "peak" not in r:  # --state-only
+            print(f"{r['size']:>5} {r['config']:<30} {parts}")
+            continue
         print(f"{r['size']:>5} {r['config']:<30} {parts} {r['peak']:6.2f} {r['rest']:6.2f} "
               f"{r['step1_s']:8.1f} {r['step2_s']:8.1f}")  # fmt: skip
 
@@ -159,20 +189,22 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=256)
     parser.add_argument("--time", action="store_true", help="CPU time per step at the small size instead")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--state-only", action="store_true", help="the state's bytes alone, no forward or backward")
     parser.add_argument("--one", nargs=2, metavar=("SIZE", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configs = args.configs.split(",")
     if unknown := [c for c in configs if c not in CONFIGS] + [s for s in args.sizes.split(",") if s not in SIZES]:
         sys.exit(f"error: unknown {unknown[0]!r}: configurations are {', '.join(CONFIGS)}; sizes {', '.join(SIZES)}")
     if args.one:
-        print(json.dumps(one(*args.one, args.batch, args.block)))
+        done = state_only(*args.one) if args.state_only else one(*args.one, args.batch, args.block)
+        print(json.dumps(done))
     elif args.time:
         timed(configs, args.rounds, args.batch, args.block)
     else:
         rows = []
         for size in args.sizes.split(","):
             for config in configs:
-                rows.append(run_fresh(size, config, args.batch, args.block))
+                rows.append(run_fresh(size, config, args.batch, args.block, args.state_only))
                 print(json.dumps(rows[-1]), flush=True)
         table(rows)
 
