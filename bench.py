@@ -36,6 +36,7 @@ from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import LoaderConfig, SyntheticBatches, TokenBatches
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules
 from nanogpt_perf.rules import a_path, optional_path, output_file
@@ -82,7 +83,8 @@ class BenchConfig:
 # schedule's settings are taken too, so that train.py's config files run here (a step is timed at learning_rate)
 cfg = configure(
     bench=BenchConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig, runtime=RuntimeConfig,
-    loader=LoaderConfig, build=BuildConfig, defaults=TRAINING_DEFAULTS, cross=(muon_rules, kernels_run_here),
+    loader=LoaderConfig, build=BuildConfig, lowmem=LowMemConfig, defaults=TRAINING_DEFAULTS,
+    cross=(muon_rules, kernels_run_here, lowmem_rules),
 )  # fmt: skip
 compare, baseline, tolerance_pct = cfg.compare, cfg.baseline, cfg.tolerance_pct
 ladder, sweep, find_max_batch, profile, memory_snapshot = (
