@@ -14,8 +14,11 @@ nanogpt_perf/train/build.py applies them: cast_weights before the model is wrapp
 build_lowmem_optimizer where the optimizer is built, OptimizerInBackward given to the TrainStep; lowmem_rules is the
 rule between them and the rest of a run. A checkpoint's low-bit state: nanogpt_perf/lowmem_state.py."""
 
+import logging
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 from importlib.util import find_spec
 from typing import Any
 
@@ -59,6 +62,10 @@ class LowMemConfig:
     def needs_torchao(self) -> bool:
         return self.torchao_adamw or self.muon_momentum_dtype == "8bit" or self.offload
 
+    def applied(self, optimizer: str) -> "LowMemConfig":
+        """The savers as they apply to optimizer: AdamW keeps no Muon momentum."""
+        return self if optimizer == "muon" else replace(self, muon_momentum_dtype="float32")
+
     def describe(self) -> str:
         """The savers on, as their settings: "weights_dtype='bfloat16', state_bits=8"."""
         default = LowMemConfig()
@@ -68,13 +75,9 @@ class LowMemConfig:
 
 def lowmem_rules(cfg: Any) -> None:
     """The rules between the savers and the rest of a run (a cross rule: the first conflict raises its one line).
-    Under torchrun (WORLD_SIZE > 1) the run is DDP or FSDP by parallelism; else one process."""
+    Under torchrun (WORLD_SIZE > 1) the run is DDP or FSDP by parallelism; else one process. muon_momentum_dtype is
+    not applied under optimizer='adamw' (as muon_lr is not), so that config/low_memory.py serves either."""
     spec = cfg.lowmem
-    if spec.muon_momentum_dtype != "float32" and cfg.optimizer != "muon":
-        raise ValueError(
-            f"muon_momentum_dtype={spec.muon_momentum_dtype!r} is Muon's momentum: optimizer='adamw' keeps none "
-            "(its moments: state_bits)"
-        )
     if spec.needs_torchao and find_spec(TORCHAO) is None:
         raise ValueError(f"{spec.describe()} needs torchao: pip install -e '.[lowmem]'")
     ranks = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -144,6 +147,10 @@ def build_lowmem_optimizer(
     """optim.build_optimizer's optimizer with spec's savers: with none on, exactly it (the same call). With a
     saver on, the optimizer's state_dict() is plain tensors and its load_state_dict() checks and rebuilds it
     (lowmem_state.py). The weights must already be in spec.weights_dtype (cast_weights): a ValueError otherwise."""
+    spec = spec.applied(cfg.optimizer)
+    if spec.needs_torchao:
+        with quiet_loggers("torchao", "torch.utils._pytree"):
+            import torchao.optim  # noqa: F401  (its import logs the CUDA kernels a CPU wheel lacks, and a deprecation)
     if not (spec.torchao_adamw or spec.muon_momentum_dtype != "float32" or spec.offload):
         return build_optimizer(model, cfg, ns_dtype)  # float32 weights and state: today's (in_backward aside)
     dtype = getattr(torch, spec.weights_dtype)
@@ -162,6 +169,20 @@ def build_lowmem_optimizer(
         built = torchao_adamw(spec, groups, lr=cfg.learning_rate, betas=betas)
     register_state_codec(built)
     return built
+
+
+@contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Those loggers' warnings dropped meanwhile: noise a run's output and its one-line errors should not carry."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def torchao_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:
