@@ -206,3 +206,21 @@ def offloaded_adamw(
     extra = {"bf16_stochastic_round": True} if kind is _AdamW else {}
     groups = decay_groups(model.parameters(), weight_decay)
     return CPUOffloadOptimizer(groups, kind, offload_gradients=False, lr=learning_rate, betas=betas, **extra)
+
+
+def state_arithmetic(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig) -> dict[str, int]:
+    """The training state's bytes by part as the formats say (arithmetic, beside memory.training_state_bytes's
+    measurement): weights in weights_dtype, gradients alike (none with in_backward), and per parameter Muon's
+    momentum (float32 4, bfloat16 2, 8-bit 1 byte) or AdamW's two moments (the weights' dtype each, or 1 or 0.5
+    byte each at 8 or 4 bits); torchao's scales and the small tensors it keeps plain are left out."""
+    from nanogpt_perf.optim import split_parameters
+
+    spec = spec.applied(cfg.optimizer)
+    weight = 2 if spec.weights_dtype == "bfloat16" else 4
+    muon = {id(p) for p in split_parameters(model)[0].values()} if cfg.optimizer == "muon" else set()
+    momentum = {"float32": 4, "bfloat16": 2, "8bit": 1}[spec.muon_momentum_dtype]
+    moments = 2 * weight if spec.state_bits == 32 else spec.state_bits // 4
+    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    n = sum(p.numel() for p in params)
+    optimizer = sum(p.numel() * (momentum if id(p) in muon else moments) for p in params)
+    return {"weights": weight * n, "grads": 0 if spec.in_backward else weight * n, "optimizer": optimizer, "params": n}

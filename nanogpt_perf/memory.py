@@ -134,3 +134,32 @@ def step_peak_bytes(step: Callable[[], Any], device: torch.device) -> int | None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return peak_memory_bytes(device)
+
+
+def memory_by_part(
+    step: Callable[[Callable[[str], None]], Any],
+    model: torch.nn.Module,
+    optimizer: Any,
+    device: torch.device,
+    baseline: int | None,
+) -> dict[str, float] | None:
+    """Bytes per trainable parameter of one training step, measured: the state by part as its storages hold it
+    when backward ends (the gradients at their fullest; none left by a step inside backward), and the step's peak
+    over baseline (the memory held before the model was built: CUDA's allocated bytes, a CPU process's resident
+    set), whose rest is 'activations' (activations and workspace: autograd's saved tensors, the optimizer's
+    temporaries, the allocator's slack). step(mark) runs a TrainStep with its phase callback. None where the peak
+    cannot be measured. Also params, and step_peak_bytes: the step's peak itself (what a budget must hold)."""
+    parts: dict[str, int] = {}
+    peak = step_peak_bytes(lambda: step(lambda phase: parts.update(
+        training_state_bytes(model, optimizer)) if phase == "backward" else None), device)  # fmt: skip
+    if peak is None or baseline is None or not parts:
+        return None
+    n = parts.pop("params")
+    per = {k: v / n for k, v in parts.items()}
+    step_peak = (peak - baseline) / n
+    state = sum(per.values())
+    return (
+        per
+        | {"state": state, "activations": step_peak - state, "peak": step_peak, "params": n}
+        | {"step_peak_bytes": peak}
+    )
