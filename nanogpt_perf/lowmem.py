@@ -84,6 +84,11 @@ def lowmem_rules(cfg: Any) -> None:
     parallelism = getattr(cfg, "parallelism", "ddp") if ranks else None
     if spec != LowMemConfig() and parallelism == "fsdp":
         raise ValueError(f"{spec.describe()} is for whole tensors, not FSDP's shards: use parallelism='ddp'")
+    if spec.weights_dtype == "bfloat16" and parallelism == "ddp":
+        raise ValueError(
+            "weights_dtype='bfloat16' rounds each update with random draws of each rank's own generator: DDP's "
+            "replicas would drift apart (run one process, or weights_dtype='float32' with state_bits=8)"
+        )
     device = resolve_device(cfg.device)
     if spec.in_backward:
         dtype = resolve_dtype(device, "auto")[0] if cfg.dtype == "auto" else cfg.dtype

@@ -397,6 +397,7 @@ def run(spec: LowMemConfig, **settings) -> SimpleNamespace:
         (LowMemConfig(in_backward=True), dict(dtype="float16"), 1, "before the GradScaler"),
         (LowMemConfig(offload=True), {}, 1, "this run is on cpu"),
         (LowMemConfig(state_bits=8), dict(parallelism="fsdp"), 2, "state_bits=8 is for whole tensors"),
+        (LowMemConfig(weights_dtype="bfloat16"), {}, 2, "DDP's replicas would drift apart"),
     ],
 )
 def test_each_conflict_is_one_error_line(spec, settings, ranks, words, monkeypatch):

@@ -119,6 +119,21 @@ def test_nanogpts_sample_py_calls_load_a_bfloat16_checkpoint(bf16_gpt2_checkpoin
     assert y.shape == (1, 8)
 
 
+@pytest.mark.slow
+def test_ddp_trains_with_low_bit_state_and_refuses_bfloat16_weights(tiny_data, tmp_path):
+    """Under two ranks, 8-bit AdamW state and 8-bit Muon momentum (deterministic: the replicas stay equal) train and
+    save; low_memory.py's bfloat16 weights are refused in one line (each rank's stochastic rounding draws its own)."""
+    for optimizer in ("adamw", "muon"):
+        flags = ("--state_bits=8", "--muon_momentum_dtype=8bit", f"--optimizer={optimizer}", "--n_embd=64")
+        flags += ("--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--gradient_accumulation_steps=2")
+        result = run_train(tiny_data, tmp_path / optimizer, *flags, ranks=2)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / optimizer / "ckpt.pt").is_file()
+    refused = run_train(tiny_data, tmp_path / "bf16", LOW_MEMORY, "--max_iters=2", ranks=2)
+    assert refused.returncode != 0 and "DDP's replicas would drift apart" in refused.stderr
+    assert not (tmp_path / "bf16" / "ckpt.pt").exists()
+
+
 def test_bench_py_times_the_savers():
     flags = ("bench.py", *TINY_MODEL, "--device=cpu", "--steps=2", "--burn_in=1", "--vocab_size=64")
     result = run_script(*flags, "--sweep=state_bits=32,8", "--weights_dtype=bfloat16")
