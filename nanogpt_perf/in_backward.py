@@ -2,7 +2,7 @@
 (torch's Tensor.register_post_accumulate_grad_hook), its gradient freed there, so that no full gradient buffer ever
 exists: a step holds at most the gradients backward is still making.
 
-What the step after backward does over all gradients at once has to be designed anew (lowmem.in_backward_problem
+What the step after backward does over all gradients at once has to be designed anew (lowmem.in_backward_rules
 refuses, in one line, what cannot be): clipping by the global norm (refused: the norm exists only once every
 parameter has stepped), accumulation over micro-batches (refused: it needs the full gradient kept), DDP/FSDP
 (refused: their reduction ends after the hooks), the fp16 GradScaler (refused: its overflow check is over all

@@ -43,7 +43,7 @@ def test_low_memory_over_a_config_is_the_config_with_the_savers(config):
     assert cfg.grad_clip == 1.0 and not cfg.in_backward  # the config's training as it was, but for the formats
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", ["finetune_shakespeare", pytest.param("speedrun", marks=pytest.mark.slow)])
 def test_low_memory_trains_saves_and_resumes_bit_for_bit(tiny_data, tmp_path, config):
     """The config with low_memory.py on a tiny model: 6 iterations straight, and 3 then resumed to 6, the same
     losses and bfloat16 weights bit for bit (stochastic rounding draws from the generators the checkpoint keeps);
@@ -64,6 +64,7 @@ def test_low_memory_trains_saves_and_resumes_bit_for_bit(tiny_data, tmp_path, co
 def test_a_corrupt_low_bit_state_in_a_checkpoint_is_one_error_line(tiny_data, tmp_path):
     out = tmp_path / "out"
     flags = (LOW_MEMORY, "--n_embd=64", "--max_iters=2", "--eval_interval=2", "--eval_iters=1")
+    flags += ("--gradient_accumulation_steps=1",)
     assert (result := run_train(tiny_data, out, *flags)).returncode == 0, result.stderr
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
     entry = next(s["exp_avg"] for s in checkpoint["optimizer"]["state"].values() if isinstance(s["exp_avg"], dict))
@@ -81,7 +82,7 @@ def bf16_gpt2_checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("lowmem")
     llmc_folder(root / "data" / "gpt2tokens", [3000, 3000])
     flags = (*TINY_MODEL, f"--data_dir={root / 'data'}", "--dataset=gpt2tokens", f"--out_dir={root / 'out'}")
-    flags += (LOW_MEMORY, "--max_iters=2", "--eval_interval=2", "--eval_iters=1")
+    flags += (LOW_MEMORY, "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--gradient_accumulation_steps=1")
     result = run_script("train.py", *flags)
     assert result.returncode == 0, result.stderr
     return root
@@ -134,8 +135,21 @@ def test_ddp_trains_with_low_bit_state_and_refuses_bfloat16_weights(tiny_data, t
     assert not (tmp_path / "bf16" / "ckpt.pt").exists()
 
 
+@pytest.mark.slow
+def test_a_compiled_model_trains_with_the_savers(tiny_data, tmp_path, monkeypatch):
+    """compile=True with low_memory.py and with the step inside backward: the compiled bfloat16 model, torchao's
+    compiled step (minutes on a CPU: -m slow), a checkpoint saved."""
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE")
+    flags = (LOW_MEMORY, "--compile=True", "--n_embd=64", "--max_iters=2", "--eval_interval=2", "--eval_iters=1")
+    flags += ("--gradient_accumulation_steps=1",)
+    for out, more in (("clipped", ()), ("in_backward", ("--in_backward=True", "--grad_clip=0.0"))):
+        result = run_train(tiny_data, tmp_path / out, *flags, *more)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / out / "ckpt.pt").is_file()
+
+
 def test_bench_py_times_the_savers():
-    flags = ("bench.py", *TINY_MODEL, "--device=cpu", "--steps=2", "--burn_in=1", "--vocab_size=64")
+    flags = ("bench.py", *TINY_MODEL, "--device=cpu", "--steps=1", "--burn_in=1", "--vocab_size=64")
     result = run_script(*flags, "--sweep=state_bits=32,8", "--weights_dtype=bfloat16")
     assert result.returncode == 0, result.stderr
     assert "state_bits=32" in result.stdout and "state_bits=8" in result.stdout

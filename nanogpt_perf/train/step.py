@@ -29,7 +29,7 @@ class TrainStep:
     step costs nothing more.
 
     in_backward (nanogpt_perf/in_backward.py), when given, steps each parameter inside backward instead: one
-    micro-batch, no clipping, no DDP/FSDP or float16 (lowmem.in_backward_problem refuses them); the loss is checked
+    micro-batch, no clipping, no DDP/FSDP or float16 (lowmem.in_backward_rules refuses them); the loss is checked
     before backward (a non-finite one skips the whole update) and each gradient in its hook."""
 
     def __init__(
