@@ -89,12 +89,11 @@ def lowmem_rules(cfg: Any) -> None:
             "weights_dtype='bfloat16' rounds each update with random draws of each rank's own generator: DDP's "
             "replicas would drift apart (run one process, or weights_dtype='float32' with state_bits=8)"
         )
-    device = resolve_device(cfg.device)
     if spec.in_backward:
-        dtype = resolve_dtype(device, "auto")[0] if cfg.dtype == "auto" else cfg.dtype
+        dtype = resolve_dtype(resolve_device(cfg.device), "auto")[0] if cfg.dtype == "auto" else cfg.dtype
         in_backward_rules(cfg.grad_clip, cfg.gradient_accumulation_steps, parallelism, dtype)
     if spec.offload:
-        offload_rules(spec, cfg.optimizer, device.type, cfg.grad_clip)
+        offload_rules(spec, cfg.optimizer, resolve_device(cfg.device).type, cfg.grad_clip)
 
 
 def in_backward_rules(grad_clip: float, accumulation: int, parallelism: str | None, dtype: str) -> None:
