@@ -4,6 +4,7 @@ arithmetic, and the search for the largest model of a family whose step fits a b
 import json
 
 import pytest
+import torch
 
 from conftest import TINY_MODEL, declarations, run_script
 from nanogpt_perf.bench.cases import Case
@@ -28,9 +29,9 @@ def case(**changes) -> Case:
 )
 def test_the_state_by_part_is_measured_beside_its_arithmetic(savers, optimizer, slack, monkeypatch):
     """One step's state counted from its storages: weights and gradients exactly the arithmetic's; the optimizer's
-    the arithmetic's plus its step counters (and 8-bit scales, maps and small tensors kept plain); the step's peak
-    over the memory before the model at least the state (the resident set holds every tensor it made)."""
-    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # torchao's step eagerly: the same bytes
+    the arithmetic's plus its step counters (and 8-bit scales, maps and small tensors kept plain); the rest of the
+    step's peak is activations and workspace (the peak against the state itself: in a fresh process, below)."""
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn)  # torchao's step eagerly: the same bytes
     batches = lambda B, T, dev: SyntheticBatches(B, T, 64, dev, 0)  # noqa: E731
     row = run_case(case(**savers), device="cpu", batches=batches, steps=1, burn_in=1)
     assert row["status"] == "ok", row["reason"]
@@ -39,7 +40,6 @@ def test_the_state_by_part_is_measured_beside_its_arithmetic(savers, optimizer, 
     assert measured["weights"] == arithmetic["weights"] == weight
     assert measured["grads"] == arithmetic["grads"] == weight
     assert arithmetic["optimizer"] == optimizer < measured["optimizer"] < optimizer + slack
-    assert measured["peak"] >= measured["state"] - 0.5  # the tiny model's few pages: within half a byte
     assert measured["activations"] == pytest.approx(measured["peak"] - measured["state"])
 
 
@@ -79,3 +79,5 @@ def test_bench_py_finds_the_largest_that_fits_a_budget(tmp_path):
     peaks = {r["settings"]["n_layer"]: r["memory"]["step_peak_bytes"] for r in rows if r["status"] == "ok"}
     largest = int(line.split("n_layer=")[1].split(",")[0])
     assert peaks[largest] <= 0.45e9 and all(p > 0.45e9 for n, p in peaks.items() if n > largest)
+    first = rows[0]["memory"]  # the process's first model: its resident set holds every tensor the step made
+    assert first["peak"] >= first["state"]
