@@ -1,4 +1,5 @@
-# The least memory at no measured loss in quality, over any config (docs/lowmem.md has the figures):
+# The least memory at no loss in quality measured so far, over any config (docs/lowmem.md: the savers' tolerances
+# against float32 in tests/test_lowmem.py; their time-to-loss set, benchmarks/ttl_configs.py's 'lowmem', to run):
 #   python train.py config/finetune_shakespeare.py config/low_memory.py
 # bfloat16 weights (and gradients) updated with stochastic rounding, no float32 copy; AdamW's moments in 8 bits
 # (torchao's AdamW8bit); Muon's momentum in bfloat16 (not applied under AdamW). 16 -> 6 bytes of training state per
