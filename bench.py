@@ -28,6 +28,7 @@ from pathlib import Path
 from configurator import configure, sweep_values
 from model import GPTConfig
 from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
+from nanogpt_perf.bench.fit import family, largest_model, parameters
 from nanogpt_perf.bench.measure import add_speedups, run_case
 from nanogpt_perf.bench.regression import compare_results, comparison_table, load_results, machine_difference, verdict
 from nanogpt_perf.bench.report import beside, report, write_outputs
@@ -36,6 +37,7 @@ from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import LoaderConfig, SyntheticBatches, TokenBatches
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules
 from nanogpt_perf.rules import a_path, optional_path, output_file
@@ -66,6 +68,8 @@ class BenchConfig:
     skip_rungs: str = setting("", "comma-separated rungs to leave out: tf32, bf16, compile, flash, pad_vocab, fused")
     sweep: str = setting("", "'KEY=V1,V2,...': the configuration at each value of any setting, e.g. batch_size=1,2,4")
     find_max_batch: bool = setting(False, "the largest batch_size that fits in GPU memory (doubling, then bisecting)")
+    fit_memory_gb: float = setting(0.0, "the largest n_layer x n_embd of this aspect whose step fits this many GB "
+                                   "(device memory on a GPU, RAM on a CPU)", min=0, note=" (0 = off)")  # fmt: skip
     # outputs
     out_json: str = setting("", "results as JSON, with a CSV and a PNG chart beside it; '' = print only",
                             check=output_file(".json"))  # fmt: skip
@@ -82,7 +86,8 @@ class BenchConfig:
 # schedule's settings are taken too, so that train.py's config files run here (a step is timed at learning_rate)
 cfg = configure(
     bench=BenchConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig, runtime=RuntimeConfig,
-    loader=LoaderConfig, build=BuildConfig, defaults=TRAINING_DEFAULTS, cross=(muon_rules, kernels_run_here),
+    loader=LoaderConfig, build=BuildConfig, lowmem=LowMemConfig, defaults=TRAINING_DEFAULTS,
+    cross=(muon_rules, kernels_run_here, lowmem_rules),
 )  # fmt: skip
 compare, baseline, tolerance_pct = cfg.compare, cfg.baseline, cfg.tolerance_pct
 ladder, sweep, find_max_batch, profile, memory_snapshot = (
@@ -112,9 +117,10 @@ if "RANK" in os.environ:
     raise UserError(
         "bench.py times one process on one device: run it without torchrun (all-reduce time is not measured)"
     )
-modes = [name for name, on in (("ladder", ladder), ("sweep", sweep), ("find_max_batch", find_max_batch)) if on]
+modes = [("ladder", ladder), ("sweep", sweep), ("find_max_batch", find_max_batch), ("fit_memory_gb", cfg.fit_memory_gb)]
+modes = [name for name, on in modes if on]
 if len(modes) > 1:
-    raise UserError(f"choose one of ladder, sweep and find_max_batch, not {' and '.join(modes)}")
+    raise UserError(f"choose one of ladder, sweep, find_max_batch and fit_memory_gb, not {' and '.join(modes)}")
 if cfg.skip_rungs and not ladder:
     raise UserError("skip_rungs is for the ladder: add --ladder=True")
 if (profile or memory_snapshot) and modes:
@@ -178,6 +184,15 @@ if find_max_batch:
 
     largest = largest_fitting(fits, limit=16384)
     print(f"largest batch_size that fits: {largest} (x {cfg.block_size} tokens, compile={cfg.compile})")
+elif cfg.fit_memory_gb:  # one step of each size tried (nanogpt_perf/bench/fit.py)
+    one_step = lambda c: run_case(c, **(measure_args | {"steps": 1, "burn_in": 1}))  # noqa: E731
+    largest, results = largest_model(case, cfg.fit_memory_gb * 1e9, one_step)
+    for r in results:
+        peak = (r["memory"] or {}).get("step_peak_bytes") if r["status"] == "ok" else None
+        print(f"{r['name']}: {r['status']} " + (f"step peak {peak / 1e9:,.2f} GB" if peak else r["reason"]))
+    shape = family(case, largest).settings if largest else None
+    print(f"largest that fits {cfg.fit_memory_gb:g} GB: " + (f"n_layer={largest}, n_embd={shape.n_embd}, "
+          f"{parameters(family(case, largest)) / 1e6:,.1f}M parameters" if largest else "none"))  # fmt: skip
 else:
     results = []
     for i, (c, skip_reason) in enumerate(cases):
@@ -194,6 +209,7 @@ print()
 print(report(results, runtime.device_type))
 if cfg.out_json:
     kind = "ladder" if ladder else "find_max_batch" if find_max_batch else "single"
+    kind = "fit_memory_gb" if cfg.fit_memory_gb else kind
     kind = f"sweep of {sweep_key}" if sweep else kind
     doc = {"kind": kind, "manifest": manifest, "results": results}
     for line in write_outputs(Path(cfg.out_json), doc):

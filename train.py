@@ -29,6 +29,7 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
 from nanogpt_perf.hellaswag import score
+from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.optim import OptimConfig, ScheduleConfig, get_lr, muon_rules, schedule_rules, set_lr
@@ -108,13 +109,13 @@ class TrainConfig:
 # train.py's own are above; configure() flattens them into nanoGPT's flat names (python train.py --help lists them)
 cfg = configure(
     train=TrainConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig, runtime=RuntimeConfig,
-    loader=LoaderConfig, build=BuildConfig, defaults=TRAINING_DEFAULTS,
+    loader=LoaderConfig, build=BuildConfig, lowmem=LowMemConfig, defaults=TRAINING_DEFAULTS,
 )  # fmt: skip
 # -----------------------------------------------------------------------------
 
 # admission, before anything is written (nanogpt_perf/train/admission.py): torchrun's variables, an out_dir that is
 # this run's to use, and on resume the checkpoint's settings overridden by the config files and flags given now
-cfg, checkpoint = resolve_settings(cfg, cross=(schedule_rules, muon_rules, kernels_run_here))
+cfg, checkpoint = resolve_settings(cfg, cross=(schedule_rules, muon_rules, kernels_run_here, lowmem_rules))
 
 # DDP: torchrun sets RANK; each process drives one device (its own GPU) and sees 1/world of the micro-batches
 ranks = start_ranks(cfg.device, cfg.backend)
@@ -146,9 +147,12 @@ model = initial_model(cfg, data.vocab_size, checkpoint)
 model_args = asdict(model.config)
 print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
-# what trains it, built as bench.py builds it (nanogpt_perf/train/build.py): the model on the device, compiled when
-# asked, under torchrun in DDP or FSDP2 (parallelism); the optimizer; a GradScaler (float16 only); the training step
-# that bench.py times: accumulation, autocast, clipping, DDP's no_sync, the next batch fetched while the device works
+# what trains it, built as bench.py builds it (nanogpt_perf/train/build.py): the model's weights in weights_dtype
+# (bfloat16: stochastically rounded updates), on the device, compiled when asked, under torchrun in DDP or FSDP2
+# (parallelism); the optimizer, its state in state_bits / muon_momentum_dtype (or on the host: offload); a
+# GradScaler (float16 only); the training step that bench.py times: accumulation, autocast, clipping, DDP's
+# no_sync, the next batch fetched while the device works, or each parameter stepped inside backward (in_backward).
+# The memory savers: nanogpt_perf/lowmem.py, docs/lowmem.md
 if cfg.compile:
     print0(f"compiling the model, mode {cfg.compile_mode} (the first step takes longer)")
 model, raw_model, optimizer, scaler, step = build_training(cfg, runtime, batches, model)

@@ -2,9 +2,12 @@
 a model's weights can fit this machine at all."""
 
 import resource
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from nanogpt_perf.runtime import host_memory_bytes
 
@@ -57,4 +60,106 @@ def model_size_problem(n_layer: int, n_embd: int, vocab_size: int, block_size: i
         f"a GPT of n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size} has "
         f"about {params:.3g} parameters, {4 * params / 1e9:,.0f} GB in float32: more than this machine's "
         f"{memory / 1e9:,.0f} GB of memory"
+    )
+
+
+def training_state_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, int]:
+    """The training state's bytes by part, exact from the tensors' storages, each storage counted once (in the
+    first part that holds it; a tied weight once): 'weights' (the trainable parameters), 'grads' (their .grad),
+    'optimizer' (every tensor in the optimizer's state, nested dicts included: torchao's low-bit states by their
+    inner codes, scales and maps; CPUOffloadOptimizer's host copies of the weights and gradients too), and
+    'params', how many trainable parameters there are. A view is charged its whole storage: what it holds alive."""
+    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    seen: set[tuple[str, int]] = set()
+    return {
+        "weights": storage_bytes(params, seen),
+        "grads": storage_bytes([p.grad for p in params if p.grad is not None], seen),
+        "optimizer": storage_bytes(list(optimizer_tensors(optimizer)), seen),
+        "params": sum(p.numel() for p in params),
+    }
+
+
+def storage_bytes(tensors: list[torch.Tensor], seen: set[tuple[str, int]]) -> int:
+    """The bytes of the storages under tensors not yet in seen (which they join): a Tensor subclass (torchao's
+    OptimState, a DTensor) by the inner tensors it flattens to."""
+    total = 0
+    for t in tensors:
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            total += storage_bytes([getattr(t, name) for name in names], seen)
+            continue
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def optimizer_tensors(optimizer: Any) -> Iterator[torch.Tensor]:
+    """Every tensor an optimizer keeps: its state's (through nested dicts and lists), and for torchao's
+    CPUOffloadOptimizer its per-parameter optimizers', the device optimizer's and the host weights and gradients."""
+    inner = getattr(optimizer, "optim_dict", None)  # CPUOffloadOptimizer
+    if inner is not None:
+        for p_host in optimizer.param_d2h_map.values():
+            yield p_host
+            yield p_host.grad
+        for opt in [*inner.values(), *([optimizer.d_opt] if optimizer.d_opt is not None else [])]:
+            yield from optimizer_tensors(opt)
+        return
+    yield from nested_tensors(list(optimizer.state.values()))
+
+
+def nested_tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from nested_tensors(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from nested_tensors(v)
+
+
+def step_peak_bytes(step: Callable[[], Any], device: torch.device) -> int | None:
+    """The peak memory over one call of step (a whole training step): on CUDA the caching allocator's peak of
+    allocated bytes (live tensors, all of them: state included); on a CPU the process's peak resident set (Linux:
+    clear_refs resets it first), which the caller compares with its resident set before the model was built. None
+    where the peak cannot be reset."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if not reset_peak_memory(device):
+        return None
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return peak_memory_bytes(device)
+
+
+def memory_by_part(
+    step: Callable[[Callable[[str], None]], Any],
+    model: torch.nn.Module,
+    optimizer: Any,
+    device: torch.device,
+    baseline: int | None,
+) -> dict[str, float] | None:
+    """Bytes per trainable parameter of one training step, measured: the state by part as its storages hold it
+    when backward ends (the gradients at their fullest; none left by a step inside backward), and the step's peak
+    over baseline (the memory held before the model was built: CUDA's allocated bytes, a CPU process's resident
+    set), whose rest is 'activations' (activations and workspace: autograd's saved tensors, the optimizer's
+    temporaries, the allocator's slack). step(mark) runs a TrainStep with its phase callback. None where the peak
+    cannot be measured. Also params, and step_peak_bytes: the step's peak itself (what a budget must hold)."""
+    parts: dict[str, int] = {}
+    peak = step_peak_bytes(lambda: step(lambda phase: parts.update(
+        training_state_bytes(model, optimizer)) if phase == "backward" else None), device)  # fmt: skip
+    if peak is None or baseline is None or not parts:
+        return None
+    n = parts.pop("params")
+    per = {k: v / n for k, v in parts.items()}
+    step_peak = (peak - baseline) / n
+    state = sum(per.values())
+    return (
+        per
+        | {"state": state, "activations": step_peak - state, "peak": step_peak, "params": n}
+        | {"step_peak_bytes": peak}
     )

@@ -51,11 +51,18 @@ class OptimConfig:
                                  max=100)  # fmt: skip
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, ns_dtype: torch.dtype | None = None) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    cfg: OptimConfig,
+    ns_dtype: torch.dtype | None = None,
+    momentum_dtype: str = "float32",
+    inner_adamw: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None = None,
+) -> torch.optim.Optimizer:
     """'adamw': exactly model.configure_optimizers' AdamW. 'muon': a MuonAdamW whose Muon group (lr muon_lr,
     decoupled decay muon_weight_decay) holds the 2-D weights of transformer.h, and whose two AdamW groups
     (learning_rate, betas) hold the rest, split as configure_optimizers splits them (model.decay_groups). ns_dtype:
-    the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32 elsewhere."""
+    the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32 elsewhere. momentum_dtype and
+    inner_adamw: MuonAdamW's (nanogpt_perf/lowmem.py chooses them; the defaults are today's Muon)."""
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
         return model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
@@ -67,7 +74,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, ns_dtype: torch.dtype | 
         | {"ns_steps": cfg.muon_ns_steps},
         *(group | {"muon": False, "lr": cfg.learning_rate} for group in decay_groups(rest, cfg.weight_decay)),
     ]
-    return MuonAdamW(groups, momentum=cfg.muon_momentum, betas=betas, fused=cfg.fused_adamw, ns_dtype=ns_dtype)
+    return MuonAdamW(groups, momentum=cfg.muon_momentum, betas=betas, fused=cfg.fused_adamw, ns_dtype=ns_dtype,
+                     momentum_dtype=momentum_dtype, inner_adamw=inner_adamw)  # fmt: skip
 
 
 MUON_ON_SHARDS = "optimizer='muon' cannot run Newton-Schulz on FSDP's shards: use parallelism='ddp'"
@@ -154,10 +162,15 @@ def get_lr(it: int, cfg: Any) -> float:
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float, learning_rate: float) -> None:
     """Each group's lr for this step, lr being the schedule's value for a peak of learning_rate: a MuonAdamW group
-    takes its BASE_LR scaled by lr / learning_rate; a group without one (configure_optimizers') takes lr as is."""
+    takes its BASE_LR scaled by lr / learning_rate; a group without one (configure_optimizers') takes lr as is.
+    A group whose lr is a tensor (torchao's optimizers refuse a float) has it filled in place, with the same value."""
     ratio = lr / learning_rate if learning_rate else 0.0
     for group in optimizer.param_groups:
-        group["lr"] = group[BASE_LR] * ratio if BASE_LR in group else lr
+        value = group[BASE_LR] * ratio if BASE_LR in group else lr
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
 
 
 @contextmanager
@@ -176,7 +189,14 @@ class MuonAdamW(torch.optim.Optimizer):
     orthogonalized by Newton-Schulz, decoupled weight decay) and AdamW's, which an inner torch.optim.AdamW runs
     over the same group dicts and the same state. The Muon update is torch.optim.Muon's, but for the dtype of its
     Newton-Schulz iteration (PyTorch's is always bfloat16, several times slower than float32 on a CPU without
-    bf16 units): equal to it bit for bit with ns_dtype=torch.bfloat16."""
+    bf16 units): equal to it bit for bit with ns_dtype=torch.bfloat16.
+
+    momentum_dtype keeps Muon's momentum in 'float32' (torch.optim.Muon's), 'bfloat16' (rounded to nearest) or
+    '8bit' (torchao's block-wise dynamic-map OptimState8bit, as AdamW8bit keeps its first moment; float32 for a
+    matrix under 4096 values or not a multiple of 256 of them, as torchao does); each step computes in float32.
+    A bfloat16 weight takes Muon's update with stochastic rounding (torchao's), never to nearest: an update under
+    half a bfloat16 ulp would otherwise be lost. inner_adamw(groups) builds the inner AdamW (torchao's low-bit
+    ones: nanogpt_perf/lowmem.py); None for torch.optim.AdamW."""
 
     def __init__(
         self,
@@ -186,8 +206,12 @@ class MuonAdamW(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         fused: bool = False,
         ns_dtype: torch.dtype | None = None,
+        momentum_dtype: str = "float32",
+        inner_adamw: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None = None,
     ) -> None:
-        self.ns_dtype = ns_dtype
+        if momentum_dtype not in MOMENTUM_DTYPES:
+            raise ValueError(f"momentum_dtype must be one of {', '.join(MOMENTUM_DTYPES)}, not {momentum_dtype!r}")
+        self.ns_dtype, self.momentum_dtype = ns_dtype, momentum_dtype
         muon_defaults = dict(momentum=momentum, nesterov=True, ns_coefficients=NS_COEFFICIENTS, ns_steps=NS_STEPS,
                              eps=NS_EPS, adjust_lr_fn=ADJUST_LR)  # fmt: skip
         for group in param_groups:
@@ -198,7 +222,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 for key, value in muon_defaults.items():
                     group.setdefault(key, value)
         adamw_groups = [g for g in param_groups if not g["muon"]]
-        self.adamw = adamw(adamw_groups, betas, fused) if adamw_groups else None
+        make_adamw = inner_adamw or (lambda groups: adamw(groups, betas, fused))
+        self.adamw = make_adamw(adamw_groups) if adamw_groups else None
         super().__init__(param_groups, {})
         self._share_with_adamw()
 
@@ -227,6 +252,10 @@ class MuonAdamW(torch.optim.Optimizer):
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
+        if self.momentum_dtype != "float32" or any(p.dtype == torch.bfloat16 for p in params):
+            for p in params:
+                self._muon_step_lowmem(group, p)
+            return
         lr, momentum, grads = group["lr"], group["momentum"], [p.grad for p in params]
         for p in params:
             if "momentum_buffer" not in self.state[p]:
@@ -241,8 +270,34 @@ class MuonAdamW(torch.optim.Optimizer):
             update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
             p.add_(update, alpha=-lr * lr_scale(group["adjust_lr_fn"], p.shape))
 
-    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle keep the inner AdamW and the dtype
-        return {**super().__getstate__(), "adamw": self.adamw, "ns_dtype": self.ns_dtype}
+    def _muon_step_lowmem(self, group: dict[str, Any], p: torch.Tensor) -> None:
+        """_muon_step's update for one matrix whose momentum or weight is not float32: the momentum read into
+        float32, updated and stored back in its own format; the weight updated in float32 and, when bfloat16,
+        stochastically rounded back."""
+        from nanogpt_perf.lowbit import dequantized, new_momentum, stochastic_round_bf16
+
+        state, lr, momentum = self.state[p], group["lr"], group["momentum"]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = new_momentum(p, self.momentum_dtype)
+        buf, grad = state["momentum_buffer"], p.grad.float()
+        m = dequantized(buf).lerp_(grad, 1 - momentum)
+        buf.copy_(m)  # a no-op for a float32 buffer, which m is
+        update = grad.lerp(m, momentum) if group["nesterov"] else m
+        dtype = self.ns_dtype or (torch.bfloat16 if p.device.type == "cuda" else torch.float32)
+        update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+        weight = p.float()  # p itself when float32
+        if group["weight_decay"]:
+            weight.mul_(1 - lr * group["weight_decay"])
+        weight.add_(update, alpha=-lr * lr_scale(group["adjust_lr_fn"], p.shape))
+        if p.dtype == torch.bfloat16:
+            p.copy_(stochastic_round_bf16(weight))
+        elif weight is not p:
+            p.copy_(weight)
+
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle keep the inner AdamW and the dtypes
+        return {**super().__getstate__(), "adamw": self.adamw, "ns_dtype": self.ns_dtype} | {
+            "momentum_dtype": self.momentum_dtype
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch.optim.Optimizer's, for a MuonAdamW's state with the same kinds of group only; each group keeps
@@ -254,6 +309,9 @@ class MuonAdamW(torch.optim.Optimizer):
         with hyperparameters_kept(self):
             super().load_state_dict(state_dict)
         self._share_with_adamw()
+
+
+MOMENTUM_DTYPES = ("float32", "bfloat16", "8bit")  # MuonAdamW's momentum_dtype
 
 
 def orthogonalize(

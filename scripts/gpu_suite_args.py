@@ -32,7 +32,7 @@ def parse_args(description: str, parts: list[str]) -> argparse.Namespace:
     parser.add_argument("--budget_s", type=float, help="seconds a part may take (default 525; dry run 600)")
     args = parser.parse_args()
     if args.part is None and not args.dry_run:
-        parser.error("--part=train|bench|generate|all is required (or --dry-run)")
+        parser.error(f"--part={'|'.join([*parts, 'all'])} is required (or --dry-run)")
     if args.budget_s is not None and not (math.isfinite(args.budget_s) and args.budget_s >= MIN_BUDGET_S):
         parser.error(
             f"--budget_s must be a finite number of seconds >= {MIN_BUDGET_S} (a part keeps {RESERVE_S} s for its "

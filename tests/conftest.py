@@ -153,8 +153,9 @@ def declarations(script: str) -> Declarations:
     finally:
         configurator.configure = real
     if script == "train.py":
+        from nanogpt_perf.lowmem import lowmem_rules
         from nanogpt_perf.optim import muon_rules, schedule_rules
         from nanogpt_perf.train.build import kernels_run_here
 
-        found = found._replace(cross=(schedule_rules, muon_rules, kernels_run_here))
+        found = found._replace(cross=(schedule_rules, muon_rules, kernels_run_here, lowmem_rules))
     return found

@@ -36,7 +36,7 @@ CASES = {
     "budget_s=nan": Case("--out={dir}/out --part=bench --budget_s=nan", ("finite number", "not nan")),
     "budget_s=inf": Case("--out={dir}/out --part=bench --budget_s=inf", ("finite number", "not inf")),
     "budget_s=text": Case("--out={dir}/out --part=bench --budget_s=soon", ("--budget_s", "invalid float", "'soon'")),
-    "part_missing": Case("--out={dir}/out", ("--part=train|bench|generate|all is required",)),
+    "part_missing": Case("--out={dir}/out", ("--part=train|bench|generate|lowmem|all is required",)),
     "part_unknown": Case("--out={dir}/out --part=ladder", ("--part", "invalid choice: 'ladder'")),
     "out_missing": Case("--part=bench", ("required: --out",)),
     "out_empty": Case("--out= --part=bench", ("--out must name a folder",)),

@@ -13,7 +13,7 @@ from nanogpt_perf.train.build import model_config, round_up
 
 # bench.py's settings of what to run and where to write it: not settings of the configuration a row measured
 NOT_MEASURED = ("ladder", "skip_rungs", "sweep", "find_max_batch", "out_json", "profile", "memory_snapshot")
-NOT_MEASURED += ("compare", "baseline", "tolerance_pct", "data_dir")
+NOT_MEASURED += ("compare", "baseline", "tolerance_pct", "data_dir", "fit_memory_gb")
 
 
 @dataclass(frozen=True)

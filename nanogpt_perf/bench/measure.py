@@ -17,7 +17,14 @@ from nanogpt_perf.bench.cases import Case
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.errors import first_line
 from nanogpt_perf.files import write_through_path
-from nanogpt_perf.memory import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
+from nanogpt_perf.lowmem import LowMemConfig, state_arithmetic
+from nanogpt_perf.memory import (
+    held_memory_bytes,
+    memory_by_part,
+    peak_memory_bytes,
+    peak_reserved_bytes,
+    reset_peak_memory,
+)
 from nanogpt_perf.optim import adamw_is_fused
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
@@ -91,6 +98,8 @@ FIGURES = (
     "fused_adamw",
     "speedup_prev",
     "speedup_first",
+    "memory",
+    "memory_arithmetic",
 )
 
 
@@ -150,10 +159,14 @@ def measure(
     reset_peak_memory(runtime.device)
     torch.manual_seed(seed)  # the weights of every case alike
     data = batches(s.batch_size, s.block_size, runtime.device)
+    baseline = held_memory_bytes(runtime.device)  # before the model: what the step's peak is measured over
     _, model, optimizer, _, step = build_training(s, runtime, data, vocab_size=s.vocab_size)
     with cuda_memory_history(snapshot_path, runtime):
         times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
     peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
+    memory = memory_by_part(step, model, optimizer, runtime.device, baseline)  # one more step, its bytes by part
+    arithmetic = state_arithmetic(model, s.optim, s.lowmem if "weights_dtype" in s else LowMemConfig())
+    n = arithmetic.pop("params")
     manual = s.attention == "manual"
     kernel = "manual (matmul + softmax)" if manual else sdpa_kernel_that_ran(step, runtime.device)
     if trace_path:
@@ -186,6 +199,8 @@ def measure(
         phases_ms={p: statistics.median(ph[p] for ph in phases[burn_in:]) for p in PHASES},
         sdpa_kernel=kernel,
         fused_adamw=adamw_is_fused(optimizer),
+        memory=memory,
+        memory_arithmetic={k: v / n for k, v in arithmetic.items()} | {"state": sum(arithmetic.values()) / n},
     )
 
 

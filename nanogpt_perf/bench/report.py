@@ -68,6 +68,10 @@ def report(results: list[dict[str, Any]], device_type: str) -> str:
     if detail:
         headers = ["config", *(f"{p} ms" for p in PHASES), "first iter ms", "compile s", "recompiles", "SDPA kernel"]
         out += ["", "where the time goes (median ms per phase):", markdown_table(headers, detail)]
+    if memory := memory_rows(results):
+        headers = ["config", *MEMORY_PARTS.values()]
+        out += ["", "bytes per parameter, measured (arithmetic of the formats):", markdown_table(headers, memory)]
+        notes.append(MEMORY_NOTE + ("CUDA's allocated bytes" if cuda else "the process's resident set"))
     notes += [
         "ms/iter: median (and p90) over the timed iterations, each between device synchronisations; "
         "speed-ups are ratios of tokens/s",
@@ -83,6 +87,26 @@ def report(results: list[dict[str, Any]], device_type: str) -> str:
         "compile s: first iteration minus the median, i.e. compilation plus one-off warm-up",
     ]
     return "\n".join(out + ["", *(f"- {n}" for n in notes)])
+
+
+MEMORY_PARTS = {"weights": "weights", "grads": "gradients", "optimizer": "optimizer state", "state": "state"}
+MEMORY_PARTS |= {"activations": "activations + workspace", "peak": "step peak"}
+MEMORY_NOTE = (
+    "bytes per parameter: the state's parts from its tensors' storages as backward ends (gradients at their "
+    "fullest), the step's peak over what was held before the model was built, and its rest activations and "
+    "workspace; measured by "
+)
+
+
+def memory_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    """Each measured row's bytes per parameter by part, with the formats' arithmetic beside the state's parts."""
+    rows = []
+    for r in results:
+        measured, arithmetic = r.get("memory"), r.get("memory_arithmetic") or {}
+        if r["status"] == "ok" and measured:
+            cells = [fmt(measured[k]) + (f" ({arithmetic[k]:.2f})" if k in arithmetic else "") for k in MEMORY_PARTS]
+            rows.append([r["name"], *cells])
+    return rows
 
 
 def beside(out_json: str, suffix: str, default: str) -> Path:

@@ -13,9 +13,10 @@ from model import GPT, GPTConfig
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.in_backward import OptimizerInBackward
 from nanogpt_perf.kernels import triton_problem
+from nanogpt_perf.lowmem import LowMemConfig, build_lowmem_optimizer, cast_weights, lowmem_rules
 from nanogpt_perf.memory import model_size_problem
-from nanogpt_perf.optim import build_optimizer
 from nanogpt_perf.runtime import Runtime, resolve_device
 from nanogpt_perf.train.parallel import unwrap, wrap_model
 from nanogpt_perf.train.step import TrainStep
@@ -72,16 +73,26 @@ def build_training(
     model: GPT | None = None,
     vocab_size: int | None = None,
 ) -> Training:
-    """What the settings train, on runtime's device: model (else a new GPT of cfg for vocab_size tokens), moved to
-    the device and compiled in compile_mode when cfg asks (the one place a model is compiled), wrapped in DDP or
-    sharded by FSDP2 (parallelism) under torch.distributed; its optimizer, a GradScaler (float16 only), and the
-    TrainStep over batches with this rank's share of gradient_accumulation_steps (over all ranks) a step. The caller
-    seeds torch's generator first: a new model draws its weights here."""
+    """What the settings train, on runtime's device: model (else a new GPT of cfg for vocab_size tokens), its
+    weights in weights_dtype (the memory savers, nanogpt_perf/lowmem.py), moved to the device and compiled in
+    compile_mode when cfg asks (the one place a model is compiled), wrapped in DDP or sharded by FSDP2
+    (parallelism) under torch.distributed; its optimizer (with the savers' state formats), a GradScaler (float16
+    only), and the TrainStep over batches with this rank's share of gradient_accumulation_steps (over all ranks) a
+    step, stepping inside backward when in_backward asks. The caller seeds torch's generator first: a new model
+    draws its weights here."""
     model = model if model is not None else GPT(model_config(cfg, vocab_size))
+    spec = cfg.lowmem if "weights_dtype" in cfg else LowMemConfig()
+    if spec.in_backward or spec.offload:  # the savers' rules again, on the step's shape as it runs (batch 'auto')
+        try:
+            lowmem_rules(cfg)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    cast_weights(model, spec)  # bfloat16 weights: before DDP or compile see the parameters
     parallelism = cfg.parallelism if "parallelism" in cfg else "ddp"
     wrapped = wrap_model(model, parallelism, runtime, cfg.compile, cfg.compile_mode)
-    optimizer = build_optimizer(unwrap(wrapped), cfg.optim)
+    optimizer = build_lowmem_optimizer(unwrap(wrapped), cfg.optim, spec)
     scaler = runtime.grad_scaler()
     accumulation = cfg.gradient_accumulation_steps // (dist.get_world_size() if dist.is_initialized() else 1)
-    step = TrainStep(wrapped, optimizer, scaler, runtime, batches, accumulation, cfg.grad_clip)
+    in_backward = OptimizerInBackward(unwrap(wrapped), optimizer) if spec.in_backward else None
+    step = TrainStep(wrapped, optimizer, scaler, runtime, batches, accumulation, cfg.grad_clip, in_backward)
     return Training(wrapped, unwrap(wrapped), optimizer, scaler, step)

@@ -9,6 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from nanogpt_perf.data.loader import TokenBatches
+from nanogpt_perf.in_backward import OptimizerInBackward
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.train.parallel import is_fsdp
 
@@ -25,7 +26,11 @@ class TrainStep:
     the gradients on the last micro-batch only, FSDP reduce-scatters them there); then unscale, clip, the optimizer
     step (skipped when the loss or the gradient norm is not finite) and zero_grad. mark(phase),
     when given, is called as each phase ends ('forward', 'data', 'h2d', 'backward', 'optimizer'): with none, the
-    step costs nothing more."""
+    step costs nothing more.
+
+    in_backward (nanogpt_perf/in_backward.py), when given, steps each parameter inside backward instead: one
+    micro-batch, no clipping, no DDP/FSDP or float16 (lowmem.in_backward_rules refuses them); the loss is checked
+    before backward (a non-finite one skips the whole update) and each gradient in its hook."""
 
     def __init__(
         self,
@@ -36,9 +41,13 @@ class TrainStep:
         batches: TokenBatches,
         gradient_accumulation_steps: int,
         grad_clip: float,
+        in_backward: OptimizerInBackward | None = None,
     ):
         self.model, self.optimizer, self.scaler, self.runtime = model, optimizer, scaler, runtime
         self.batches, self.accum, self.grad_clip = batches, gradient_accumulation_steps, grad_clip
+        self.in_backward = in_backward
+        if in_backward is not None and (gradient_accumulation_steps != 1 or grad_clip > 0.0 or scaler.is_enabled()):
+            raise ValueError("in_backward takes one micro-batch, no grad_clip and no GradScaler")
         self.ddp = isinstance(model, DistributedDataParallel)
         self.fsdp = is_fsdp(model)
         self.x = self.y = None  # the first batch is fetched by the first step (once a resume placed the loader)
@@ -46,6 +55,8 @@ class TrainStep:
     def __call__(self, mark: Callable[[str], None] | None = None) -> StepResult:
         if self.x is None:
             self.fetch(None)  # each later batch is fetched during the step before it
+        if self.in_backward is not None:
+            return self.step_in_backward(mark)
         loss_sum = None
         for micro_step in range(self.accum):
             last = micro_step == self.accum - 1
@@ -80,6 +91,22 @@ class TrainStep:
         if mark:
             mark("optimizer")
         return StepResult(loss, grad_norm, skipped)
+
+    def step_in_backward(self, mark: Callable[[str], None] | None) -> StepResult:
+        """One micro-batch whose backward steps every parameter (the 'optimizer' phase is inside 'backward')."""
+        with self.runtime.autocast_ctx():
+            _, loss = self.model(self.x, self.y)
+        if mark:
+            mark("forward")
+        self.fetch(mark)
+        if bool(torch.isfinite(loss)):  # the guard's loss half, before any parameter steps (the step's one sync)
+            grad_norm, skipped = self.in_backward.backward(loss)
+        else:
+            grad_norm, skipped = torch.full((), float("nan"), device=loss.device), True
+        if mark:
+            mark("backward")
+            mark("optimizer")
+        return StepResult(loss.detach(), grad_norm, skipped)
 
     def fetch(self, mark: Callable[[str], None] | None) -> None:
         """The next micro-batch: taken from the loader (the 'data' phase is the wait for it), then copied to the

@@ -1,0 +1,212 @@
+"""The memory savers (nanogpt_perf/lowmem.py) measured on the project's GPT: bytes per parameter of training state
+by part (weights, gradients at their fullest, optimizer state; exact, from the tensors' storages) and a whole step's
+peak, each configuration in a fresh process; and, with --time, each saver's CPU time per step at a small size.
+
+    python benchmarks/memory.py                       # 124M (12 x 768) and 350M (24 x 1024), every configuration
+    python benchmarks/memory.py --sizes=124M --configs=adamw,adamw-bf16-8bit
+    python benchmarks/memory.py --time --rounds=7     # ms per step at 4 x 256, configurations interleaved
+    python benchmarks/memory.py --state-only          # the state's bytes alone: one step on zero gradients
+
+The peak: on CUDA the caching allocator's peak allocated over step 2 (state included); on a CPU the process's peak
+resident set over step 2 (reset by clear_refs) less its resident set before the model was built (the interpreter,
+torch and torchao loaded): a fresh process per configuration, and glibc told to map every block of 128 KiB or more
+on its own (MALLOC_MMAP_THRESHOLD_), so that a freed tensor leaves the resident set rather than staying in the
+heap. It counts everything the step made the process hold (allocator slack included): never less than the tensors.
+'Activations and workspace' is that peak less the accounted training state."""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch
+
+from nanogpt_perf.lowmem import LowMemConfig as LowMem
+from nanogpt_perf.optim import OptimConfig
+
+SIZES = {"124M": (12, 768), "350M": (24, 1024), "small": (4, 256)}
+# name: (optimizer, savers)
+CONFIGS = {
+    "adamw": ("adamw", LowMem()),
+    "adamw-bf16": ("adamw", LowMem(weights_dtype="bfloat16")),
+    "adamw-8bit": ("adamw", LowMem(state_bits=8)),
+    "adamw-bf16-8bit": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=8)),
+    "adamw-bf16-4bit": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=4)),
+    "adamw-inbwd": ("adamw", LowMem(in_backward=True)),
+    "adamw-bf16-8bit-inbwd": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=8, in_backward=True)),
+    "adamw-bf16-4bit-inbwd": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=4, in_backward=True)),
+    "muon": ("muon", LowMem()),
+    "muon-bf16mom": ("muon", LowMem(muon_momentum_dtype="bfloat16")),
+    "muon-8bitmom": ("muon", LowMem(muon_momentum_dtype="8bit")),
+    "muon-bf16-bf16mom": ("muon", LowMem(weights_dtype="bfloat16", muon_momentum_dtype="bfloat16")),
+    "muon-bf16-8bitmom-8bit": ("muon", LowMem(weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit")),
+    "muon-bf16-8bitmom-8bit-inbwd": (
+        "muon",
+        LowMem(weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit", in_backward=True),
+    ),
+}
+HYPER = dict(learning_rate=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95)
+
+
+def build(size: str, config: str, batch: int, block: int):
+    """Our GPT (model.py: no biases, the fused lm_head + cross-entropy, GPT-2's padded vocabulary) at size, its
+    optimizer with config's savers, and a step function (forward, backward, step; the step in backward where asked)
+    that returns the training state's bytes with the gradients at their fullest."""
+    from model import GPT, GPTConfig
+    from nanogpt_perf.in_backward import OptimizerInBackward
+    from nanogpt_perf.lowmem import build_lowmem_optimizer, cast_weights
+    from nanogpt_perf.memory import training_state_bytes
+
+    n_layer, n_embd = SIZES[size]
+    optimizer, spec = CONFIGS[config]
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=block, bias=False)
+    model = cast_weights(GPT(GPTConfig(**{**cfg.__dict__, "loss_impl": "fused"})), spec)
+    optim = build_lowmem_optimizer(model, OptimConfig(optimizer=optimizer, **HYPER), spec)
+    hooks = OptimizerInBackward(model, optim) if spec.in_backward else None
+    tokens = torch.randint(cfg.vocab_size, (batch, block + 1), generator=torch.Generator().manual_seed(1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step() -> dict[str, int]:
+        _, loss = model(x, y)
+        if hooks is not None:
+            hooks.backward(loss)
+            return training_state_bytes(model, optim)
+        loss.backward()
+        state = training_state_bytes(model, optim)  # the gradients all there
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        return state
+
+    return model, optim, step
+
+
+def one(size: str, config: str, batch: int, block: int) -> dict:
+    """Step 1 (the state made, torchao's steps compiled), then step 2 measured."""
+    from nanogpt_perf.memory import held_memory_bytes, step_peak_bytes
+
+    cpu = torch.device("cpu")
+    import torchao.optim  # noqa: F401  (loaded before the baseline, as torch is)
+
+    baseline = held_memory_bytes(cpu)
+    _, _, step = build(size, config, batch, block)
+    times, states = [], []
+    t = time.perf_counter()
+    states.append(step())
+    times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    peak = step_peak_bytes(lambda: states.append(step()), cpu)
+    times.append(time.perf_counter() - t)
+    state, n = states[-1], states[-1]["params"]
+    per = {k: state[k] / n for k in ("weights", "grads", "optimizer")}
+    total = sum(per.values())
+    peak_per = (peak - baseline) / n
+    return dict(size=size, config=config, params=n, **per, state=total, peak=peak_per, rest=peak_per - total) | {
+        "step1_s": times[0],
+        "step2_s": times[1],
+    }
+
+
+def state_only(size: str, config: str) -> dict:
+    """The training state's bytes without a forward or backward pass (for a CPU that computes the bfloat16 ones
+    slowly): one step on zero gradients makes the optimizer's state (Muon's Newton-Schulz with 1 iteration: the
+    bytes are the same), then the gradients are counted as they would be at their fullest (none in backward)."""
+    from model import GPT, GPTConfig
+    from nanogpt_perf.lowmem import build_lowmem_optimizer, cast_weights
+    from nanogpt_perf.memory import training_state_bytes
+
+    n_layer, n_embd = SIZES[size]
+    optimizer, spec = CONFIGS[config]
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=256, bias=False)
+    model = cast_weights(GPT(cfg), spec)
+    optim = build_lowmem_optimizer(model, OptimConfig(optimizer=optimizer, muon_ns_steps=1, **HYPER), spec)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optim.step()
+    if spec.in_backward:
+        optim.zero_grad(set_to_none=True)
+    state = training_state_bytes(model, optim)
+    per = {k: state[k] / state["params"] for k in ("weights", "grads", "optimizer")}
+    return dict(size=size, config=config, params=state["params"], **per, state=sum(per.values()))
+
+
+def run_fresh(size: str, config: str, batch: int, block: int, only_state: bool = False) -> dict:
+    env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    args = [sys.executable, __file__, "--one", size, config, f"--batch={batch}", f"--block={block}"]
+    args += ["--state-only"] if only_state else []
+    done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        return {"size": size, "config": config, "error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict]) -> None:
+    print(f"{'size':>5} {'configuration':<30} {'weights':>7} {'grads':>6} {'optim':>6} {'STATE':>6} "
+          f"{'peak':>6} {'act+ws':>6} {'step1 s':>8} {'step2 s':>8}")  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            print(f"{r['size']:>5} {r['config']:<30} error: {r['error']}")
+            continue
+        parts = f"{r['weights']:7.2f} {r['grads']:6.2f} {r['optimizer']:6.2f} {r['state']:6.2f}"
+        if "peak" not in r:  # --state-only
+            print(f"{r['size']:>5} {r['config']:<30} {parts}")
+            continue
+        print(f"{r['size']:>5} {r['config']:<30} {parts} {r['peak']:6.2f} {r['rest']:6.2f} "
+              f"{r['step1_s']:8.1f} {r['step2_s']:8.1f}")  # fmt: skip
+
+
+def timed(configs: list[str], rounds: int, batch: int, block: int) -> None:
+    """Each configuration's CPU time per step at SIZES['small'], the configurations interleaved round by round
+    (the machine is noisy): medians over rounds after a warm-up round (torchao compiles there)."""
+    steps = {c: build("small", c, batch, block)[2] for c in configs}
+    times: dict[str, list[float]] = {c: [] for c in configs}
+    for r in range(rounds + 1):
+        for c in configs:
+            t = time.perf_counter()
+            steps[c]()
+            if r:
+                times[c].append(time.perf_counter() - t)
+    base = statistics.median(times[configs[0]])
+    print(f"ms per step at {SIZES['small']} (n_layer, n_embd), {batch} x {block} tokens, median of {rounds}:")
+    for c in configs:
+        m = statistics.median(times[c])
+        print(f"{c:<30} {1e3 * m:8.0f} ms  x{m / base:.2f} of {configs[0]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="124M,350M")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--block", type=int, default=256)
+    parser.add_argument("--time", action="store_true", help="CPU time per step at the small size instead")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--state-only", action="store_true", help="the state's bytes alone, no forward or backward")
+    parser.add_argument("--one", nargs=2, metavar=("SIZE", "CONFIG"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    configs = args.configs.split(",")
+    if unknown := [c for c in configs if c not in CONFIGS] + [s for s in args.sizes.split(",") if s not in SIZES]:
+        sys.exit(f"error: unknown {unknown[0]!r}: configurations are {', '.join(CONFIGS)}; sizes {', '.join(SIZES)}")
+    if args.one:
+        done = state_only(*args.one) if args.state_only else one(*args.one, args.batch, args.block)
+        print(json.dumps(done))
+    elif args.time:
+        timed(configs, args.rounds, args.batch, args.block)
+    else:
+        rows = []
+        for size in args.sizes.split(","):
+            for config in configs:
+                rows.append(run_fresh(size, config, args.batch, args.block, args.state_only))
+                print(json.dumps(rows[-1]), flush=True)
+        table(rows)
+
+
+if __name__ == "__main__":
+    main()
