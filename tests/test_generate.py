@@ -9,7 +9,7 @@ from conftest import run_script
 from model import GPT, GPTConfig, from_hf_state_dict, sample, to_hf_state_dict
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.generate import Engine, Sampling, cached_forward, candidates, onednn_for_cpu_inference, sample_next
-from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
 

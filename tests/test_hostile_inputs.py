@@ -19,10 +19,10 @@ from test_bad_input import checkpoint as checkpoint  # the fixture: a tiny check
 
 from conftest import assert_one_line_error, run_script
 from nanogpt_perf.config import setting
-from nanogpt_perf.data import token_check
 from nanogpt_perf.data.shards import HEADER_INTS, MAGIC, VERSION
-from nanogpt_perf.data.token_check import CACHE_NAME, check_token_ids
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard import dataset as token_check
+from nanogpt_perf.guard.dataset import CACHE_NAME, check_token_ids
 
 T, S, B, G, H = "train.py", "sample.py", "bench.py", "benchmarks/generate.py", "hellaswag.py"
 OWT, FW, BL, BP = (
@@ -354,7 +354,7 @@ def test_inf_is_taken_where_it_means_no_limit_and_nan_nowhere():
 
 def test_a_transformers_folder_that_is_whole_loads_quietly(tmp_path, capfd):
     """The cases' folder unspoilt loads, and transformers says nothing on stderr (no progress bar, no notes)."""
-    from nanogpt_perf.gpt2_weights import load_gpt2
+    from nanogpt_perf.guard.weights import load_gpt2
 
     for path, data in hf({}).items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -377,8 +377,8 @@ def dataset(folder, train=TOKENS, val=TOKENS[:1500]):
 
 
 def counting_scans(monkeypatch) -> list:
-    scanned, largest = [], token_check.largest_id
-    monkeypatch.setattr(token_check, "largest_id", lambda f: scanned.append(f.path.name) or largest(f))
+    scanned, scan = [], token_check.scan_file
+    monkeypatch.setattr(token_check, "scan_file", lambda f: scanned.append(f.path.name) or scan(f))
     return scanned
 
 
@@ -398,17 +398,19 @@ def test_a_second_check_reads_no_tokens_and_a_changed_file_is_read_again(tmp_pat
     assert json.loads((folder / CACHE_NAME).read_text())["files"] == cache  # a refusal writes nothing
 
 
-def test_the_cache_is_keyed_by_size_and_time_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
+def test_the_cache_is_keyed_by_the_files_stat_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
     folder, scanned = dataset(tmp_path / "tiny"), counting_scans(monkeypatch)
     (folder / CACHE_NAME).write_text('{"files": {"train.bin": {"bytes": 1}}')  # not JSON
     check_token_ids(folder, 29, cache_from_bytes=0)
     assert sorted(scanned) == ["train.bin", "val.bin"]
     entry = json.loads((folder / CACHE_NAME).read_text())["files"]["train.bin"]
     scanned.clear()
-    lie = {"files": {"train.bin": entry | {"mtime_ns": entry["mtime_ns"] + 1, "max_id": 3}}}
-    (folder / CACHE_NAME).write_text(json.dumps(lie))  # the file is not the one scanned: scanned again
-    check_token_ids(folder, 29, cache_from_bytes=0)
-    assert sorted(scanned) == ["train.bin", "val.bin"]
+    for key in ("bytes", "mtime_ns", "ctime_ns", "inode"):  # the file is not the one scanned: scanned again
+        scanned.clear()
+        lie = {"files": {"train.bin": entry | {key: entry[key] + 1, "max_id": 3}}}
+        (folder / CACHE_NAME).write_text(json.dumps(lie))
+        check_token_ids(folder, 29, cache_from_bytes=0)
+        assert sorted(scanned) == ["train.bin", "val.bin"]
 
 
 def test_a_small_dataset_is_scanned_every_time_and_gets_no_cache(tmp_path, monkeypatch):

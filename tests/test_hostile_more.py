@@ -22,7 +22,7 @@ from test_hostile_inputs import HF_CONFIG, hf, meta, shard, uint16
 from configurator import configure
 from conftest import ROOT, assert_one_line_error, run_in_process
 from nanogpt_perf.config import setting
-from nanogpt_perf.rules import a_path, init_from_one_of, optional_path, output_file, output_folder
+from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path, output_file, output_folder
 
 T, S, E, H, B, G = "train.py", "sample.py", "export.py", "hellaswag.py", "bench.py", "benchmarks/generate.py"
 BL, BP, P = "benchmarks/loader.py", "benchmarks/prepare.py", "plot.py"
@@ -107,7 +107,7 @@ CASES = {
     "generate-nanogpt_dir~": Hostile(G, "--nanogpt_dir=~/nanoGPT", ("nanogpt_dir must be",), HOME, home=True),
     "loader-data~": Hostile(BL, "--data=~/data", ("data must be",), HOME, home=True),
     "openwebtext-out_dir~": Hostile(OWT, "--out_dir=~/owt", ("out_dir must be",), HOME | DOCS, home=True),
-    "plot-out~": Hostile(P, "--out=~/c.png", ("--out must name",), HOME | RUN, home=True),
+    "plot-out~": Hostile(P, "--out=~/c.png", ("out must be",), HOME | RUN, home=True),
     # names the OS rejects: one longer than 255 bytes, a path longer than 4096, a file where a folder must be
     "sample-out_dir-name-too-long": Hostile(S, f"--out_dir={{dir}}/{LONG}", ("out_dir must be", "255 bytes")),
     "train-data_dir-name-too-long": Hostile(T, f"--data_dir={{dir}}/{LONG}", ("data_dir must be", "255 bytes")),
@@ -118,7 +118,7 @@ CASES = {
     "hellaswag-file-path-too-long": Hostile(H, f"--file={{dir}}/{DEEP}", ("file must be", "4,096 bytes"), CKPT),
     "bench-out_json-name-too-long": Hostile(B, f"--out_json={{dir}}/{LONG}.json", ("out_json", "255 bytes")),
     "plot-OUT_DIR-name-too-long": Hostile(P, f"{{dir}}/{LONG}", ("OUT_DIR must be", "255 bytes"), RUN),
-    "plot-out-name-too-long": Hostile(P, f"--out={{dir}}/{LONG}.png", ("--out must name", "255 bytes"), RUN),
+    "plot-out-name-too-long": Hostile(P, f"--out={{dir}}/{LONG}.png", ("out must be", "255 bytes"), RUN),
     "regression-compare-name-too-long": Hostile(
         B, f"--compare={{dir}}/{LONG} --baseline=x", ("compare must be", "255 bytes")
     ),
@@ -394,7 +394,7 @@ def test_path_rules_and_the_home_expansion_the_configurator_can_apply(tmp_path, 
 
 
 def test_the_same_folder_by_other_names(tmp_path, monkeypatch):
-    from nanogpt_perf.data.identity import canonical_folder, same_folder
+    from nanogpt_perf.guard.dataset import canonical_folder, same_folder
 
     data = tmp_path / "data" / "tiny"
     data.mkdir(parents=True)
@@ -424,13 +424,17 @@ def test_meta_of_every_preparer_records_its_kind(tmp_path):
 
 
 def test_a_model_folders_vocabulary_against_a_datasets():
-    from nanogpt_perf.data.dataset import vocabulary_mismatch
+    from nanogpt_perf.errors import UserError
+    from nanogpt_perf.guard.vocabulary import check_same_vocabulary
 
     chars = lambda s: {"kind": "characters", "itos": list(s)}  # noqa: E731
-    assert vocabulary_mismatch(chars("abc"), chars("abc"), "tiny") is None
-    assert vocabulary_mismatch({"kind": "gpt2"}, chars("abc"), "tiny") is None  # GPT-2's weights, any data
-    assert vocabulary_mismatch(chars("abc"), chars("abd"), "tiny") == (
+    check_same_vocabulary(chars("abc"), chars("abc"), "tiny")
+    check_same_vocabulary({"kind": "gpt2"}, chars("abc"), "tiny")  # GPT-2's weights, any data
+    with pytest.raises(UserError) as refused:
+        check_same_vocabulary(chars("abc"), chars("abd"), "tiny")
+    assert str(refused.value) == (
         "the model folder's vocabulary (3 characters, its vocabulary.json) is not dataset tiny's (3 characters): "
         "its token ids would mean other characters"
     )
-    assert "(GPT-2's BPE)" in vocabulary_mismatch(chars("ab"), {"kind": "gpt2"}, "owt")
+    with pytest.raises(UserError, match=r"\(GPT-2's BPE\)"):
+        check_same_vocabulary(chars("ab"), {"kind": "gpt2"}, "owt")

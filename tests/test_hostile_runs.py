@@ -37,8 +37,9 @@ from conftest import (
     sigterm_at,
 )
 from model import GPT, GPTConfig
-from nanogpt_perf.data.identity import dataset_identity
-from nanogpt_perf.train.ownership import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard.dataset import dataset_identity
+from nanogpt_perf.guard.out_dir import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
 from nanogpt_perf.train.parallel import torchrun_problem, torchrun_rank
 from nanogpt_perf.train.preemption import resume_command
 
@@ -332,16 +333,17 @@ def test_sigterm_during_an_evaluation_stops_at_its_next_batch(tiny_data, tmp_pat
 
 def test_a_second_claim_is_refused_while_the_first_holds_and_the_lock_is_only_ever_ours(tmp_path):
     first, second = OutDirLock(tmp_path / "out"), OutDirLock(tmp_path / "out")
-    assert first.claim() is None
+    first.claim()
     holder = json.loads((tmp_path / "out" / LOCK_NAME).read_text())
     assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-    assert "is in use by another run" in second.claim()
+    with pytest.raises(UserError, match="is in use by another run"):
+        second.claim()
     second.release()  # not its lock: left alone
     assert (tmp_path / "out" / LOCK_NAME).exists()
     first.release()
     first.release()
     assert not (tmp_path / "out" / LOCK_NAME).exists()
-    assert second.claim() is None
+    second.claim()
     second.release()
 
 
@@ -351,7 +353,7 @@ def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path,
         pytest.skip("no /proc: start times cannot be told apart")
     (tmp_path / LOCK_NAME).write_text(lock_text(os.getpid(), socket.gethostname(), "1"))
     lock = OutDirLock(tmp_path)
-    assert lock.claim() is None
+    lock.claim()
     assert "taking over the lock of a run that is no longer running" in capsys.readouterr().out
     lock.release()
 
@@ -374,10 +376,11 @@ def test_a_lock_of_a_process_that_ended_unreaped_is_stale():
 RELEASE = """
 import os, signal, sys
 from pathlib import Path
-from nanogpt_perf.train.ownership import OutDirLock
+from nanogpt_perf.guard.out_dir import OutDirLock
 from nanogpt_perf.train.preemption import StopRequest
 lock = OutDirLock(Path(sys.argv[1]))
-assert lock.claim() is None and (Path(sys.argv[1]) / "train.lock").exists()
+lock.claim()
+assert (Path(sys.argv[1]) / "train.lock").exists()
 how = sys.argv[2]
 if how == "exception":
     raise RuntimeError("a bug")

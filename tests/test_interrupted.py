@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from conftest import ROOT, assert_one_line_error, run_in_process
-from nanogpt_perf.data.identity import BLOCK, SAMPLES, dataset_identity, identity_change
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.shards import write_shard
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes
+from nanogpt_perf.guard.dataset import BLOCK, SAMPLES, dataset_identity, identity_change
 
 CPU = torch.device("cpu")
 
@@ -263,7 +263,7 @@ def test_a_datasets_identity_names_what_changed_and_survives_a_move(tmp_path):
 
 
 def test_a_fingerprint_reads_a_few_blocks_of_a_large_file(tmp_path, monkeypatch):
-    from nanogpt_perf.data import identity
+    from nanogpt_perf.guard import dataset as identity
 
     big = tmp_path / "big" / "train.bin"
     big.parent.mkdir()

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, sample
+from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.peak_flops import mfu, peak_flops_for_name
-from nanogpt_perf.train.checkpoint import load_checkpoint, save_checkpoint
+from nanogpt_perf.train.checkpoint import save_checkpoint
 from nanogpt_perf.train.parallel import unwrap
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
