@@ -7,36 +7,11 @@ is also run as a user runs it, in a process of its own, which must say the same.
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from conftest import assert_one_line_error, run_in_process, run_script
+from conftest import CHECKPOINT, Case, assert_one_line_error, run_case, run_script
 
-CHECKPOINT = None  # in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
-
-
-class Case(NamedTuple):
-    script: str
-    flags: str  # space-separated; {dir} is the case's own folder
-    names: tuple[str, ...]  # what the error line must say
-    files: dict[str, str | bytes | None] = {}  # made in the folder first: path -> text, bytes, or CHECKPOINT
-
-
-# flags every case of a script starts with, so that whatever a script would write lands in the case's folder
-COMMON = {
-    "train.py": "--out_dir={dir}/out --data_dir={dir}/data --dataset=tiny --device=cpu --compile=false",
-    "sample.py": "--out_dir={dir}/out --device=cpu --start=abc",
-    "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
-    "bench.py": "--out_json={dir}/bench.json --device=cpu --compile=false",
-    "benchmarks/generate.py": "--device=cpu",
-    "benchmarks/loader.py": "--device=cpu",
-    "benchmarks/prepare.py": "",
-    "hellaswag.py": "--out_dir={dir}/out --device=cpu",
-    "data/openwebtext/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
-    "data/fineweb/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
-}
 CKPT = {"out/ckpt.pt": CHECKPOINT}
 DOCS = {"docs.txt": "some text"}
 T, S, B, G = "train.py", "sample.py", "bench.py", "benchmarks/generate.py"
@@ -91,36 +66,6 @@ CASES = {
     "fineweb-shard_size=-1": Case(FW, "--shard_size=-1", ("shard_size must be >= 1, not -1",), DOCS),
     "fineweb-out_dir=''": Case(FW, "--out_dir=", ("out_dir must be a path, not ''",), DOCS),
 }
-
-
-def contents(folder: Path) -> dict[str, bytes | None]:
-    """Every file's bytes and every folder (None) under folder, by relative path."""
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
-
-
-def run_case(case: Case, folder: Path, checkpoint: bytes, run=run_in_process) -> tuple:
-    """(the run, the folder's contents before, after)."""
-    for path, text in case.files.items():
-        (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        data = checkpoint if text is CHECKPOINT else text if isinstance(text, bytes) else text.encode()
-        (folder / path).write_bytes(data)
-    before = contents(folder)
-    flags = [f.replace("{dir}", str(folder)) for f in f"{COMMON[case.script]} {case.flags}".split()]
-    return run(case.script, *flags), before, contents(folder)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> bytes:
-    from model import GPT, GPTConfig
-    from nanogpt_perf.train.checkpoint import save_checkpoint
-
-    model_args = dict(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
-    tokenizer = {"kind": "characters", "itos": list("abcdefgh ")}
-    path = tmp_path_factory.mktemp("checkpoint") / "ckpt.pt"
-    save_checkpoint(
-        {"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path
-    )
-    return path.read_bytes()
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -22,9 +22,8 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from test_bad_input import contents
 
-from conftest import ROOT, assert_one_line_error, run_in_process
+from conftest import ROOT, assert_one_line_error, contents, run_in_process
 from nanogpt_perf import files
 from nanogpt_perf.data.dataset import resume_command
 from nanogpt_perf.files import WriteFailed, replace_folder, write_atomically, write_bytes, write_through_path

@@ -6,20 +6,32 @@ Case, run in this process). Then the cached scan of the token ids: a second run 
 read again."""
 
 import json
-import pickle
 import re
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import torch
 from safetensors.torch import save as safetensors_bytes
-from test_bad_input import CHECKPOINT, Case, run_case
-from test_bad_input import checkpoint as checkpoint  # the fixture: a tiny checkpoint's bytes
 
-from conftest import assert_one_line_error, run_script
+from conftest import (
+    CHECKPOINT,
+    DATA,
+    HF_OK,
+    ITOS,
+    SHARDS,
+    TOKENS,
+    Case,
+    assert_one_line_error,
+    hf,
+    hf_weights,
+    meta,
+    run_case,
+    run_script,
+    shard,
+    uint16,
+    with_data,
+)
 from nanogpt_perf.config import setting
-from nanogpt_perf.data.shards import HEADER_INTS, MAGIC, VERSION
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard import dataset as token_check
 from nanogpt_perf.guard.dataset import CACHE_NAME, check_token_ids
@@ -35,55 +47,6 @@ CKPT = {"out/ckpt.pt": CHECKPOINT}
 DOCS = {"docs.txt": "some text"}
 
 
-# a character dataset 'tiny' of 29 tokens (a to z, {, |, }), each file as bytes
-def uint16(tokens) -> bytes:
-    return np.asarray(tokens, dtype="<u2").tobytes()
-
-
-def meta(vocab_size=29, n=29, **changes) -> bytes:
-    itos = {i: chr(97 + i) for i in range(n)}
-    return pickle.dumps({"vocab_size": vocab_size, "itos": itos, "stoi": {s: i for i, s in itos.items()}} | changes)
-
-
-def shard(tokens, magic=MAGIC, version=VERSION, count=None) -> bytes:
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = magic, version, len(tokens) if count is None else count
-    return header.tobytes() + uint16(tokens)
-
-
-TOKENS = np.arange(3000) % 29
-DATA = {"data/tiny/train.bin": uint16(TOKENS), "data/tiny/val.bin": uint16(TOKENS[:1500]), "data/tiny/meta.pkl": meta()}
-SHARDS = {"data/tiny/tiny_val_000000.bin": shard(TOKENS[:1500]), "data/tiny/tiny_train_000001.bin": shard(TOKENS)}
-ITOS = {i: chr(97 + i) for i in range(29)}
-
-
-def with_data(**files: bytes | None) -> dict:
-    """DATA with files changed (name -> bytes) or left out (None)."""
-    changed = DATA | {f"data/tiny/{k.replace('_', '.', 1)}": v for k, v in files.items()}
-    return {k: v for k, v in changed.items() if v is not None}
-
-
-# a tiny GPT-2 in transformers' format: its config.json and model.safetensors, each spoilt one way by a case
-HF_CONFIG = {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 8, "n_positions": 32, "vocab_size": 64}
-
-
-def hf_weights(**changes) -> dict[str, torch.Tensor]:
-    d, shapes = 8, {"wte.weight": (64, 8), "wpe.weight": (32, 8), "ln_f.weight": (8,), "ln_f.bias": (8,)}
-    block = {"ln_1": (d,), "ln_2": (d,), "attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "mlp.c_fc": (d, 4 * d)}
-    for name, shape in (block | {"mlp.c_proj": (4 * d, d)}).items():
-        shapes[f"h.0.{name}.weight"], shapes[f"h.0.{name}.bias"] = shape, shape[-1:]
-    weights = {f"transformer.{k}": torch.zeros(v) for k, v in (shapes | changes).items() if v is not None}
-    return weights
-
-
-def hf(config: dict | str | None = None, weights: bytes | None = None, name: str = "model.safetensors") -> dict:
-    files = {"hf/README": "a folder", f"hf/{name}": safetensors_bytes(hf_weights()) if weights is None else weights}
-    if config is not None:
-        files["hf/config.json"] = config if isinstance(config, str) else json.dumps(HF_CONFIG | config)
-    return files
-
-
-HF_OK = json.dumps(HF_CONFIG)
 HELLASWAG = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0})}
 INIT = {T: "--init_from={dir}/hf", S: "--init_from={dir}/hf", H: "--init_from={dir}/hf --file={dir}/hs.jsonl"}
 BROKEN_FOLDERS = {

@@ -16,11 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
-from test_bad_input import contents
-from test_hostile_inputs import HF_CONFIG, hf, meta, shard, uint16
 
 from configurator import configure
-from conftest import ROOT, assert_one_line_error, run_in_process
+from conftest import HF_CONFIG, ROOT, assert_one_line_error, contents, hf, meta, run_in_process, shard, uint16
 from nanogpt_perf.config import setting
 from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path, output_file, output_folder
 

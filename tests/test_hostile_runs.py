@@ -23,14 +23,15 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from test_bad_input import Case, run_case
-from test_hostile_inputs import DATA
 
 from conftest import (
+    DATA,
     ROOT,
     TINY_MODEL,
+    Case,
     assert_one_line_error,
     refuse_train,
+    run_case,
     run_in_process,
     run_script,
     run_train,
