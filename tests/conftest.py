@@ -1,12 +1,15 @@
 import contextlib
+import copy
 import io
 import json
 import os
 import pickle
 import runpy
 import signal
+import socket
 import subprocess
 import sys
+import zipfile
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
@@ -229,7 +232,10 @@ def write_files(folder: Path, files: dict[str, str | bytes]) -> None:
         (folder / path).write_bytes(data if isinstance(data, bytes) else data.encode())
 
 
+from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.data.shards import HEADER_INTS, MAGIC, VERSION  # noqa: E402
+from nanogpt_perf.guard.dataset import dataset_identity  # noqa: E402
+from nanogpt_perf.guard.out_dir import LOCK_NAME, process_start  # noqa: E402
 
 
 # a character dataset 'tiny' of 29 tokens (a to z, {, |, }), each file as bytes
@@ -281,3 +287,263 @@ def hf(config: dict | str | None = None, weights: bytes | None = None, name: str
 
 
 HF_OK = json.dumps(HF_CONFIG)
+
+
+T, S, E, H, B, G = "train.py", "sample.py", "export.py", "hellaswag.py", "bench.py", "benchmarks/generate.py"
+BL, BP, P = "benchmarks/loader.py", "benchmarks/prepare.py", "plot.py"
+OWT, FW, CHAR, BPE = (
+    "data/openwebtext/prepare.py",
+    "data/fineweb/prepare.py",
+    "data/shakespeare_char/prepare.py",
+    "data/shakespeare/prepare.py",
+)
+
+
+# -- more shared cases: a script's flags and files (ScriptCase), a run's checkpoint and environment (RunCase) ----
+
+LONG = "a" * 300  # a name longer than any file system takes (255 bytes)
+
+DEEP = "/".join(["b" * 200] * 25)  # a path longer than PATH_MAX (4096 bytes), each name valid
+
+
+class Ckpt(NamedTuple):
+    """In Hostile.files: a tiny checkpoint's bytes, its tokenizer a character vocabulary of n characters (the
+    model's is 16)."""
+
+    characters: int = 9
+
+
+class ScriptCase(NamedTuple):
+    script: str
+    flags: str  # space-separated; {dir} is the case's own folder
+    names: tuple[str, ...]  # what the error line must say
+    files: dict = {}  # made in the folder first: path -> text, bytes or Ckpt
+    home: bool = False  # HOME is {dir}/home, a file: a ~ expanded (once the configurator expands it) leads nowhere
+
+
+SCRIPT_COMMON = {  # so that whatever a script would write lands in the case's folder
+    T: "--out_dir={dir}/out --data_dir={dir}/data --dataset=tiny --device=cpu --compile=false",
+    S: "--out_dir={dir}/out --device=cpu --start=abc",
+    E: "--out_dir={dir}/out --export_dir={dir}/hf",
+    H: "--out_dir={dir}/out --device=cpu --file={dir}/hs.jsonl",
+    B: "--device=cpu --compile=false",
+    G: "--device=cpu",
+    BL: "--device=cpu",
+    BP: "",
+    P: "{dir}/run",
+    OWT: "--out_dir={dir}/out --input={dir}/docs.txt --processes=1",
+    FW: "--out_dir={dir}/out --input={dir}/docs.txt --processes=1",
+    CHAR: "",
+    BPE: "",
+}
+MODEL_CKPT = {"out/ckpt.pt": Ckpt()}
+HOME = {"home": "a file: ~ leads nowhere"}
+BELOW = {"f": "a file where a folder is named"}
+LOG_RUN = {"run/log.jsonl": json.dumps({"iter": 1, "step_loss": 1.0, "lr": 1e-3}) + "\n"}
+HELLASWAG_LINE = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n"}
+CHARS = {"d/train.bin": uint16(TOKENS), "d/val.bin": uint16(TOKENS[:300]), "d/meta.pkl": meta()}
+GPT2_META = pickle.dumps({"vocab_size": 50257, "tokenizer": "gpt2", "source": "elsewhere"})
+BPE_DATA = {"d/train.bin": uint16(TOKENS), "d/val.bin": uint16(TOKENS[:300]), "d/meta.pkl": GPT2_META}
+TINY = {"data/tiny/input.txt": "some text to prepare"}
+MARKER = "from pathlib import Path\nPath(__file__).with_name('ran').write_text('it ran')\n"
+
+
+def bench_output(**result) -> str:
+    row = {"name": "a", "status": "ok", "reason": "", "settings": {"n_layer": 1}, "ms_median": 1.0} | result
+    return json.dumps({"kind": "single", "manifest": {"device_name": "cpu", "torch": "2"}, "results": [row]})
+
+
+def compare(new: str | bytes, baseline: str | bytes | None = None) -> dict:
+    """bench.py's regression check of new against baseline (a good output when None)."""
+    return {"new.json": new, "old.json": bench_output() if baseline is None else baseline}
+
+
+REGRESSION = "--compare={dir}/new.json --baseline={dir}/old.json"
+VOCABULARY = lambda itos: {"hf/vocabulary.json": json.dumps({"kind": "characters", "itos": itos})}  # noqa: E731
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """Ckpt(n) -> the bytes of a tiny checkpoint (a model of 16 tokens) whose tokenizer has n characters, made on
+    first use."""
+    from model import GPT, GPTConfig
+    from nanogpt_perf.train.checkpoint import save_checkpoint
+
+    class Made(dict):
+        def __missing__(self, ckpt: Ckpt) -> bytes:
+            model_args = dict(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
+            tokenizer = {"kind": "characters", "itos": [chr(97 + i) for i in range(ckpt.characters)]}
+            path = tmp_path_factory.mktemp("ckpt") / "ckpt.pt"
+            model = GPT(GPTConfig(**model_args)).state_dict()
+            save_checkpoint({"model": model, "model_args": model_args, "tokenizer": tokenizer}, path)
+            self[ckpt] = path.read_bytes()
+            return self[ckpt]
+
+    return Made()
+
+
+def make_files(folder: Path, files: dict, checkpoints: dict) -> None:
+    for path, data in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        data = checkpoints[data] if isinstance(data, Ckpt) else data
+        (folder / path).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def refuse_script_case(case: ScriptCase, checkpoints: dict, folder: Path, monkeypatch) -> None:
+    """Run a ScriptCase in this process: one error line naming what it must, every file of folder as it was."""
+    if case.home:
+        monkeypatch.setenv("HOME", str(folder / "home"))
+    make_files(folder, case.files, checkpoints)
+    before = contents(folder)
+    flags = [f.replace("{dir}", str(folder)) for f in f"{SCRIPT_COMMON[case.script]} {case.flags}".split()]
+    result = run_in_process(case.script, *flags)
+    assert_one_line_error(result, *(n.replace("{dir}", str(folder)) for n in case.names))
+    assert result.returncode == (2 if case.flags == REGRESSION else 1)  # a regression check compared nothing: 2
+    assert contents(folder) == before
+
+
+TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+
+LAUNCH = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533"}
+
+
+def lock_text(pid: int, host: str, start: str | None) -> str:
+    return json.dumps({"pid": pid, "host": host, "process_start": start, "started": "2026-01-01T00:00:00+00:00"})
+
+
+LIVE_LOCK = {f"out/{LOCK_NAME}": lock_text(os.getpid(), socket.gethostname(), process_start(os.getpid()))}
+OTHER_HOST_LOCK = {f"out/{LOCK_NAME}": lock_text(4242, "another-host.example", None)}
+
+
+class RunCase(NamedTuple):
+    case: Case  # train.py (or sample.py, export.py), its flags, what the line must say, text files made first
+    checkpoint: str | None = None  # a variant (VARIANTS) written to out/ckpt.pt first
+    env: dict[str, str] = {}  # torchrun's variables, as set by hand
+
+
+def train_case(flags: str, *names: str, files: dict | None = None, **kw) -> RunCase:
+    return RunCase(Case("train.py", flags, names, files or {}), **kw)
+
+
+RESUME = "--init_from=resume"
+
+
+class _Payload:
+    """Unpickling this would call Path.touch(marker): what a hostile checkpoint could do with any callable."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (type(self.marker).touch, (self.marker,))
+
+
+def saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def resumable_checkpoint() -> dict:
+    """A checkpoint as nanoGPT's train.py writes one (at iter 5, max_iters 5), with our tokenizer for sample.py."""
+    torch.manual_seed(0)
+    model_args = dict(n_layer=2, n_head=2, n_embd=8, block_size=16, bias=False, vocab_size=16, dropout=0.0)
+    model = GPT(GPTConfig(**model_args))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    config = dict(dataset="tiny", max_iters=5, eval_interval=5, eval_iters=2, batch_size=8, learning_rate=1e-3)
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
+            "iter_num": 5, "best_val_loss": torch.tensor(3.25), "config": config,
+            "tokenizer": {"kind": "characters", "itos": list("abcdefgh ")}}  # fmt: skip
+
+
+def identity_of(files: dict[str, bytes], folder: Path) -> dict:
+    """The identity that a run records of the dataset tiny made of files (test_hostile_inputs' DATA) in folder."""
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return dataset_identity(folder / "data" / "tiny")
+
+
+def variant(base: dict, change) -> bytes:
+    checkpoint = copy.deepcopy(base)
+    change(checkpoint)
+    return saved(checkpoint)
+
+
+def zip_bytes() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("archive/data.pkl", b"not a pickle")
+    return buffer.getvalue()
+
+
+def other_shape(c: dict) -> None:
+    c["model_args"]["vocab_size"] = 32
+
+
+@pytest.fixture(scope="session")
+def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
+    """Each checkpoint the cases name, and the file that unpickling the hostile one would create."""
+    base, marker = resumable_checkpoint(), tmp_path_factory.mktemp("marker") / "it-ran"
+    identity = identity_of(DATA, tmp_path_factory.mktemp("data"))  # DATA's files, as a run on them records them
+    files, other = identity["files"], {"bytes": 2, "fingerprint": "0" * 32}
+    args = lambda key, value: lambda c: c["model_args"].__setitem__(key, value)  # noqa: E731
+    top = lambda key, value: lambda c: c.__setitem__(key, value)  # noqa: E731
+    made = {
+        "ours": saved(base),
+        "dict": saved({"a": 1, "b": [1, 2]}),
+        "tensor": saved(torch.zeros(3)),
+        "list": saved([1, 2, 3]),
+        "class": saved({"model": _Payload(marker), "model_args": {}}),
+        "pickle": pickle.dumps({"model": {}, "model_args": {}}),
+        "zip": zip_bytes(),
+        "empty": b"",
+        "no_bias": variant(base, lambda c: c["model_args"].pop("bias")),
+        "no_vocab": variant(base, lambda c: c["model_args"].pop("vocab_size")),
+        "attention": variant(base, args("attention", "flash9")),
+        "str_layers": variant(base, args("n_layer", "2")),
+        "zero_heads": variant(base, args("n_head", 0)),
+        "args_list": variant(base, top("model_args", [2, 2, 8])),
+        "dropout": variant(base, args("dropout", "high")),
+        "three_layers": variant(base, args("n_layer", 3)),
+        "vocab_32": variant(base, other_shape),
+        "three_heads": variant(base, args("n_head", 3)),
+        "model_list": variant(base, top("model", [1, 2])),
+        "iter_str": variant(base, top("iter_num", "5")),
+        "iter_neg": variant(base, top("iter_num", -1)),
+        "best_str": variant(base, top("best_val_loss", "low")),
+        "no_optimizer": variant(base, lambda c: c.pop("optimizer")),
+        "config_str": variant(base, top("config", "max_iters=5")),
+        "config_type": variant(base, lambda c: c["config"].update(max_iters="ten")),
+        "config_range": variant(base, lambda c: c["config"].update(eval_interval=0)),
+        "ranks_str": variant(base, top("ranks", "rank 0")),
+        "unknown_option": variant(base, args("rotary_v2", True)),
+        "relu2": variant(base, args("relu2", True)),
+        "other_data": variant(base, top("data_identity", identity | {"files": files | {"train.bin": other}})),
+        "other_data_dir": variant(
+            base,
+            lambda c: c.update(
+                data_identity=identity | {"files": files | {"train.bin": other}},
+                config=c["config"] | {"data_dir": "/elsewhere"},
+            ),
+        ),
+        "other_meta": variant(base, top("data_identity", identity | {"files": files | {"meta.pkl": other}})),
+    }
+    return made, marker
+
+
+def refuse_run_case(hostile: RunCase, variants, tmp_path: Path, monkeypatch) -> None:
+    """Run a RunCase in this process: its checkpoint variant in out/, torchrun's variables as it sets them; one
+    error line naming what it must, every file as it was, and nothing a hostile checkpoint would run has run."""
+    made, marker = variants
+    for key in TORCHRUN:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in hostile.env.items():
+        monkeypatch.setenv(key, value)
+    if hostile.checkpoint:
+        (tmp_path / "out").mkdir(exist_ok=True)
+        (tmp_path / "out" / "ckpt.pt").write_bytes(made[hostile.checkpoint])
+    result, before, after = run_case(hostile.case, tmp_path, made["ours"])
+    assert_one_line_error(result, *(n.replace("{dir}", str(tmp_path)) for n in hostile.case.names))
+    assert after == before
+    assert not marker.exists()
