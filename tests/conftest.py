@@ -7,6 +7,7 @@ import pickle
 import runpy
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import zipfile
@@ -547,3 +548,86 @@ def refuse_run_case(hostile: RunCase, variants, tmp_path: Path, monkeypatch) -> 
     assert_one_line_error(result, *(n.replace("{dir}", str(tmp_path)) for n in hostile.case.names))
     assert after == before
     assert not marker.exists()
+
+
+# -- shared by the tests of the model, generation, resuming, the loader and the GPU suite ------------------------------
+
+SMALL = GPTConfig(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+
+GENERATE_CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+
+def sharp_model(seed: int = 0, dtype=torch.float64, **overrides) -> GPT:
+    """A random model with weights scaled up, so its logits are far from uniform and argmax ties are not an issue;
+    float64 so that rounding never decides a token."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**GENERATE_CONFIG, **overrides})).to(dtype).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2 and not p.any():  # a zero init (zero_init_proj) would leave no path to test
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+            p.mul_(4)
+    return model
+
+
+def prompts(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(64, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def tiny_hf_folder(tmp_path, seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    return hf, tmp_path / "hf"
+
+
+SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
+
+
+def step_losses(out) -> dict[int, float]:
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {r["iter"]: r["step_loss"] for r in records if "step_loss" in r}
+
+
+def llmc_shard(path: Path, tokens: np.ndarray, magic: int = 20240520, version: int = 1, count: int | None = None):
+    """A shard as llm.c's data scripts write it: 256 little-endian int32 (magic, version, token count, zeros),
+    then the tokens as little-endian uint16."""
+    header = struct.pack("<256i", magic, version, len(tokens) if count is None else count, *([0] * 253))
+    path.write_bytes(header + tokens.astype("<u2").tobytes())
+
+
+def llmc_folder(folder: Path, shard_tokens: list[int]) -> Path:
+    """fineweb_val_000000.bin then fineweb_train_000001.bin, ...: shard i holds i * 10000, i * 10000 + 1, ..., so
+    that a token tells which shard and where it came from."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, n in enumerate(shard_tokens):
+        split = "val" if i == 0 else "train"
+        llmc_shard(folder / f"fineweb_{split}_{i:06d}.bin", np.arange(i * 10000, i * 10000 + n))
+    return folder
+
+
+def sdpa_equals_manual(sdpa: GPT, manual: GPT, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The logits, the loss's and every parameter's gradient of two models, one attending through SDPA, the other
+    through the masked-softmax reference, equal."""
+    logits_s, loss_s = sdpa(x, y)
+    logits_m, loss_m = manual(x, y)
+    torch.testing.assert_close(logits_s, logits_m, rtol=1e-5, atol=1e-5)
+    loss_s.backward()
+    loss_m.backward()
+    for (name, p_s), p_m in zip(sdpa.named_parameters(), manual.parameters(), strict=True):
+        torch.testing.assert_close(p_s.grad, p_m.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def micro_batches_equal_one_batch(big: GPT, micro: GPT, x: torch.Tensor, y: torch.Tensor, k: int = 4) -> None:
+    """The gradients of the batch (x, y) in big equal those of its k micro-batches, each loss / k, in micro."""
+    _, loss = big(x, y)
+    loss.backward()
+    for xs, ys in zip(x.chunk(k), y.chunk(k), strict=True):
+        _, loss = micro(xs, ys)
+        (loss / k).backward()
+    for (name, p_big), p_micro in zip(big.named_parameters(), micro.parameters(), strict=True):
+        torch.testing.assert_close(p_big.grad, p_micro.grad, rtol=1e-4, atol=1e-7, msg=name)

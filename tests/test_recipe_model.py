@@ -9,9 +9,8 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from test_model import micro_batches_equal_one_batch, sdpa_equals_manual
 
-from conftest import ROOT
+from conftest import ROOT, micro_batches_equal_one_batch, sdpa_equals_manual
 from model import ARCHITECTURE, GPT, GPTConfig, ReLUSquared, rotary_angles, rotate
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.train.checkpoint import CHECKPOINT_KEYS, save_checkpoint, training_state

@@ -9,18 +9,11 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_train, sigterm_at
+from conftest import ROOT, SCHEDULE, TINY_MODEL, assert_one_line_error, refuse_train, run_train, sigterm_at, step_losses
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.train.checkpoint import restore_training
 from nanogpt_perf.train.parallel import Ranks
-
-SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
-
-
-def step_losses(out) -> dict[int, float]:
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    return {r["iter"]: r["step_loss"] for r in records if "step_loss" in r}
 
 
 def final_weights(out) -> dict[str, torch.Tensor]:
