@@ -37,10 +37,10 @@ from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import LoaderConfig, SyntheticBatches, TokenBatches
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard.paths import a_path, optional_path, output_file
 from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules
-from nanogpt_perf.rules import a_path, optional_path, output_file
 from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
 from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, kernels_run_here
 

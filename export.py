@@ -16,19 +16,19 @@ from nanogpt_perf.errors import report_errors
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 
 from configurator import configure
 from model import GPT, RECIPE_ARCHITECTURE, GPTConfig, to_hf_state_dict
 from nanogpt_perf.config import setting
-from nanogpt_perf.data.dataset import VOCABULARY_FILE, vocabulary_problem, write_vocabulary
+from nanogpt_perf.data.dataset import write_vocabulary
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import replace_folder
-from nanogpt_perf.gpt2_weights import hf_folder_problem
-from nanogpt_perf.rules import a_path, output_folder
-from nanogpt_perf.train.checkpoint import load_checkpoint
+from nanogpt_perf.guard.checkpoint import load_checkpoint
+from nanogpt_perf.guard.paths import a_path, output_folder
+from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE, check_vocabulary
+from nanogpt_perf.guard.weights import check_export_target
 
 
 # -----------------------------------------------------------------------------
@@ -43,28 +43,7 @@ class ExportConfig:
 cfg = configure(export=ExportConfig)
 # -----------------------------------------------------------------------------
 
-# what save_pretrained writes (the weights in shards when they are large) and the vocabulary: an export replaces
-# only these
-EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", VOCABULARY_FILE)
-
-
-def not_an_export(folder: Path) -> str | None:
-    """Why an existing folder is not one an export may replace (a user's files would go with it), or None."""
-    if not folder.is_dir():
-        return f"not the file {folder}"
-    others = sorted(
-        p.name for p in folder.iterdir() if not (p.is_file() and any(fnmatch(p.name, f) for f in EXPORT_FILES))
-    )
-    if others:
-        return f"not {folder}, which holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}"
-    if any(folder.iterdir()) and (problem := hf_folder_problem(folder)):
-        return f"not {folder}: {problem}"
-    return None
-
-
-if problem := not_an_export(Path(cfg.export_dir)) if Path(cfg.export_dir).exists() else None:
-    what = f"an earlier export to replace (only {', '.join(EXPORT_FILES)})"
-    raise UserError(f"export_dir must be a folder that is new, empty or {what}, {problem}")
+check_export_target(Path(cfg.export_dir))
 
 try:
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -77,8 +56,7 @@ if recipe := [
 ]:
     raise UserError(f"transformers' GPT-2 has no {', '.join(recipe)}: only a model of GPT-2's architecture exports")
 tokenizer = Tokenizer.for_checkpoint(checkpoint)
-if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
-    raise UserError(problem)
+check_vocabulary(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"])
 model = GPT.from_checkpoint(checkpoint)
 vocab_size = tokenizer.n_vocab  # the real vocabulary, without the padding
 eot = tokenizer.eot if tokenizer.eot is not None and tokenizer.eot < vocab_size else None  # never outside it

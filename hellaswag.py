@@ -21,15 +21,16 @@ import torch
 from configurator import configure
 from model import GPT
 from nanogpt_perf.config import setting
-from nanogpt_perf.data.dataset import vocabulary_problem
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
+from nanogpt_perf.guard.checkpoint import load_checkpoint
+from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path, output_file
+from nanogpt_perf.guard.vocabulary import check_vocabulary
+from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
-from nanogpt_perf.rules import a_path, init_from_one_of, optional_path, output_file
 from nanogpt_perf.runtime import DeviceConfig, PrecisionConfig, resolve_runtime
-from nanogpt_perf.train.checkpoint import load_checkpoint
 
 
 # -----------------------------------------------------------------------------
@@ -58,8 +59,7 @@ if tokenizer.itos is not None:
 path = Path(cfg.file) if cfg.file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")
 examples = read_examples(path, cfg.limit)
 model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(cfg.init_from)
-if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder"):
-    raise UserError(problem)
+check_vocabulary(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder")
 model.to(runtime.device)
 
 with torch.no_grad():

@@ -22,7 +22,7 @@ from configurator import configure
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError, report_errors
 from nanogpt_perf.files import write_atomically
-from nanogpt_perf.rules import output_file, path_problem
+from nanogpt_perf.guard.paths import check_path, output_file
 
 Points = tuple[list[float], list[float]]  # iters, values
 Curves = dict[str, Points]  # one run's series, by log key
@@ -116,8 +116,10 @@ def curves(records: list[dict[str, Any]]) -> Curves:
 def load_curves(out_dir: Path) -> list[Curves]:
     """The curves of each run in out_dir/log.jsonl."""
     path = out_dir / "log.jsonl"
-    if problem := path_problem(str(out_dir)):
-        raise UserError(f"OUT_DIR must be {problem}, got {out_dir}")
+    try:
+        check_path(str(out_dir))
+    except ValueError as e:
+        raise UserError(f"OUT_DIR must be {e}, got {out_dir}") from None
     if not os.path.isfile(path):
         raise UserError(f"no log.jsonl in {out_dir}: train with out_dir={out_dir} first")
     records = read_log(path)

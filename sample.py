@@ -21,13 +21,15 @@ import torch
 from configurator import configure
 from model import GPT
 from nanogpt_perf.config import setting
-from nanogpt_perf.data.dataset import vocabulary_problem
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import UserError, read_user_text
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
+from nanogpt_perf.guard.checkpoint import load_checkpoint
+from nanogpt_perf.guard.paths import a_path, init_from_one_of
+from nanogpt_perf.guard.vocabulary import check_vocabulary
+from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.rules import a_path, init_from_one_of
 from nanogpt_perf.runtime import (
     CompileConfig,
     DeviceConfig,
@@ -36,7 +38,6 @@ from nanogpt_perf.runtime import (
     device_memory_bytes,
     resolve_runtime,
 )
-from nanogpt_perf.train.checkpoint import load_checkpoint
 
 
 def a_temperature(value: float) -> None:
@@ -94,8 +95,7 @@ if not prompt:
 
 model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(cfg.init_from)
 model.eval().to(runtime.device)
-if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder"):
-    raise UserError(problem)
+check_vocabulary(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder")
 print(f"tokenizer: {tokenizer.name}")
 rows, shape = cfg.num_samples if cfg.batched else 1, model.config  # the sequences generated together; the model
 positions = cache_length(min(len(prompt), shape.block_size), cfg.max_new_tokens, shape.block_size)

@@ -28,6 +28,9 @@ from nanogpt_perf.data.tokenizer import tokenizer_spec
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
+from nanogpt_perf.guard.admission import claim_out_dir, preflight, resolve_settings
+from nanogpt_perf.guard.out_dir import nonfinite_end
+from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path
 from nanogpt_perf.hellaswag import score
 from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
@@ -35,12 +38,9 @@ from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.optim import OptimConfig, ScheduleConfig, get_lr, muon_rules, schedule_rules, set_lr
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
-from nanogpt_perf.rules import a_path, init_from_one_of, optional_path
 from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
-from nanogpt_perf.train.admission import admit_data, hellaswag_task, import_wandb, initial_model, resolve_settings
 from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, build_training, kernels_run_here
 from nanogpt_perf.train.checkpoint import restore_training, save_iteration, training_state
-from nanogpt_perf.train.ownership import claim_out_dir, nonfinite_end
 from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
 from nanogpt_perf.train.progress import Progress, RunLog
@@ -113,9 +113,11 @@ cfg = configure(
 )  # fmt: skip
 # -----------------------------------------------------------------------------
 
-# admission, before anything is written (nanogpt_perf/train/admission.py): torchrun's variables, an out_dir that is
-# this run's to use, and on resume the checkpoint's settings overridden by the config files and flags given now
-cfg, checkpoint = resolve_settings(cfg, cross=(schedule_rules, muon_rules, kernels_run_here, lowmem_rules))
+# the guard (nanogpt_perf/guard/admission.py), before anything is written and before torch.distributed starts, so
+# that a refused command ends before its ranks meet: torchrun's variables, an out_dir that is this run's to use, and
+# on resume the checkpoint's settings overridden by the config files and flags given now
+settings = resolve_settings(cfg, cross=(schedule_rules, muon_rules, kernels_run_here, lowmem_rules))
+cfg = settings.cfg
 
 # DDP: torchrun sets RANK; each process drives one device (its own GPU) and sees 1/world of the micro-batches
 ranks = start_ranks(cfg.device, cfg.backend)
@@ -127,11 +129,14 @@ runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print0(runtime.describe())
 torch.manual_seed(cfg.seed + ranks.rank)
 
-# data: prepared on first use (a small dataset), its token ids checked against its vocabulary; the micro-batch and
-# the accumulation as set, or with tokens_per_iter the accumulation that makes exactly that many tokens a step, at
-# batch_size or at the largest that fits ('auto': nanogpt_perf/train/autobatch.py)
-data = admit_data(cfg, ranks, runtime, checkpoint)
-cfg = cfg.replace(batch_size=data.batch_size, gradient_accumulation_steps=data.accumulation)  # as it runs
+# the guard's second part, which needs the ranks and the device: the data, prepared on first use (rank 0; a small
+# dataset), its token ids checked against its vocabulary; the micro-batch and the accumulation as set, or with
+# tokens_per_iter the accumulation that makes exactly that many tokens a step, at batch_size or at the largest that
+# fits ('auto': nanogpt_perf/train/autobatch.py); the model: new (nanogpt_perf/train/build.py's model_config: the
+# vocabulary padded to a multiple of pad_vocab), the weights and architecture of out_dir/ckpt.pt, or GPT-2's
+# weights, cropped to block_size; HellaSwag's examples (downloaded once) and wandb when asked for
+plan = preflight(settings, ranks, runtime)
+cfg, data, checkpoint, model = plan.cfg, plan.data, plan.checkpoint, plan.model  # cfg: the batch shape as it runs
 sequences = data.batch_size * data.accumulation // ranks.world_size  # this rank's, a step
 
 # the batches: in data_order, each rank its own share, built ahead by a background thread into pinned buffers (CUDA)
@@ -141,9 +146,6 @@ batches = TokenBatches(
     cfg.data_order, cfg.prefetch,
 )  # fmt: skip
 
-# the model: new (nanogpt_perf/train/build.py's model_config: the vocabulary padded to a multiple of pad_vocab), the
-# weights and architecture of out_dir/ckpt.pt, or GPT-2's weights; cropped to block_size
-model = initial_model(cfg, data.vocab_size, checkpoint)
 model_args = asdict(model.config)
 print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
@@ -161,7 +163,8 @@ model, raw_model, optimizer, scaler, step = build_training(cfg, runtime, batches
 iter_num, best_val_loss, rng = 0, float("inf"), None
 if checkpoint is not None:
     iter_num, best_val_loss, rng = restore_training(checkpoint, model, optimizer, scaler, batches, ranks)
-checkpoint = None  # free its memory
+checkpoint, settings, plan = None, None, plan._replace(checkpoint=None)  # free its memory
+hellaswag, wandb = plan.hellaswag, plan.wandb  # HellaSwag's examples and encoder, scored by every rank's share
 
 
 @torch.no_grad()
@@ -204,13 +207,10 @@ def save(best: bool) -> str | None:
     return None
 
 
-# HellaSwag's examples, when asked for (downloaded once), scored in GPT-2's tokens by every rank's share; wandb
-hellaswag = hellaswag_task(cfg, data.path, ranks)
-wandb = import_wandb(cfg, master)  # the last check
-
-# every check has passed: out_dir is this run's (rank 0 holds out_dir/train.lock; overwrite=True deletes an earlier
-# run's checkpoints and log first), and SIGTERM or Ctrl-C stops the run cleanly (finish the step, save, exit)
-lock = claim_out_dir(Path(cfg.out_dir), master, ddp, cfg.overwrite and cfg.init_from != "resume")
+# every check has passed: out_dir is this run's (rank 0 holds out_dir/train.lock, and under it finds out_dir as the
+# guard saw it; overwrite=True deletes an earlier run's checkpoints and log first), and SIGTERM or Ctrl-C stops the
+# run cleanly (finish the step, save, exit)
+lock = claim_out_dir(plan, ranks)
 stop = StopRequest(lock.release if lock else None)
 stop_asked = lambda: stop.requested(ddp, runtime.device)  # every rank the same answer, so that they stop together
 

@@ -31,9 +31,9 @@ from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
+from nanogpt_perf.guard.paths import optional_path, output_file
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import model_size_problem, peak_memory_bytes
-from nanogpt_perf.rules import optional_path, output_file
 from nanogpt_perf.runtime import (
     CompileConfig,
     DeviceConfig,

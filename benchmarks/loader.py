@@ -34,7 +34,7 @@ from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.order import DATA_ORDERS
 from nanogpt_perf.data.shards import shard_name, write_shard
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.rules import comma_separated, optional_path
+from nanogpt_perf.guard.paths import comma_separated, optional_path
 from nanogpt_perf.runtime import DeviceConfig, resolve_device
 
 

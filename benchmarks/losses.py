@@ -37,10 +37,10 @@ import model
 from configurator import configure
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard.paths import comma_separated
 from nanogpt_perf.kernels import triton_problem
 from nanogpt_perf.kernels.losses import fused_cross_entropy
 from nanogpt_perf.memory import peak_memory_bytes, reset_peak_memory
-from nanogpt_perf.rules import comma_separated
 from nanogpt_perf.runtime import DeviceConfig, PrecisionConfig, SeedConfig, resolve_runtime
 
 WAYS = ("plain", "chunked", "old_fused", "fused", "triton")

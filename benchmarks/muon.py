@@ -29,8 +29,8 @@ from configurator import configure
 from model import GPT, GPTConfig
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError, read_user_text
+from nanogpt_perf.guard.paths import a_path, comma_separated
 from nanogpt_perf.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, OptimConfig, build_optimizer, orthogonalize, set_lr
-from nanogpt_perf.rules import a_path, comma_separated
 from nanogpt_perf.runtime import DeviceConfig, resolve_device
 
 

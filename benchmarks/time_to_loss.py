@@ -47,8 +47,8 @@ from configurator import configure, read_config_file
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json, write_text
+from nanogpt_perf.guard.paths import a_path
 from nanogpt_perf.manifest import git_state
-from nanogpt_perf.rules import a_path
 from plot import read_log
 
 ROOT = Path(__file__).resolve().parents[1]

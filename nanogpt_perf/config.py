@@ -30,7 +30,7 @@ def setting(
 ) -> Any:
     """A dataclass field declaring a setting: its default, its help and what is valid: min (>=), max (<=), above
     (>), interval ('[0, 1)'), note (said after the bound: ' (0 = off)'), choices, words it takes beside values of
-    its type ('auto'), check (raises ValueError saying what is valid; a path's: nanogpt_perf/rules.py), inf (takes
+    its type ('auto'), check (raises ValueError saying what is valid; a path's: nanogpt_perf/guard/paths.py), inf (takes
     float('inf'))."""
     rule = dict(min=min, max=max, above=above, interval=interval, check=check)
     rule = {k: v for k, v in rule.items() if v is not None}

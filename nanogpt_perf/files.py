@@ -47,18 +47,19 @@ class WriteFailed(UserError):
         super().__init__(f"cannot write {path}: {self.reason}; {kept}")
 
 
-def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """write(f) into a temporary file beside path, then fsync and rename it to path."""
+def write_atomically(path: Path, write: Callable[[IO[bytes]], None], follow_links: bool = True) -> None:
+    """write(f) into a temporary file beside path, then fsync and rename it to path. A link at path is written
+    through (the file it names is replaced, the link kept), or with follow_links=False replaced by the file."""
 
     def fill(f: IO[bytes], tmp: Path) -> None:
         write(f)
         f.flush()
         os.fsync(f.fileno())
 
-    _commit_file(path, fill)
+    _commit_file(path, fill, follow_links)
 
 
-def write_through_path(path: Path, write: Callable[[Path], None]) -> None:
+def write_through_path(path: Path, write: Callable[[Path], None], follow_links: bool = True) -> None:
     """write_atomically for a writer that takes a file name (torch.profiler's trace, tarfile): write(tmp) makes the
     file at tmp, a temporary name beside path."""
 
@@ -67,7 +68,7 @@ def write_through_path(path: Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         sync_file(tmp)
 
-    _commit_file(path, fill)
+    _commit_file(path, fill, follow_links)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -82,13 +83,14 @@ def write_json(path: Path, data: Any, indent: int = 2) -> None:
     write_text(path, json.dumps(data, indent=indent) + "\n")
 
 
-def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None]) -> None:
-    shown, path = path, Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)  # a link stays one
+def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None], follow_links: bool = True) -> None:
+    shown, link = path, follow_links and os.path.islink(path)
+    path = Path(os.path.realpath(path)) if link else Path(path)  # a link stays one
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_leftovers(path)
-        mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~umask()
+        mode = path.stat().st_mode & 0o7777 if path.is_file() and not path.is_symlink() else 0o666 & ~umask()
         fd, name = tempfile.mkstemp(prefix=temp_prefix(path, TEMP), dir=path.parent)
     except OSError as e:
         raise WriteFailed(shown, e, existed) from None

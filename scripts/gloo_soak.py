@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
 from nanogpt_perf.config import setting  # noqa: E402
 from nanogpt_perf.data.shards import write_shard  # noqa: E402
-from nanogpt_perf.rules import a_path, comma_separated  # noqa: E402
+from nanogpt_perf.guard.paths import a_path, comma_separated  # noqa: E402
 
 CASES = ("ddp", "fsdp", "parity", "hellaswag", "sigterm", "nonfinite", "refused")
 

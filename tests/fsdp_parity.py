@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ddp_parity  # noqa: E402
 
 from model import GPT, GPTConfig  # noqa: E402
+from nanogpt_perf.guard.checkpoint import load_checkpoint  # noqa: E402
 from nanogpt_perf.runtime import Runtime, resolve_runtime  # noqa: E402
-from nanogpt_perf.train.checkpoint import load_checkpoint, save_iteration  # noqa: E402
+from nanogpt_perf.train.checkpoint import save_iteration  # noqa: E402
 from nanogpt_perf.train.parallel import full_state, load_full_state, start_ranks, wrap_model  # noqa: E402
 from nanogpt_perf.train.step import TrainStep  # noqa: E402
 

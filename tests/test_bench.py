@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configurator import sweep_values
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
+from conftest import ROOT, SMALL, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
 from model import GPT, GPTConfig
 from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
 from nanogpt_perf.bench.measure import FIGURES, run_case
@@ -19,7 +19,6 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.manifest import git_state, gpu_driver_version
 from nanogpt_perf.timing import PHASES
 
-SMALL = GPTConfig(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 TINY_BENCH = [
     "--n_layer=2",
     "--n_head=2",

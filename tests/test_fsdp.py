@@ -11,8 +11,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import run_script
 from model import GPT, GPTConfig
+from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.runtime import resolve_runtime
-from nanogpt_perf.train.checkpoint import load_checkpoint
 from nanogpt_perf.train.parallel import full_state, load_full_state, wrap_model
 
 K = 2  # micro-batches per rank and step; the single process takes 2K

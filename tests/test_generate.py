@@ -5,15 +5,14 @@ import re
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import GENERATE_CONFIG, prompts, run_script, sharp_model, tiny_hf_folder
 from model import GPT, GPTConfig, from_hf_state_dict, sample, to_hf_state_dict
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.generate import Engine, Sampling, cached_forward, candidates, onednn_for_cpu_inference, sample_next
-from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
 
-CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 CPU = resolve_runtime("cpu", "float32")
 ALL = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untied_head=True, logit_softcap=20.0)
 ALL |= dict(zero_init_proj=True, value_embeds=True, unet_skips=True)
@@ -23,24 +22,6 @@ RECIPES = {
     "all": ALL,
     "all, 3 layers": dict(ALL, n_layer=3),  # a middle layer: no skip, no value embedding
 }
-
-
-def sharp_model(seed: int = 0, dtype=torch.float64, **overrides) -> GPT:
-    """A random model with weights scaled up, so its logits are far from uniform and argmax ties are not an issue;
-    float64 so that rounding never decides a token."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**CONFIG, **overrides})).to(dtype).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2 and not p.any():  # a zero init (zero_init_proj) would leave no path to test
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            p.mul_(4)
-    return model
-
-
-def prompts(B: int, T: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(64, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 def engine_generate(
@@ -209,15 +190,6 @@ def test_streamed_text_equals_decoding_the_whole_sequence():
     assert all("\ufffd" not in p for p in pieces)  # no broken characters printed on the way
 
 
-def tiny_hf_folder(tmp_path, seed: int = 0):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4)
-    hf = transformers.GPT2LMHeadModel(config).eval()
-    hf.save_pretrained(tmp_path / "hf")
-    return hf, tmp_path / "hf"
-
-
 def test_import_from_a_transformers_folder_gives_its_logits(tmp_path):
     hf, folder = tiny_hf_folder(tmp_path)
     model = load_gpt2(str(folder)).eval()
@@ -232,7 +204,7 @@ def test_weights_to_transformers_and_back_give_the_same_logits():
     (to_hf_state_dict gives zero biases and cuts the padding) in transformers' GPT2LMHeadModel, then back."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**dict(CONFIG, vocab_size=64, bias=False))).eval()
+    model = GPT(GPTConfig(**dict(GENERATE_CONFIG, vocab_size=64, bias=False))).eval()
     hf_config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(model, 50), strict=False)
@@ -240,7 +212,9 @@ def test_weights_to_transformers_and_back_give_the_same_logits():
     idx = torch.randint(50, (2, 16))
     ours = model(idx, idx)[0][..., :50]
     assert (hf(idx).logits - ours).abs().max().item() <= 1e-4
-    back = GPT(GPTConfig(**dict(CONFIG, vocab_size=50))).eval()  # with biases, as transformers' GPT-2: all zero
+    back = GPT(
+        GPTConfig(**dict(GENERATE_CONFIG, vocab_size=50))
+    ).eval()  # with biases, as transformers' GPT-2: all zero
     back.load_state_dict(from_hf_state_dict(hf.state_dict()))
     torch.testing.assert_close(back(idx, idx)[0], ours, rtol=0, atol=1e-5)
 
@@ -249,7 +223,7 @@ def test_export_round_trip_through_transformers(tmp_path, tiny_data):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     meta_vocab = Tokenizer.for_dataset(tiny_data / "tiny").n_vocab
-    model_args = dict(CONFIG, vocab_size=64, bias=False)  # padded vocab, no biases: both undone on export
+    model_args = dict(GENERATE_CONFIG, vocab_size=64, bias=False)  # padded vocab, no biases: both undone on export
     model = GPT(GPTConfig(**model_args)).eval()
     checkpoint = {
         "model": model.state_dict(),
@@ -302,7 +276,7 @@ def test_train_and_sample_from_a_transformers_folder(tmp_path, tiny_data):
 
 def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
     torch.manual_seed(0)
-    model_args = dict(CONFIG, vocab_size=64)
+    model_args = dict(GENERATE_CONFIG, vocab_size=64)
     model = GPT(GPTConfig(**model_args))
     checkpoint = {
         "model": model.state_dict(),
@@ -414,8 +388,8 @@ def test_prefill_and_decode_never_use_cudnn():
     training = sdpa_calls(lambda: model(idx))
     assert training and all(call["cudnn"] for call in training)  # SDPA's own choice: cuDNN allowed
     decoding = sdpa_calls(lambda: list(engine.tokens(idx, 4, Sampling(temperature=0))))
-    prefill, decode = decoding[: CONFIG["n_layer"]], decoding[CONFIG["n_layer"] :]
-    assert len(decode) == 3 * CONFIG["n_layer"]
+    prefill, decode = decoding[: GENERATE_CONFIG["n_layer"]], decoding[GENERATE_CONFIG["n_layer"] :]
+    assert len(decode) == 3 * GENERATE_CONFIG["n_layer"]
     assert all(call == dict(flash=True, efficient=True, cudnn=False, math=True) for call in prefill)
     assert all(not call["cudnn"] and call["efficient"] for call in decode)
 

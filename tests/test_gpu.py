@@ -9,11 +9,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_bench import SMALL
-from test_generate import prompts, sharp_model
-from test_resume import SCHEDULE, step_losses
 
-from conftest import TINY_MODEL, run_script, run_train
+from conftest import SCHEDULE, SMALL, TINY_MODEL, prompts, run_script, run_train, sharp_model, step_losses
 from model import GPT, GPTConfig
 from nanogpt_perf.generate import Engine, Sampling
 from nanogpt_perf.runtime import resolve_runtime

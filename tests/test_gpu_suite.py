@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from test_bad_input import contents
 
-from conftest import ROOT, assert_one_line_error, run_script
+from conftest import ROOT, assert_one_line_error, contents, run_script
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_suite_args  # noqa: E402

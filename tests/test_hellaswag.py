@@ -6,10 +6,9 @@ import json
 
 import pytest
 import torch
-from test_loader import llmc_folder
 from torch.nn import functional as F
 
-from conftest import TINY_MODEL, assert_one_line_error, refuse_train, run_in_process, run_script
+from conftest import TINY_MODEL, assert_one_line_error, llmc_folder, refuse_train, run_in_process, run_script
 from model import GPT, GPTConfig
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 from nanogpt_perf.hellaswag import ending_scores, read_examples, render, score

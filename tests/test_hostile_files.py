@@ -22,9 +22,20 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from test_bad_input import contents
 
-from conftest import ROOT, assert_one_line_error, run_in_process
+from conftest import (
+    REGRESSION,
+    ROOT,
+    B,
+    P,
+    ScriptCase,
+    assert_one_line_error,
+    bench_output,
+    compare,
+    contents,
+    refuse_script_case,
+    run_in_process,
+)
 from nanogpt_perf import files
 from nanogpt_perf.data.dataset import resume_command
 from nanogpt_perf.files import WriteFailed, replace_folder, write_atomically, write_bytes, write_through_path
@@ -539,3 +550,50 @@ def test_an_export_onto_a_full_disk_keeps_the_previous_export(small_disk, checkp
     assert "no space left on the device; the previous hf is as it was" in errors[0]
     assert contents(tmp_path / "after") == contents(tmp_path / "before")
     assert sorted((tmp_path / "listing.txt").read_text().split()) == [".", "..", "filler", "hf"]  # no leftover
+
+
+# ----------------------------------------------------------------------------- JSON that no script of ours wrote
+
+REPORTS = {
+    # JSON that bench.py's regression check and plot.py did not write
+    "regression-nested-without-end": ScriptCase(
+        B, REGRESSION, ("new.json", "nested too deeply"), compare("[" * 100_000)
+    ),
+    "regression-truncated": ScriptCase(B, REGRESSION, ("new.json is not JSON",), compare(bench_output()[:40])),
+    "regression-not-utf8": ScriptCase(B, REGRESSION, ("new.json is not JSON",), compare(b"\xff\xfe{}")),
+    "regression-results-a-dict": ScriptCase(
+        B, REGRESSION, ("no results list and manifest",), compare('{"results": {}, "manifest": {}}')
+    ),
+    "regression-manifest-a-list": ScriptCase(
+        B, REGRESSION, ("no results list and manifest",), compare('{"results": [], "manifest": []}')
+    ),
+    "regression-result-a-number": ScriptCase(
+        B, REGRESSION, ("its result 0 has no name and status",), compare('{"results": [1], "manifest": {}}')
+    ),
+    "regression-metric-a-string": ScriptCase(
+        B, REGRESSION, ("ms_median 'fast', not a finite number",), compare(bench_output(ms_median="fast"))
+    ),
+    "regression-metric-infinite": ScriptCase(
+        B, REGRESSION, ("old.json", "ms_median 'inf'"), compare(bench_output(), bench_output(ms_median=float("inf")))
+    ),
+    "regression-metric-a-bool": ScriptCase(
+        B, REGRESSION, ("tokens_per_s 'True'",), compare(bench_output(tokens_per_s=True))
+    ),
+    "regression-two-results-of-one-name": ScriptCase(
+        B,
+        REGRESSION,
+        ("two results are named 'a'",),
+        compare(json.dumps({"manifest": {}, "results": [json.loads(bench_output())["results"][0]] * 2})),
+    ),
+    "regression-ok-without-settings": ScriptCase(
+        B, REGRESSION, ("its result 'a' has no settings",), compare(bench_output(settings=None))
+    ),
+    "regression-not-a-file": ScriptCase(B, REGRESSION, ("no bench output at",), {"new.json/x": "", "old.json": "{}"}),
+    "plot-log-nested-without-end": ScriptCase(P, "", ("line 1", "nested too deeply"), {"run/log.jsonl": "[" * 100_000}),
+    "plot-log-of-lists": ScriptCase(P, "", ("line 1 is not a JSON object",), {"run/log.jsonl": "[1, 2]\n"}),
+}
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_a_report_refused_with_one_line_and_nothing_written(name, checkpoints, tmp_path, monkeypatch):
+    refuse_script_case(REPORTS[name], checkpoints, tmp_path, monkeypatch)

@@ -8,6 +8,7 @@ character-level model taken back by sample.py."""
 import errno
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,12 +21,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ROOT, assert_one_line_error, run_in_process
-from nanogpt_perf.data.identity import BLOCK, SAMPLES, dataset_identity, identity_change
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_train, sigterm_at
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.shards import write_shard
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes
+from nanogpt_perf.guard.dataset import BLOCK, SAMPLES, dataset_identity, identity_change
+from nanogpt_perf.guard.out_dir import LOCK_NAME
+from nanogpt_perf.train.preemption import resume_command
 
 CPU = torch.device("cpu")
 
@@ -263,7 +266,7 @@ def test_a_datasets_identity_names_what_changed_and_survives_a_move(tmp_path):
 
 
 def test_a_fingerprint_reads_a_few_blocks_of_a_large_file(tmp_path, monkeypatch):
-    from nanogpt_perf.data import identity
+    from nanogpt_perf.guard import dataset as identity
 
     big = tmp_path / "big" / "train.bin"
     big.parent.mkdir()
@@ -364,3 +367,57 @@ def test_an_export_of_a_character_model_carries_its_vocabulary_back_to_sample(ti
     assert text(exported) == text(original)  # the same greedy text: weights and vocabulary came back whole
     again = run_in_process("export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}")
     assert again.returncode == 0, again.stderr  # an earlier export, vocabulary.json included, is replaced
+
+
+# -- a run stopped, and how it ends (from the hostile runs) --------------------------------------------------------
+
+
+def test_sigterm_during_an_evaluation_stops_at_its_next_batch(tiny_data, tmp_path):
+    """An evaluation of a million batches, SIGTERM as it starts: the run stops at a batch boundary, not at its end."""
+    out = tmp_path / "out"
+    flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", "--eval_iters=1000000"]
+    run = subprocess.Popen([sys.executable, "train.py", *flags, "--max_iters=2"], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    while not (out / "manifest.json").exists() and run.poll() is None:  # written once SIGTERM stops it cleanly
+        time.sleep(0.05)
+    time.sleep(0.5)  # in the evaluation of iter 0
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 0, stderr
+    assert "stopped by SIGTERM after iter 0, before any checkpoint" in stdout and "step 0:" not in stdout
+
+
+@pytest.mark.slow
+def test_the_command_printed_after_sigterm_runs_as_printed_with_a_space_in_out_dir(tiny_data, tmp_path):
+    out = tmp_path / "my out"
+    flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", "--eval_iters=1"]
+    returncode, stdout, stderr = sigterm_at("train.py", *flags, "--max_iters=12", "--eval_interval=100", line="iter 2:")
+    assert returncode == 0, stderr
+    printed = stdout.split(": resume with\n  ")[1].splitlines()[0]
+    command = shlex.split(printed)
+    assert command[0] == sys.executable and f"--out_dir={out}" in command and command[-1] == "--init_from=resume"
+    assert not (out / LOCK_NAME).exists()
+    stopped_at = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+    assert 2 <= stopped_at < 12
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"iter {stopped_at + 1}:" in resumed.stdout
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 12
+
+
+def test_the_resume_command_under_torchrun_is_a_torchrun_command():
+    argv = ["train.py", "config/x.py", "--out_dir=a b", "--init_from=gpt2", "--overwrite=True"]
+    environ = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "0"}
+    command = shlex.split(resume_command(argv, environ))
+    assert command == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+                       "train.py", "config/x.py", "--out_dir=a b", "--init_from=resume"]  # fmt: skip
+    assert shlex.split(resume_command(argv, {}))[:2] == [sys.executable, "train.py"]
+
+
+def test_a_run_that_ends_on_non_finite_steps_saves_nothing_and_fails(tiny_data, tmp_path):
+    out = tmp_path / "out"
+    result = run_train(tiny_data, out, "--learning_rate=1e30", "--warmup_iters=0", "--max_iters=4",
+                       "--eval_interval=2", "--eval_iters=1")  # fmt: skip
+    assert_one_line_error(result, "the run ended at iter 4 on 3 non-finite steps, unsaved", "no checkpoint was saved")
+    assert "iter 2: not saved, the last step was not finite" in result.stdout
+    assert not list(out.glob("ckpt*")) and not (out / LOCK_NAME).exists()

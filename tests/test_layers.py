@@ -2,7 +2,9 @@
 string. model.py stands alone, torch only, importing nothing of the project when it is imported: the hand-written
 kernels below it (which import nothing of the project) only inside the function that needs one, when a setting asks
 for it (tests/test_standalone.py runs it copied alone). The package's core (errors, files, rules, the runtime and
-what measures it) imports only the model; data sits on the core; training and generation on those; the performance
+what measures it) imports only the model; data sits on the core and the guard's checks of paths and vocabularies;
+the guard room (nanogpt_perf/guard/) on data; training and generation on those, the guard's entry for train.py
+(guard/admission.py) on training; the performance
 lab, which times the training step, on top (training imports nothing from it); the configurator, which reads a
 script's command line, above the package (which never imports it); the scripts above it all."""
 
@@ -16,8 +18,12 @@ LAYERS = {
     "nanogpt_perf.kernels": -1,  # Triton kernels: torch and triton only
     "model": 0,
     "nanogpt_perf": 1,  # the core: errors, files, rules, runtime, timing, memory, peak_flops, manifest, ...
+    "nanogpt_perf.guard.paths": 1.5,  # the guard's checks that settings' declarations and the data's readers call
+    "nanogpt_perf.guard.vocabulary": 1.5,
     "nanogpt_perf.data": 2,
+    "nanogpt_perf.guard": 3,  # the guard room: forensics on checkpoints, datasets, weights, the out_dir
     "nanogpt_perf.train": 4,
+    "nanogpt_perf.guard.admission": 4.5,  # the guard's entry for train.py: it prepares data and builds the model
     "nanogpt_perf.generate": 4,
     "nanogpt_perf.bench": 5,
     "configurator": 6,  # a script's command line, over the core's rules and errors: the package never imports it

@@ -2,36 +2,18 @@
 shard's error, both window orders, ranks, state save and restore, and flat memory."""
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import assert_one_line_error, refuse_train, run_train
+from conftest import assert_one_line_error, llmc_folder, llmc_shard, refuse_train, run_train
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.order import EpochWindows
 from nanogpt_perf.data.shards import ShardError, read_shard_header, split_files, write_shard
 
 CPU = torch.device("cpu")
-
-
-def llmc_shard(path: Path, tokens: np.ndarray, magic: int = 20240520, version: int = 1, count: int | None = None):
-    """A shard as llm.c's data scripts write it: 256 little-endian int32 (magic, version, token count, zeros),
-    then the tokens as little-endian uint16."""
-    header = struct.pack("<256i", magic, version, len(tokens) if count is None else count, *([0] * 253))
-    path.write_bytes(header + tokens.astype("<u2").tobytes())
-
-
-def llmc_folder(folder: Path, shard_tokens: list[int]) -> Path:
-    """fineweb_val_000000.bin then fineweb_train_000001.bin, ...: shard i holds i * 10000, i * 10000 + 1, ..., so
-    that a token tells which shard and where it came from."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for i, n in enumerate(shard_tokens):
-        split = "val" if i == 0 else "train"
-        llmc_shard(folder / f"fineweb_{split}_{i:06d}.bin", np.arange(i * 10000, i * 10000 + n))
-    return folder
 
 
 def test_write_shard_round_trips_and_matches_llmc_bytes(tmp_path):

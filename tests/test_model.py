@@ -3,9 +3,11 @@ import math
 import pytest
 import torch
 
+from conftest import micro_batches_equal_one_batch, sdpa_equals_manual
 from model import GPT, GPTConfig, sample
+from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.peak_flops import mfu, peak_flops_for_name
-from nanogpt_perf.train.checkpoint import load_checkpoint, save_checkpoint
+from nanogpt_perf.train.checkpoint import save_checkpoint
 from nanogpt_perf.train.parallel import unwrap
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -29,18 +31,6 @@ def test_sdpa_matches_manual_attention_in_outputs_and_gradients(bias):
     sdpa_equals_manual(sdpa, manual, *batch())
 
 
-def sdpa_equals_manual(sdpa: GPT, manual: GPT, x: torch.Tensor, y: torch.Tensor) -> None:
-    """The logits, the loss's and every parameter's gradient of two models, one attending through SDPA, the other
-    through the masked-softmax reference, equal."""
-    logits_s, loss_s = sdpa(x, y)
-    logits_m, loss_m = manual(x, y)
-    torch.testing.assert_close(logits_s, logits_m, rtol=1e-5, atol=1e-5)
-    loss_s.backward()
-    loss_m.backward()
-    for (name, p_s), p_m in zip(sdpa.named_parameters(), manual.parameters(), strict=True):
-        torch.testing.assert_close(p_s.grad, p_m.grad, rtol=1e-4, atol=1e-6, msg=name)
-
-
 def test_manual_attention_is_causal():
     model = small_model(attention="manual").eval()
     x, _ = batch(B=1)
@@ -54,17 +44,6 @@ def test_manual_attention_is_causal():
 
 def test_k_micro_batches_equal_one_batch_k_times_as_big():
     micro_batches_equal_one_batch(small_model(), small_model(), *batch(B=8))
-
-
-def micro_batches_equal_one_batch(big: GPT, micro: GPT, x: torch.Tensor, y: torch.Tensor, k: int = 4) -> None:
-    """The gradients of the batch (x, y) in big equal those of its k micro-batches, each loss / k, in micro."""
-    _, loss = big(x, y)
-    loss.backward()
-    for xs, ys in zip(x.chunk(k), y.chunk(k), strict=True):
-        _, loss = micro(xs, ys)
-        (loss / k).backward()
-    for (name, p_big), p_micro in zip(big.named_parameters(), micro.parameters(), strict=True):
-        torch.testing.assert_close(p_big.grad, p_micro.grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
 def test_tied_embeddings_and_scaled_residual_init():

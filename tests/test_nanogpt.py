@@ -7,9 +7,8 @@ import time
 
 import pytest
 import torch
-from test_generate import tiny_hf_folder
 
-from conftest import ROOT, TINY_MODEL, run_script
+from conftest import ROOT, TINY_MODEL, run_script, tiny_hf_folder
 from model import GPT, GPTConfig
 
 NANOGPT_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")  # its GPTConfig

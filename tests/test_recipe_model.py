@@ -9,11 +9,11 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from test_model import micro_batches_equal_one_batch, sdpa_equals_manual
 
-from conftest import ROOT
+from conftest import ROOT, micro_batches_equal_one_batch, sdpa_equals_manual
 from model import ARCHITECTURE, GPT, GPTConfig, ReLUSquared, rotary_angles, rotate
-from nanogpt_perf.train.checkpoint import CHECKPOINT_KEYS, load_checkpoint, save_checkpoint, training_state
+from nanogpt_perf.guard.checkpoint import load_checkpoint
+from nanogpt_perf.train.checkpoint import CHECKPOINT_KEYS, save_checkpoint, training_state
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 # the commit this branch started from: its model.py is the reference for the defaults

@@ -9,18 +9,11 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_train, sigterm_at
+from conftest import ROOT, SCHEDULE, TINY_MODEL, assert_one_line_error, refuse_train, run_train, sigterm_at, step_losses
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.train.checkpoint import restore_training
 from nanogpt_perf.train.parallel import Ranks
-
-SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
-
-
-def step_losses(out) -> dict[int, float]:
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    return {r["iter"]: r["step_loss"] for r in records if "step_loss" in r}
 
 
 def final_weights(out) -> dict[str, torch.Tensor]:
@@ -108,11 +101,12 @@ def test_a_corrupt_checkpoint_names_the_newest_good_one_and_falls_back_only_when
     shutil.copyfile(newest, out / "ckpt.pt")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     refused = refuse_train(tiny_data, out, *SCHEDULE, "--init_from=resume", "--max_iters=8")
-    assert_one_line_error(refused, "ckpt.pt is corrupt", "ckpt-0000005.pt", "resume_fallback=True")
+    # ckpt-best.pt, iteration 6's (a file of its own once copied), is whole and newer than ckpt-0000005.pt
+    assert_one_line_error(refused, "ckpt.pt is corrupt", "ckpt-best.pt", "resume_fallback=True")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     resumed = run_train(tiny_data, out, *SCHEDULE, "--init_from=resume", "--max_iters=8", "--resume_fallback=True")
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from" in resumed.stdout and "\niter 6:" in resumed.stdout
+    assert "resuming from" in resumed.stdout and "\niter 7:" in resumed.stdout
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 8
 
 

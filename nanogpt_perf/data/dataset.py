@@ -4,7 +4,6 @@ folder's own code (its prepare.py) runs only when it is that preparer, or when t
 
 import json
 import os
-import pickle
 import shlex
 import subprocess
 import sys
@@ -14,7 +13,8 @@ from typing import Any
 from nanogpt_perf.config import shown
 from nanogpt_perf.data.shards import has_tokens
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.rules import path_problem
+from nanogpt_perf.guard.paths import check_path
+from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE, read_meta
 
 STATE_FILE = "prepare_state.json"  # an unfinished preparation's progress (nanogpt_perf/data/preparation.py)
 
@@ -46,8 +46,10 @@ def prepare_if_missing(data_path: Path, allow_foreign: bool = False) -> None:
     preparer of its name (see own_preparer); data_path/prepare.py of any other kind runs only with allow_foreign
     (the setting run_data_preparer=True), else the error says how to run it. A web-scale dataset is never
     prepared unasked: the error says how."""
-    if problem := path_problem(str(data_path)):
-        raise UserError(f"the dataset folder must be {problem}, not {shown(str(data_path))}")
+    try:
+        check_path(str(data_path))
+    except ValueError as e:
+        raise UserError(f"the dataset folder must be {e}, not {shown(str(data_path))}") from None
     if os.path.isfile(data_path / STATE_FILE):  # shards of a preparation that was stopped part way
         again = resume_command(data_path) or shlex.join([sys.executable, str(data_path / "prepare.py")])
         raise UserError(f"dataset {data_path.name} is only partly prepared: finish it with: {again}")
@@ -88,84 +90,9 @@ def resume_command(out_dir: Path) -> str | None:
     return command if isinstance(command, str) else None
 
 
-class _PlainDataUnpickler(pickle.Unpickler):
-    """Unpickles dicts, lists, strings and numbers only: a meta.pkl that names any class or function (which
-    unpickling would import and call) is refused instead of run."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"it refers to {module}.{name}; a meta.pkl holds plain data only")
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    """A dataset's meta.pkl (nanoGPT's format: vocab_size, and itos/stoi for a character vocabulary), read as
-    plain data and checked consistent with itself; {} when there is none."""
-    if not path.is_file():
-        return {}
-    try:
-        with open(path, "rb") as f:
-            meta = _PlainDataUnpickler(f).load()
-    except Exception as e:  # no code runs (see above): whatever fails is a damaged file
-        raise UserError(f"{path} is not a valid meta.pkl: {type(e).__name__}: {e}") from None
-    if problem := meta_problem(meta):
-        raise UserError(f"{path} is not a valid meta.pkl: {problem}")
-    return meta
-
-
-def meta_problem(meta: Any) -> str | None:
-    """What makes meta inconsistent: vocab_size a positive int; a character vocabulary's itos mapping every id
-    below vocab_size to its own string (a dict or a list), stoi (if any) its inverse. None when it is consistent."""
-    if not isinstance(meta, dict) or "vocab_size" not in meta:
-        return "no vocab_size"
-    vocab_size, itos, stoi = meta["vocab_size"], meta.get("itos"), meta.get("stoi")
-    if type(vocab_size) is not int or vocab_size < 1:
-        return f"vocab_size must be a positive int, not {shown(vocab_size)}"
-    if itos is None:
-        return "stoi without itos (the id of each string, not the string of each id)" if stoi is not None else None
-    strings = id_strings(itos)
-    if strings is None:
-        return "itos must give the string of each token id 0, 1, ... (a dict or a list of str)"
-    if len(strings) != vocab_size:
-        return f"vocab_size is {vocab_size} but itos has {len(strings)} tokens"
-    if len(set(strings)) != len(strings):
-        return "itos gives two token ids the same string"
-    if stoi is not None and stoi != {s: i for i, s in enumerate(strings)}:
-        return "stoi is not the inverse of itos"
-    return None
-
-
-def id_strings(itos: Any) -> list[str] | None:
-    """itos as the list of each id's string, or None when it is not one: a list of str, or a dict from the ints
-    0..n-1 to str."""
-    if isinstance(itos, dict) and all(type(k) is int for k in itos) and set(itos) == set(range(len(itos))):
-        itos = [itos[i] for i in range(len(itos))]
-    if isinstance(itos, list) and all(type(s) is str for s in itos):
-        return itos
-    return None
-
-
 def dataset_vocab_size(data_path: Path) -> int | None:
     """The dataset's vocabulary size from its meta.pkl; None when it has none (GPT-2 BPE is then assumed)."""
     return read_meta(data_path / "meta.pkl").get("vocab_size")
-
-
-VOCABULARY_FILE = "vocabulary.json"  # beside an exported model of a character vocabulary (export.py)
-
-
-def folder_tokenizer_spec(folder: Path) -> dict[str, Any]:
-    """The tokenizer of a model folder in transformers' format, as a checkpoint stores it (see tokenizer.py's
-    tokenizer_spec): the character vocabulary that export.py wrote beside the weights, else GPT-2's BPE."""
-    path = folder / VOCABULARY_FILE
-    if not path.is_file():
-        return {"kind": "gpt2"}
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise UserError(f"{path} is not a vocabulary ({type(e).__name__}): export the model again") from None
-    itos = spec.get("itos") if isinstance(spec, dict) and spec.get("kind") == "characters" else None
-    problem = meta_problem({"vocab_size": len(itos), "itos": itos}) if isinstance(itos, list) else "no itos list"
-    if problem:
-        raise UserError(f"{path} is not a character vocabulary ({problem}): export the model again")
-    return {"kind": "characters", "itos": itos}
 
 
 def write_vocabulary(folder: Path, spec: dict[str, Any]) -> None:
@@ -174,27 +101,3 @@ def write_vocabulary(folder: Path, spec: dict[str, Any]) -> None:
     if spec.get("kind") == "characters":
         text = json.dumps({"kind": "characters", "itos": list(spec["itos"])}, ensure_ascii=False)
         (folder / VOCABULARY_FILE).write_text(text + "\n", encoding="utf-8")
-
-
-def vocabulary_problem(tokens: int, tokenizer: str, model_tokens: int, source: str = "checkpoint") -> str | None:
-    """Why a tokenizer of `tokens` ids cannot go with a model of a vocabulary of model_tokens (it would give ids
-    past the embedding), or None; source: where both come from, for the line."""
-    if tokens <= model_tokens:
-        return None
-    return (
-        f"the {source}'s tokenizer ({tokenizer}) has {tokens} tokens, more than its model's vocabulary of "
-        f"{model_tokens}: they do not belong together"
-    )
-
-
-def vocabulary_mismatch(model_spec: dict[str, Any], data_spec: dict[str, Any], dataset: str) -> str | None:
-    """Why a model folder that carries a character vocabulary (folder_tokenizer_spec) cannot go on training on a
-    dataset of another vocabulary (tokenizer.tokenizer_spec): its token ids would mean other characters; None when
-    they are the same, or when the folder carries none (GPT-2's weights train on any data, as nanoGPT's do)."""
-    if model_spec.get("kind") != "characters" or model_spec == data_spec:
-        return None
-    theirs = f"{len(data_spec['itos'])} characters" if data_spec.get("kind") == "characters" else "GPT-2's BPE"
-    return (
-        f"the model folder's vocabulary ({len(model_spec['itos'])} characters, its {VOCABULARY_FILE}) is not dataset "
-        f"{dataset}'s ({theirs}): its token ids would mean other characters"
-    )

@@ -43,7 +43,7 @@ from nanogpt_perf.data.documents import (
 from nanogpt_perf.data.shards import ShardError, read_shard_header, shard_name, write_shard
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import WriteFailed, write_json
-from nanogpt_perf.rules import a_path
+from nanogpt_perf.guard.paths import a_path
 
 RECORD_FILE = "prepare.json"
 MAX_SHARD_SIZE = 2**31 - 1  # the header holds the token count as an int32

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.config import shown
-from nanogpt_perf.data.dataset import folder_tokenizer_spec, read_meta, vocabulary_problem
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard.vocabulary import check_vocabulary, folder_tokenizer_spec, read_meta
 
 GPT2_VOCAB_SIZE = 50257  # GPT-2's BPE: for a dataset with no meta.pkl, and for synthetic tokens
 GPT2_BPE_HASHES = {  # the official SHA-256 of GPT-2's BPE files, as tiktoken checks them
@@ -104,8 +104,7 @@ class Tokenizer:
         if checkpoint is None:
             return cls.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else cls()
         tokenizer = cls.for_checkpoint(checkpoint)
-        if problem := vocabulary_problem(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"]):
-            raise UserError(problem)
+        check_vocabulary(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"])
         return tokenizer
 
     def encode(self, text: str) -> list[int]:

@@ -1,11 +1,12 @@
-"""Checkpoints: written atomically (a temporary file, fsynced, renamed), kept as the last few plus the best, read
-back through the forensics of checkpoint_checks.py (every record's CRC, a model this code can build), and restored.
+"""Checkpoints: written atomically (a temporary file, fsynced, renamed), kept as the last few plus the best, and
+restored once the guard has read them (nanogpt_perf/guard/checkpoint.py: every record's CRC, a model this code can
+build). Every checkpoint is a file of out_dir's own: a link found in the place of one is replaced, never written
+through (it would write outside out_dir).
 
 In out_dir: ckpt-NNNNNNN.pt per saved iteration (the last keep_last of them), ckpt.pt the newest and ckpt-best.pt
 the best by val loss (links to one of those, or copies where the file system has no links)."""
 
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,13 @@ import torch
 from model import ARCHITECTURE, RECIPE_ARCHITECTURE
 from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.files import write_atomically, write_through_path
-from nanogpt_perf.train.checkpoint_checks import ARCHITECTURE_DEFAULTS, checkpoint_problem, read_checkpoint, resumable
+from nanogpt_perf.guard.checkpoint import ARCHITECTURE_DEFAULTS, saved_iterations
 from nanogpt_perf.train.parallel import Ranks, load_full_state
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     """Write atomically: a crash mid-write leaves the previous checkpoint intact, never a torn file."""
-    write_atomically(path, lambda f: torch.save(checkpoint, f))
+    write_atomically(path, lambda f: torch.save(checkpoint, f), follow_links=False)
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -35,16 +36,7 @@ def link_or_copy(source: Path, target: Path) -> None:
         except OSError:
             shutil.copyfile(source, tmp)
 
-    write_through_path(target, make)
-
-
-ITERATION_FILE = re.compile(r"ckpt-(\d{7})\.pt")
-
-
-def saved_iterations(out_dir: Path) -> list[Path]:
-    """The ckpt-NNNNNNN.pt files in out_dir, newest first."""
-    found = [p for p in out_dir.glob("ckpt-*.pt") if ITERATION_FILE.fullmatch(p.name)] if out_dir.is_dir() else []
-    return sorted(found, reverse=True)
+    write_through_path(target, make, follow_links=False)
 
 
 def save_iteration(checkpoint: dict[str, Any], out_dir: Path, iter_num: int, best: bool, keep_last: int) -> Path:
@@ -60,45 +52,11 @@ def save_iteration(checkpoint: dict[str, Any], out_dir: Path, iter_num: int, bes
     return path
 
 
-def newest_good(out_dir: Path) -> Path | None:
-    return next((p for p in saved_iterations(out_dir) if checkpoint_problem(p) is None), None)
-
-
-def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
-    """out_dir/ckpt.pt when whole; else, when fallback, the newest whole ckpt-NNNNNNN.pt; else one line naming it.
-    Each file's CRCs are checked once, here, before it is loaded."""
-    path = out_dir / "ckpt.pt"
-    problem = checkpoint_problem(path)
-    if problem is None:
-        return resumable(read_checkpoint(path), path)
-    good = newest_good(out_dir)
-    if problem == "missing" and good is None:
-        raise UserError(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
-    if good is None:
-        raise UserError(f"checkpoint {path} is {problem}, and no older checkpoint in {out_dir} is whole")
-    if not fallback:
-        raise UserError(
-            f"checkpoint {path} is {problem}; the newest whole one is {good}: resume_fallback=True resumes from it"
-        )
-    print(f"checkpoint {path} is {problem}: resuming from {good}, the newest whole one")
-    return resumable(read_checkpoint(good), good)
-
-
-def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """A checkpoint of ours, its CRCs checked, loaded as plain data (weights_only); one error line for anything
-    else."""
-    if not path.is_file():
-        raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
-    if problem := checkpoint_problem(path):
-        raise UserError(f"checkpoint {path} is corrupt or unreadable: {problem}")
-    return read_checkpoint(path, map_location)
-
-
 def training_state(**state: Any) -> dict[str, Any]:
     """What a training checkpoint holds, as plain data (loadable with weights_only): model (the plain state dict),
     optimizer, scaler, model_args (the GPTConfig), iter_num, best_val_loss, config (every setting), tokenizer (so
     that sample.py and export.py need no data folder), ranks (each rank's generators and loader position) and
-    data_identity (the dataset's files as the run found them: nanogpt_perf/data/identity.py). A
+    data_identity (the dataset's files as the run found them: nanogpt_perf/guard/dataset.py). A
     checkpoint of nanoGPT's has the first six of these but the scaler."""
     if set(state) != set(CHECKPOINT_KEYS):
         raise TypeError(f"a training checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}")

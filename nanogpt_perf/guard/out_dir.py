@@ -11,25 +11,29 @@ holds checkpoints is refused unless overwrite=True, which deletes the earlier ru
 they would mix with the new run's (keep_last keeps the highest iterations, whichever run wrote them, and ckpt.pt and
 ckpt-best.pt would point at either).
 
-Every check here reads only: out_dir_problem runs before any work, claim after every other check has passed, so
-that a refused run writes nothing."""
+check_out_dir runs before any work, and writes nothing but a probe it removes at once (the one sure test that a
+folder can be written: /proc, a read-only mount or a full quota pass os.access). claim runs after every other check
+has passed, so that a refused run writes nothing; it checks again under the lock, so that of two runs admitted
+into the same empty out_dir the second, which takes the lock once the first has ended, is refused too.
+
+An out_dir that is a link to a folder elsewhere is taken as that folder (a link to a larger disk is common); the
+checkpoints in it are files of its own, never written through a link (train/checkpoint.py)."""
 
 import atexit
+import errno
 import json
 import os
 import shlex
 import socket
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import process_alive
-from nanogpt_perf.train.checkpoint import saved_iterations
-from nanogpt_perf.train.parallel import close
+from nanogpt_perf.files import REASONS, process_alive
+from nanogpt_perf.guard.checkpoint import saved_iterations
 
 LOCK_NAME = "train.lock"
 # what a run leaves in out_dir besides its checkpoints, deleted with them by overwrite=True (manifest.json is
@@ -41,6 +45,24 @@ def run_checkpoints(out_dir: Path) -> list[Path]:
     """The checkpoints in out_dir: ckpt.pt (nanoGPT's only one), ckpt-best.pt and the ckpt-NNNNNNN.pt."""
     links = [out_dir / name for name in ("ckpt.pt", "ckpt-best.pt") if (out_dir / name).is_file()]
     return links + saved_iterations(out_dir)
+
+
+def run_files(out_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What out_dir holds of a run, each file by name, size, modification time and inode."""
+    paths = run_checkpoints(out_dir) + [out_dir / name for name in RUN_RECORDS if (out_dir / name).is_file()]
+    stats = ((p.name, p.stat()) for p in paths)
+    return tuple((name, s.st_size, s.st_mtime_ns, s.st_ino) for name, s in stats)
+
+
+def check_unchanged(out_dir: Path, seen: tuple) -> None:
+    """A UserError when out_dir's run files are not those that admission saw (seen: run_files then): another run
+    wrote there while this one was starting."""
+    if (now := run_files(out_dir)) != seen:
+        changed = sorted({f[0] for f in set(now) ^ set(seen)})
+        raise UserError(
+            f"out_dir {out_dir} changed while this run was starting (another run wrote or removed "
+            f"{', '.join(changed[:3])}): nothing was written; start it again"
+        )
 
 
 def nonfinite_end(bad_steps: int, iter_num: int, out_dir: Path, max_bad_steps: int | None = None) -> str:
@@ -98,44 +120,57 @@ def held_by(holder: dict[str, Any]) -> str:
     return f"pid {holder['pid']} on {holder['host']}, since {holder.get('started', '?')}"
 
 
-def lock_problem(out_dir: Path, holder: dict[str, Any] | None) -> str | None:
-    """Why out_dir's lock (holder: what it says) stops this run, or None when its process is dead."""
+def check_lock(out_dir: Path, holder: dict[str, Any] | None) -> None:
+    """A UserError when out_dir's lock (holder: what it says) stops this run; nothing when its process is dead."""
     path = out_dir / LOCK_NAME
     if holder is None:
-        return f"{path} is not a lock of train.py's, or a run is starting in {out_dir}: if none is, delete it"
+        raise UserError(f"{path} is not a lock of train.py's, or a run is starting in {out_dir}: if none is, delete it")
     if holder["host"] != socket.gethostname():
-        return (
+        raise UserError(
             f"out_dir {out_dir} is locked by a run on another host ({held_by(holder)}): if that run has ended, "
             f"delete {path}; else choose another out_dir"
         )
     if is_running(holder):
-        return (
+        raise UserError(
             f"out_dir {out_dir} is in use by another run ({held_by(holder)}): wait for it to end, or choose "
             f"another out_dir (if pid {holder['pid']} is not a train.py run, delete {path})"
         )
-    return None
 
 
-def out_dir_problem(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool) -> str | None:
-    """Why this run cannot use out_dir, before any work: a file in its place, a folder it cannot write, a live run
-    holding it, or (scratch: not init_from=resume) an earlier run's checkpoints without overwrite=True."""
+def check_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool) -> None:
+    """A UserError when this run cannot use out_dir, before any work: a file in its place, a folder it cannot
+    write, a live run holding it, or (scratch: not init_from=resume) an earlier run's checkpoints without
+    overwrite=True."""
     existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
-        return f"out_dir {out_dir} cannot be made: {existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"out_dir {out_dir} cannot be written ({existing} is not writable): choose another out_dir"
-    if (out_dir / LOCK_NAME).exists() and (problem := lock_problem(out_dir, read_holder(out_dir / LOCK_NAME)[1])):
-        return problem
-    found = run_checkpoints(out_dir) if scratch and not overwrite else []
+        raise UserError(f"out_dir {out_dir} cannot be made: {existing} is a file, not a folder")
+    try:  # a probe, removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=f".{LOCK_NAME}.probe-", dir=existing))
+    except OSError as e:
+        reason = (
+            "is not writable"
+            if e.errno in (errno.EACCES, errno.EPERM)
+            else f"refuses it: {REASONS.get(e.errno, e.strerror)}"
+        )
+        raise UserError(f"out_dir {out_dir} cannot be written ({existing} {reason}): choose another out_dir") from None
+    if (out_dir / LOCK_NAME).exists():
+        check_lock(out_dir, read_holder(out_dir / LOCK_NAME)[1])
+    if scratch and not overwrite:
+        check_no_earlier_run(out_dir, eval_only)
+
+
+def check_no_earlier_run(out_dir: Path, eval_only: bool) -> None:
+    """A UserError when out_dir holds an earlier run's checkpoints, which a new run would mix with its own."""
+    found = run_checkpoints(out_dir)
     if not found:
-        return None
+        return
     names = ", ".join(p.name for p in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
     if eval_only:  # its records would join that run's; overwrite=True would delete that run to evaluate others
-        return (
+        raise UserError(
             f"out_dir {out_dir} holds an earlier run's checkpoints ({names}): evaluate other weights in another "
             "out_dir, or that run's with init_from=resume (overwrite=True would delete them)"
         )
-    return (
+    raise UserError(
         f"out_dir {out_dir} holds an earlier run's checkpoints ({names}): init_from=resume continues that run, "
         "overwrite=True replaces it (deleting its checkpoints and log), or choose another out_dir"
     )
@@ -155,16 +190,15 @@ class OutDirLock:
         }
         self.content = (json.dumps(holder, indent=2) + "\n").encode()
 
-    def claim(self) -> str | None:
-        """Take the lock (a dead process's taken over, saying so); None when taken, else why not."""
+    def claim(self) -> None:
+        """Take the lock (a dead process's taken over, saying so), or a UserError saying why not."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(3):  # a stale lock taken over, or a race lost to another run taking one over
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 raw, holder = read_holder(self.path)
-                if problem := lock_problem(self.out_dir, holder):
-                    return problem
+                check_lock(self.out_dir, holder)
                 if self.take_over(raw):
                     print(f"out_dir {self.out_dir}: taking over the lock of a run that is no longer running "
                           f"({held_by(holder)})", flush=True)  # fmt: skip
@@ -175,8 +209,8 @@ class OutDirLock:
                 os.fsync(f.fileno())
             self.held = True
             atexit.register(self.release)  # on an exception too; the end of train.py releases it first
-            return None
-        return f"could not take {self.path}: other runs are starting in {self.out_dir} at the same time"
+            return
+        raise UserError(f"could not take {self.path}: other runs are starting in {self.out_dir} at the same time")
 
     def take_over(self, stale: bytes) -> bool:
         """Move the stale lock aside, unless it is no longer the one judged stale (another run took it over in
@@ -214,23 +248,3 @@ def remove_earlier_run(out_dir: Path) -> list[str]:
     for path in found:
         path.unlink()
     return [p.name for p in found]
-
-
-def claim_out_dir(out_dir: Path, master: bool, ddp: bool, replace_earlier: bool) -> OutDirLock | None:
-    """Rank 0 takes out_dir's lock and, with replace_earlier (a scratch run with overwrite=True), deletes the
-    earlier run's files, saying so. Under DDP every rank learns whether it did and, when not, they all stop with
-    rank 0's line: a rank left waiting at its next collective would hang until torchrun's timeout."""
-    lock, problem = (OutDirLock(out_dir), None) if master else (None, None)
-    if lock is not None:
-        problem = lock.claim()
-        if problem is None and replace_earlier and (removed := remove_earlier_run(out_dir)):
-            print(f"overwrite=True: deleted the earlier run's {', '.join(removed)} from {out_dir}", flush=True)
-    if ddp:
-        said = [problem]
-        dist.broadcast_object_list(said, src=0)
-        problem = said[0]
-        if problem:
-            close()  # together: gloo aborts a process that exits with its process group still up
-    if problem:
-        raise UserError(problem)  # every rank, with rank 0's line
-    return lock

@@ -21,49 +21,42 @@ def path_rule(check: Check) -> Check:
     return check
 
 
-def raising(problem: str | None) -> None:
-    if problem is not None:
-        raise ValueError(problem)
-
-
-def path_problem(value: str) -> str | None:
-    """What keeps the OS from taking value as a path (what would be valid, for a rule), or None: empty, a NUL
-    character, a ~ that no shell expanded, a name or the whole path too long, a part of its folders a file."""
-    if problem := name_problem(value):
-        return problem
+def check_path(value: str) -> None:
+    """A ValueError saying what would be valid unless the OS can take value as a path: empty, a NUL character, a ~
+    that no shell expanded, a name or the whole path too long, a part of its folders a file."""
+    check_name(value)
     parent = next((p for p in Path(os.path.abspath(value)).parents if os.path.lexists(p)), None)
     if parent is not None and not os.path.isdir(parent):
-        return f"a path in folders ({parent} is a file)"
-    return None
+        raise ValueError(f"a path in folders ({parent} is a file)")
 
 
-def name_problem(value: str) -> str | None:
-    """path_problem's checks of the text alone."""
+def check_name(value: str) -> None:
+    """check_path's checks of the text alone."""
     if not value:
-        return "a path"
+        raise ValueError("a path")
     if "\0" in value:
-        return "a path without a NUL character"
+        raise ValueError("a path without a NUL character")
     if value.startswith("~"):
         home = os.path.expanduser(value)
         instead = f": {home}" if home != value else ""
-        return f"a path without a leading ~ (no shell expands it inside a flag; write it out{instead})"
+        raise ValueError(f"a path without a leading ~ (no shell expands it inside a flag; write it out{instead})")
     encoded = os.fsencode(value)
     if len(encoded) >= PATH_MAX:
-        return f"a path of less than {PATH_MAX:,} bytes (this one has {len(encoded):,})"
+        raise ValueError(f"a path of less than {PATH_MAX:,} bytes (this one has {len(encoded):,})")
     if long := next((name for name in encoded.split(b"/") if len(name) > NAME_MAX), None):
-        return f"a path whose every name has at most {NAME_MAX} bytes (one has {len(long):,})"
-    return None
+        raise ValueError(f"a path whose every name has at most {NAME_MAX} bytes (one has {len(long):,})")
 
 
-@path_rule
-def a_path(value: str) -> None:
-    raising(path_problem(value))
+a_path = path_rule(check_path)
 
 
 @path_rule
 def optional_path(value: str) -> None:
     """'' (none) or a path."""
-    raising(None if value == "" else (problem := path_problem(value)) and f"'' or {problem}")
+    try:
+        check_path(value) if value != "" else None
+    except ValueError as e:
+        raise ValueError(f"'' or {e}") from None
 
 
 def writable(folder: str) -> bool:
@@ -73,11 +66,12 @@ def writable(folder: str) -> bool:
 @path_rule
 def output_folder(value: str) -> None:
     """A folder to write into: a path that is no file, whose nearest existing folder this user may write."""
-    raising(path_problem(value))
+    check_path(value)
     if os.path.lexists(value) and not os.path.isdir(value):
         raise ValueError("a folder (this is a file)")
     nearest = next(p for p in (value, *map(str, Path(os.path.abspath(value)).parents)) if os.path.exists(p))
-    raising(None if writable(nearest) else f"a folder that you may write ({nearest} is not writable)")
+    if not writable(nearest):
+        raise ValueError(f"a folder that you may write ({nearest} is not writable)")
 
 
 def output_file(suffix: str, optional: bool = True) -> Check:
@@ -85,34 +79,43 @@ def output_file(suffix: str, optional: bool = True) -> Check:
     ending in suffix that is no folder, in a folder that exists or can be made, and that this user may write."""
     what = ("'' or " if optional else "") + f"a {suffix} file"
 
-    def problem(value: str) -> str | None:
+    def check(value: str) -> None:
         path = Path(value)
         if optional and value == "":
-            return None
+            return
         if "\0" in value:
-            return f"{what} (no NUL character)"
+            raise ValueError(f"{what} (no NUL character)")
         if path.suffix.lower() != suffix:
-            return what
+            raise ValueError(what)
         if os.path.isdir(value) or value.endswith(("/", os.sep)):
-            return f"{what} (a file, not a folder)"
-        if problem := name_problem(value):
-            return f"{what}, {problem}"
+            raise ValueError(f"{what} (a file, not a folder)")
+        try:
+            check_name(value)
+        except ValueError as e:
+            raise ValueError(f"{what}, {e}") from None
         folder = next(p for p in path.absolute().parents if os.path.exists(p))  # "/" at least
         if not os.path.isdir(folder):
-            return f"{what} in a folder ({folder} is a file)"
+            raise ValueError(f"{what} in a folder ({folder} is a file)")
         if not writable(str(folder)) or (os.path.exists(value) and not os.access(value, os.W_OK)):
-            return f"{what} that you may write ({path if os.path.exists(value) else folder} is not writable)"
-        return None
+            raise ValueError(f"{what} that you may write ({path if os.path.exists(value) else folder} is not writable)")
 
-    return path_rule(lambda value: raising(problem(value)))
+    return path_rule(check)
 
 
 def init_from_one_of(*choices: str) -> Check:
     """choices (e.g. 'scratch', 'resume' and GPT-2's hub names) or an existing folder in transformers' format."""
-    folder = lambda v: path_problem(v) is None and os.path.isdir(v)  # Path('') is the current folder
 
     def choice_or_folder(value: str) -> None:
-        raising(None if value in choices or folder(value) else f"{', '.join(choices)} or a transformers folder")
+        if value in choices:
+            return
+        try:
+            check_path(value)
+        except ValueError:
+            pass
+        else:
+            if os.path.isdir(value):  # Path('') is the current folder: check_path refuses ''
+                return
+        raise ValueError(f"{', '.join(choices)} or a transformers folder")
 
     choice_or_folder.choices = (*choices, "a transformers folder")  # type: ignore[attr-defined] (for --help)
     return path_rule(choice_or_folder)

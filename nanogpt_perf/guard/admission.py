@@ -1,9 +1,16 @@
-"""Admission: what a run checks before its first write, in the order train.py asks, each refusal a UserError naming
-the problem and what would be valid; each step returns what it resolved. torchrun's variables, the out_dir (one run
-each) and a resumed checkpoint (its settings merged with this command's, and its limits); the dataset (prepared on
-first use, every token id inside the vocabulary) and the shape of a step; the model's fit to the data; HellaSwag's
-needs; wandb. train.py takes its out_dir (train/ownership.py) only once all of them have passed, so that a refused
-run writes nothing."""
+"""The guard's entry for train.py: what a run checks before its first write, each refusal a UserError naming the
+problem and what would be valid. Three calls, in train.py's order:
+
+- resolve_settings, before torch.distributed starts (a refused command ends before torchrun's ranks meet, and the
+  process group starts with this command's device and backend): torchrun's variables, the out_dir (one run each),
+  a resumed checkpoint (its settings merged with this command's, and its limits), every rule between settings;
+- preflight, once the ranks and the device are up (rank 0 prepares the data while the others wait at a barrier;
+  batch_size='auto' is sized on the device): the dataset (prepared on first use, every token id inside the
+  vocabulary, the same files as a resumed checkpoint's), the shape of a step, the model and its fit to the data
+  and to the settings given, HellaSwag's needs, wandb; it returns the Plan the run follows;
+- claim_out_dir, after the build (which can still refuse): the lock, and under it the out_dir checked again.
+
+A refused run writes nothing."""
 
 import os
 from collections.abc import Callable
@@ -15,24 +22,32 @@ import torch.distributed as dist
 
 from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig, fields_of_kind
 from nanogpt_perf.config import Config, convert, rule_problem
-from nanogpt_perf.data.dataset import dataset_vocab_size, folder_tokenizer_spec, prepare_if_missing, vocabulary_mismatch
-from nanogpt_perf.data.identity import dataset_identity, identity_change
-from nanogpt_perf.data.token_check import check_token_ids
+from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.gpt2_weights import load_gpt2
+from nanogpt_perf.guard.checkpoint import resume_checkpoint
+from nanogpt_perf.guard.dataset import check_token_ids, dataset_identity, identity_change
+from nanogpt_perf.guard.out_dir import (
+    OutDirLock,
+    check_no_earlier_run,
+    check_out_dir,
+    check_unchanged,
+    remove_earlier_run,
+    run_files,
+)
+from nanogpt_perf.guard.vocabulary import check_same_vocabulary, folder_tokenizer_spec
+from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.hellaswag import download_val, read_examples
 from nanogpt_perf.runtime import Runtime, dtype_problem, resolve_device
 from nanogpt_perf.train.autobatch import micro_batch, step_shape
 from nanogpt_perf.train.build import model_config
-from nanogpt_perf.train.checkpoint import resume_checkpoint
-from nanogpt_perf.train.ownership import out_dir_problem
-from nanogpt_perf.train.parallel import Ranks, torchrun_rank
+from nanogpt_perf.train.parallel import Ranks, close, torchrun_rank
 
 # settings a resumed run cannot change: the architecture (the vocabulary through pad_vocab and the data, which give
-# vocab_size) and the optimizer whose state it holds; its data is checked by identity (its files), or for a
-# checkpoint that has none (nanoGPT's, older ones) by the names of its folder
-FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), "pad_vocab", "optimizer")
+# vocab_size), the initialisation (it took place before: a change would be recorded, not done) and the optimizer
+# whose state it holds; its data is checked by identity (its files), or for a checkpoint that has none (nanoGPT's,
+# older ones) by the names of its folder
+FIXED_ON_RESUME = (*(k for k in ARCHITECTURE if k != "vocab_size"), *fields_of_kind("init"), "pad_vocab", "optimizer")
 DATA_NAMES = ("dataset", "data_dir")
 # settings that say how this command runs, not what the run is: always taken from the command
 PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "overwrite", "allow_changed_data")
@@ -42,7 +57,13 @@ UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of 
 FREE_OF_WEIGHTS = fields_of_kind("kernel", "training")
 
 
-def resolve_settings(cfg: Config, cross: tuple) -> tuple[Config, dict[str, Any] | None]:
+class Settings(NamedTuple):
+    cfg: Config  # every setting, merged with a resumed checkpoint's
+    checkpoint: dict[str, Any] | None  # the checkpoint it resumes from
+    seen: tuple | None  # what out_dir held of a run when admitted (rank 0): claim_out_dir checks it again
+
+
+def resolve_settings(cfg: Config, cross: tuple) -> Settings:
     """The settings this run goes by, and its checkpoint when it resumes: torchrun's variables checked, the out_dir
     free for this run (refused while another holds it, and a new run where an earlier one left checkpoints unless
     overwrite=True), and on resume the checkpoint's settings as the base, overridden by those given (each change
@@ -50,8 +71,9 @@ def resolve_settings(cfg: Config, cross: tuple) -> tuple[Config, dict[str, Any] 
     settings (cross), once, on what was merged."""
     master = torchrun_rank(os.environ) == 0
     out_dir, resuming = Path(cfg.out_dir), cfg.init_from == "resume"
-    if master and (problem := out_dir_problem(out_dir, not resuming, cfg.overwrite, cfg.eval_only)):
-        raise UserError(problem)
+    if master:
+        check_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only)
+    seen = run_files(out_dir) if master else None
     checkpoint = resume_checkpoint(out_dir, cfg.resume_fallback) if resuming else None
     merged = cfg.as_dict()
     if checkpoint is not None:
@@ -71,7 +93,7 @@ def resolve_settings(cfg: Config, cross: tuple) -> tuple[Config, dict[str, Any] 
             f"nothing to train (max_iters counts from the run's start): set max_iters above "
             f"{checkpoint['iter_num']}, or eval_only=True to evaluate it"
         )
-    return cfg, checkpoint
+    return Settings(cfg, checkpoint, seen)
 
 
 def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, Any], list[str]]:
@@ -89,10 +111,8 @@ def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, 
     fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
     moved = [k for k in changed if k in DATA_NAMES]  # another folder: only for the same files (or when asked)
     what = lambda keys: ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in keys)  # noqa: E731
-    if moved and not merged["allow_changed_data"] and (change := data_change(identity, merged)):
-        raise UserError(
-            f"cannot resume with {what(moved)}: {change}; resume on it as it is with --allow_changed_data=True"
-        )
+    if moved and not merged["allow_changed_data"]:
+        check_moved_data(identity, merged, f"cannot resume with {what(moved)}")
     if fixed:
         raise UserError(
             f"cannot resume with {what(fixed)}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
@@ -111,15 +131,17 @@ def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, 
     return merged, lines
 
 
-def data_change(identity: dict[str, Any] | None, s: dict[str, Any]) -> str | None:
-    """How the dataset the settings s name differs from the files a checkpoint's data identity records, or None."""
+def check_moved_data(identity: dict[str, Any] | None, s: dict[str, Any], refused: str) -> None:
+    """A UserError (refused: its start) unless the dataset the settings s name is the files a checkpoint's data
+    identity records."""
     path = Path(s["data_dir"]) / s["dataset"]
+    tail = "; resume on it as it is with --allow_changed_data=True"
     if identity is None:
-        return "the checkpoint records no data to compare it with"
+        raise UserError(f"{refused}: the checkpoint records no data to compare it with{tail}")
     if not path.is_dir():
-        return "no dataset there yet"
-    change = identity_change(identity, dataset_identity(path))
-    return change and f"not the checkpoint's data ({change})"
+        raise UserError(f"{refused}: no dataset there yet{tail}")
+    if change := identity_change(identity, dataset_identity(path)):
+        raise UserError(f"{refused}: not the checkpoint's data ({change}){tail}")
 
 
 def saved_value(key: str, value: Any, default: Any, meta: dict[str, Any]) -> Any:
@@ -138,24 +160,45 @@ class Data(NamedTuple):
     vocab_size: int  # the dataset's, before padding
     batch_size: int  # the micro-batch of each rank
     accumulation: int  # micro-batches a step, over all ranks
-    identity: dict[str, Any]  # its files as this run found them (nanogpt_perf/data/identity.py), for its checkpoints
+    identity: dict[str, Any] | None  # its files as rank 0 found them (guard/dataset.py), for its checkpoints
+
+
+class Plan(NamedTuple):
+    cfg: Config  # as it runs: batch_size and gradient_accumulation_steps as preflight resolved them
+    checkpoint: dict[str, Any] | None
+    data: Data
+    model: GPT  # on the CPU, before it is built for training
+    hellaswag: tuple[list, Callable] | None  # HellaSwag's examples and encoder, when asked for
+    wandb: ModuleType | None
+    seen: tuple | None
+
+
+def preflight(settings: Settings, ranks: Ranks, runtime: Runtime) -> Plan:
+    """Everything a run needs checked before it builds, given its settings, its ranks and its device: the data and
+    the shape of a step, the model, HellaSwag's examples and wandb (see the module's docstring)."""
+    cfg, checkpoint = settings.cfg, settings.checkpoint
+    data = admit_data(cfg, ranks, runtime, checkpoint)
+    cfg = cfg.replace(batch_size=data.batch_size, gradient_accumulation_steps=data.accumulation)
+    model = initial_model(cfg, data.vocab_size, checkpoint)
+    hellaswag = hellaswag_task(cfg, data.path, ranks)
+    return Plan(cfg, checkpoint, data, model, hellaswag, import_wandb(cfg, ranks.master), settings.seen)
 
 
 def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str, Any] | None) -> Data:
     """The dataset, prepared on first use (rank 0, by this repository's own preparer unless run_data_preparer; the
     others wait), its vocabulary, every token id inside it (rank 0 reads; its error ends every rank), the same files
-    as a resumed checkpoint's unless allow_changed_data, and the shape of a step: the micro-batch as set, or with
-    tokens_per_iter the accumulation that makes that many tokens, at the largest micro-batch that fits ('auto')."""
+    as a resumed checkpoint's (every byte) unless allow_changed_data, and the shape of a step: the micro-batch as
+    set, or with tokens_per_iter the accumulation that makes that many tokens, at the largest that fits ('auto')."""
     path = Path(cfg.data_dir) / cfg.dataset
     if ranks.master:
         prepare_if_missing(path, cfg.run_data_preparer)
     if ranks.distributed:
         dist.barrier()
-    vocab_size, identity = dataset_vocab_size(path) or GPT2_VOCAB_SIZE, dataset_identity(path)
+    vocab_size, identity = dataset_vocab_size(path) or GPT2_VOCAB_SIZE, None
     saved = checkpoint.get("data_identity") if checkpoint else None
     say = lambda line: print(line, flush=True) if ranks.master else None  # noqa: E731
     if ranks.master:
-        check_token_ids(path, vocab_size)
+        identity = dataset_identity(path, check_token_ids(path, vocab_size))
         if saved and (change := identity_change(saved, identity)):
             if not cfg.allow_changed_data:
                 raise UserError(
@@ -181,7 +224,8 @@ def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str
 def initial_model(cfg: Config, vocab_size: int, checkpoint: dict[str, Any] | None) -> GPT:
     """The model a run starts from: new (the vocabulary padded to a multiple of pad_vocab), the weights and
     architecture of its checkpoint, or GPT-2's weights (a hub name or a transformers folder); cropped to block_size,
-    and refused when the data's vocabulary or block_size does not fit it."""
+    and refused when the data's vocabulary or block_size does not fit it, or a setting given disagrees with the
+    weights it starts from."""
     config = model_config(cfg, vocab_size)
     if cfg.init_from == "scratch":
         return GPT(config)
@@ -193,10 +237,9 @@ def initial_model(cfg: Config, vocab_size: int, checkpoint: dict[str, Any] | Non
                 f"init_from={cfg.init_from}: GPT-2's weights fix its architecture; drop {', '.join(recipe)}"
             )
         model_spec = folder_tokenizer_spec(Path(cfg.init_from))  # an export's characters, or GPT-2's BPE
-        data_spec = tokenizer_spec(Path(cfg.data_dir) / cfg.dataset)
-        if problem := vocabulary_mismatch(model_spec, data_spec, cfg.dataset):
-            raise UserError(problem)
+        check_same_vocabulary(model_spec, tokenizer_spec(Path(cfg.data_dir) / cfg.dataset), cfg.dataset)
         model, source = load_gpt2(cfg.init_from, **{k: getattr(config, k) for k in FREE_OF_WEIGHTS}), cfg.init_from
+        check_fits_weights(cfg, model.config, source)
     if cfg.block_size > model.config.block_size:
         raise UserError(f"block_size={cfg.block_size} is larger than the {source}'s {model.config.block_size}")
     if vocab_size > model.config.vocab_size:
@@ -207,6 +250,49 @@ def initial_model(cfg: Config, vocab_size: int, checkpoint: dict[str, Any] | Non
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)
     return model
+
+
+def check_fits_weights(cfg: Config, weights: GPTConfig, source: str) -> None:
+    """A UserError for a model setting given on the command that the weights loaded from source do not have (an
+    architecture field; block_size aside, which crops) or that loading does not do (an initialisation): the run
+    would train one model and record another."""
+    shape = [k for k in ARCHITECTURE if k in cfg.given and k != "block_size" and getattr(cfg, k) != getattr(weights, k)]
+    init = [k for k in fields_of_kind("init") if k in cfg.given and getattr(cfg, k) != getattr(weights, k)]
+    if shape or init:
+        given = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in shape + init)
+        theirs = ", ".join([f"{k}={getattr(weights, k)!r}" for k in shape] + [f"{k} not applied" for k in init])
+        raise UserError(f"init_from={source}: the weights fix {theirs}, not {given}: drop them, or train from scratch")
+
+
+def claim_out_dir(plan: Plan, ranks: Ranks) -> OutDirLock | None:
+    """Rank 0 takes out_dir's lock, checks under it that out_dir is still as admission saw it (another run may
+    have used it and ended meanwhile) and, for a scratch run with overwrite=True, deletes the earlier run's files,
+    saying so. Under DDP every rank learns whether it did and, when not, they all stop with rank 0's line: a rank
+    left waiting at its next collective would hang until torchrun's timeout."""
+    cfg, lock, problem = plan.cfg, None, None
+    out_dir, replace_earlier = Path(cfg.out_dir), cfg.overwrite and cfg.init_from != "resume"
+    if ranks.master:
+        lock = OutDirLock(out_dir)
+        try:
+            lock.claim()
+            if cfg.init_from != "resume" and not cfg.overwrite:
+                check_no_earlier_run(out_dir, cfg.eval_only)
+            if not replace_earlier:
+                check_unchanged(out_dir, plan.seen)
+        except UserError as e:
+            lock.release()
+            problem = str(e)
+        if problem is None and replace_earlier and (removed := remove_earlier_run(out_dir)):
+            print(f"overwrite=True: deleted the earlier run's {', '.join(removed)} from {out_dir}", flush=True)
+    if ranks.distributed:
+        said = [problem]
+        dist.broadcast_object_list(said, src=0)
+        problem = said[0]
+        if problem:
+            close()  # together: gloo aborts a process that exits with its process group still up
+    if problem:
+        raise UserError(problem)  # every rank, with rank 0's line
+    return lock
 
 
 def hellaswag_task(cfg: Config, data_path: Path, ranks: Ranks) -> tuple[list, Callable] | None:

@@ -1,0 +1,201 @@
+"""Forensics on checkpoint files, and the choice of the file a run resumes from: whether a file is a whole
+checkpoint (every record's CRC), and whether what it holds is a model this code can build (ours, or nanoGPT's:
+model_args of the right types whose weights have the names and shapes they describe, checked on the meta device
+without memory) and a training state that can be resumed. Everything else, a pickled class that loading would run
+included, is one UserError naming the file; nothing of a foreign file is run or trusted before these checks pass."""
+
+import pickle
+import re
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
+from nanogpt_perf.errors import UserError
+
+ITERATION_FILE = re.compile(r"ckpt-(\d{7})\.pt")
+
+
+def saved_iterations(out_dir: Path) -> list[Path]:
+    """The ckpt-NNNNNNN.pt files in out_dir, newest first."""
+    found = [p for p in out_dir.glob("ckpt-*.pt") if ITERATION_FILE.fullmatch(p.name)] if out_dir.is_dir() else []
+    return sorted(found, reverse=True)
+
+
+class NotWhole(UserError):
+    """A checkpoint file that is missing, truncated or corrupt: reason says which ('missing', ...)."""
+
+    def __init__(self, path: Path, reason: str):
+        self.reason = reason
+        super().__init__(f"checkpoint {path} is {reason}")
+
+
+def check_whole(path: Path) -> None:
+    """NotWhole when path is not a whole checkpoint (missing, truncated, a record whose CRC fails)."""
+    if not path.is_file():
+        raise NotWhole(path, "missing")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()  # torch.load alone would load a flipped byte in a tensor without a word
+    except (zipfile.BadZipFile, OSError) as e:
+        raise NotWhole(path, f"truncated or not a checkpoint ({e})") from None
+    if bad:
+        raise NotWhole(path, f"corrupt: record {bad} fails its CRC")
+
+
+def is_whole(path: Path) -> bool:
+    try:
+        check_whole(path)
+    except NotWhole:
+        return False
+    return True
+
+
+def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
+    """out_dir/ckpt.pt when whole; else, when fallback, the newest whole one of ckpt-best.pt and the
+    ckpt-NNNNNNN.pt; else one line naming it. Each file's CRCs are checked once, here, before it is loaded."""
+    path = out_dir / "ckpt.pt"
+    try:
+        check_whole(path)
+        return resumable(read_checkpoint(path), path)
+    except NotWhole as e:
+        problem = e.reason
+    good = newest_whole(out_dir)
+    if problem == "missing" and good is None:
+        raise UserError(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
+    if good is None:
+        raise UserError(f"checkpoint {path} is {problem}, and no older checkpoint in {out_dir} is whole")
+    if not fallback:
+        raise UserError(
+            f"checkpoint {path} is {problem}; the newest whole one is {good}: resume_fallback=True resumes from it"
+        )
+    print(f"checkpoint {path} is {problem}: resuming from {good}, the newest whole one", flush=True)
+    return resumable(read_checkpoint(good), good)
+
+
+def newest_whole(out_dir: Path) -> Path | None:
+    """The newest whole checkpoint of the ckpt-NNNNNNN.pt and ckpt-best.pt (which outlives the iterations that
+    keep_last deletes, and is a link to or a copy of the iteration it was saved at); None when none is whole."""
+    newest = next((p for p in saved_iterations(out_dir) if is_whole(p)), None)
+    best = out_dir / "ckpt-best.pt"
+    if is_whole(best) and (newest is None or best.stat().st_mtime_ns > newest.stat().st_mtime_ns):
+        return best
+    return newest
+
+
+def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """A checkpoint of ours, its CRCs checked, loaded as plain data (weights_only); one error line for anything
+    else."""
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
+    check_whole(path)
+    return read_checkpoint(path, map_location)
+
+
+def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """torch.load of a file whose CRCs were checked, as plain data; one error line if it is not a checkpoint of
+    ours or nanoGPT's, or if its weights do not fit its model_args."""
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refuses what could run code when loaded
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
+        what = f"a Python object ({found[1]})" if found else "Python objects"
+        raise UserError(
+            f"checkpoint {path} holds {what} beyond tensors and plain data: not loaded (it could run code)"
+        ) from None
+    except (RuntimeError, EOFError, ValueError) as e:  # torch's own words, less its request for feedback
+        reason = str(e).splitlines()[0].split("  (Could this error message be improved?")[0]
+        raise UserError(f"checkpoint {path} is corrupt or not a torch checkpoint: {reason}") from None
+    missing = {"model", "model_args"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model", "model_args"}
+    if missing:
+        raise UserError(f"checkpoint {path} is not a nanogpt-perf checkpoint (missing {', '.join(sorted(missing))})")
+    check_model(checkpoint["model_args"], checkpoint["model"], path)
+    checkpoint["model_args"] = ARCHITECTURE_DEFAULTS | checkpoint["model_args"]
+    return checkpoint
+
+
+# what a checkpoint's model_args lack is GPTConfig's default, as nanoGPT's GPTConfig(**model_args) takes it (its
+# checkpoints from before bias was a setting have none, and biases)
+ARCHITECTURE_DEFAULTS = {k: GPTConfig.__dataclass_fields__[k].default for k in ARCHITECTURE}
+
+
+def check_model(model_args: Any, weights: Any, path: Path) -> None:
+    """A UserError unless model_args (nanoGPT's GPTConfig fields, GPTConfig's defaults for those missing) and the
+    weights are a model this code can build and load."""
+    unfit = f"checkpoint {path} is not one this code can load: "
+    if not isinstance(model_args, dict):
+        raise UserError(f"{unfit}its model_args are a {type(model_args).__name__}, not a dict")
+    if unknown := sorted(str(k) for k in model_args if k not in GPTConfig.__dataclass_fields__):
+        raise UserError(
+            f"{unfit}its model_args name {', '.join(unknown)}: an option this code does not know (a newer version's?)"
+        )
+    missing = [k for k in ARCHITECTURE if k not in model_args and k not in RECIPE_ARCHITECTURE]
+    took = f" (its model_args lack {', '.join(missing)}: GPTConfig's defaults were taken)" if missing else ""
+    fail = lambda why: UserError(unfit + why + took)  # noqa: E731
+    check_model_args(ARCHITECTURE_DEFAULTS | model_args, fail)
+    check_weights(ARCHITECTURE_DEFAULTS | model_args, weights, fail)
+
+
+def check_model_args(model_args: dict[str, Any], fail: Callable[[str], UserError]) -> None:
+    for key in ARCHITECTURE:
+        value, kind = model_args[key], type(ARCHITECTURE_DEFAULTS[key])
+        if kind is float and (type(value) not in (int, float) or not 0 <= value < float("inf")):
+            raise fail(f"its model_args' {key} must be a finite number >= 0, not {value!r}")
+        if kind is not float and (type(value) is not kind or (kind is int and value < 1)):
+            raise fail(f"its model_args' {key} must be {'a bool' if kind is bool else 'an int >= 1'}, not {value!r}")
+    dropout = model_args.get("dropout", 0.0)
+    if type(dropout) not in (int, float) or not 0 <= dropout < 1:
+        raise fail(f"its model_args' dropout must be a number in [0, 1), not {dropout!r}")
+
+
+def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str], UserError]) -> None:
+    """Whether the weights are the model that model_args describe: the same names (a torch.compile prefix aside),
+    as many layers and the same shapes, checked against the model built on the meta device (no memory)."""
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise fail("its model is not a state dict (names to tensors)")
+    weights = {str(k).removeprefix("_orig_mod."): v for k, v in weights.items()}
+    layers = {int(m[1]) for k in weights if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
+    if layers != set(range(model_args["n_layer"])):
+        raise fail(f"its model_args say n_layer={model_args['n_layer']}, its weights hold {len(layers)} layers")
+    try:  # every layer: which weights a layer has can depend on its place (value embeddings, U-net skips)
+        fields = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
+        with torch.device("meta"):
+            expected = {k: v.shape for k, v in GPT(GPTConfig(**fields)).state_dict().items()}
+    except (ValueError, TypeError) as e:
+        raise fail(f"its model_args are inconsistent: {e}") from None
+    if unknown := sorted(set(weights) - set(expected)):
+        raise fail(f"its weights hold {unknown[0]}, which the model of its model_args has not")
+    if missing := sorted(set(expected) - set(weights)):
+        raise fail(f"its weights lack {missing[0]}")
+    for name, shape in ((k, v.shape) for k, v in weights.items()):
+        if (want := expected[name]) != shape:
+            raise fail(f"its weight {name} is {tuple(shape)}, its model_args make it {tuple(want)}")
+
+
+def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The checkpoint, when it holds what a run resumes from (ours or nanoGPT's: the iteration, the best val loss,
+    the optimizer and the settings); else a UserError naming what it lacks."""
+    fail = lambda why: UserError(f"checkpoint {path} cannot be resumed: {why}")  # noqa: E731
+    iter_num, best = checkpoint.get("iter_num"), checkpoint.get("best_val_loss")
+    if type(iter_num) is not int or iter_num < 0:
+        raise fail(f"its iter_num must be an int >= 0, not {iter_num!r}")
+    if not (type(best) in (int, float) or isinstance(best, torch.Tensor) and best.numel() == 1):
+        raise fail(f"its best_val_loss must be a number, not {best!r}")
+    optimizer = checkpoint.get("optimizer")
+    if not (
+        isinstance(optimizer, dict)
+        and isinstance(optimizer.get("state"), dict)
+        and isinstance(optimizer.get("param_groups"), list)
+    ):
+        raise fail("its optimizer is not an optimizer's state dict (state and param_groups)")
+    if not isinstance(checkpoint.get("config"), dict):
+        raise fail("its config (the settings it was trained with) is not a dict")
+    ranks = checkpoint.get("ranks") or []
+    if not isinstance(ranks, list) or not all(
+        r is None or isinstance(r, dict) and {"rng", "data"} <= set(r) for r in ranks
+    ):
+        raise fail("its ranks (each rank's generators and place in the data) are not a list of dicts")
+    return checkpoint

@@ -1,0 +1,185 @@
+"""A dataset checked before a run starts, and its identity: what says that the data a run resumes on is the data it
+started with.
+
+Every token id inside the vocabulary: an id past it would index past the model's embedding (an IndexError on a
+CPU, a device-side assert that ends the CUDA context on a GPU) only once training had begun and written its first
+files. The same read hashes each token file whole (SHA-256), so that a resume on a file changed by one token is
+refused. Cost: one read of every token file, at the hash's speed (about 1.5 GB/s on one core with the CPU's SHA
+instructions; numpy's max in the same pass costs little): FineWeb-Edu's 20 GB in about 15 s, once. What was read is
+kept in DATASET/token_ids.json by each file's size, modification and change times and inode, so that later runs
+read no tokens, only a stat per file; a file changed in any way (its ctime cannot be set back) is read again. A
+dataset under 64 MiB is read every time (milliseconds) and gets no such file. The file is written atomically, by
+the one caller that checks (rank 0); where the folder cannot be written, every run reads. Delete it to have
+everything read again.
+
+An identity records each token file and meta.pkl by name, size, that whole-file hash (rank 0's) and a fingerprint
+(a hash of SAMPLES blocks of BLOCK bytes across the file, what checkpoints of earlier versions hold and are compared
+by). The folder is named by its canonical path, so that the same data named another way (relative or absolute, with
+~, through a link) is the same data, and a folder moved or copied elsewhere whole keeps its identity's files."""
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanogpt_perf.data.shards import TokenFile, split_files
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import WriteFailed, write_json
+
+SAMPLES, BLOCK = 8, 4096
+META = "meta.pkl"
+CACHE_NAME = "token_ids.json"
+CACHE_FROM_BYTES = 64 * 2**20  # datasets smaller than this are read every time: faster than a file to keep
+CHUNK_TOKENS = 2**22  # 8 MB of uint16 a read: in cache, and no memory held
+STAT_KEYS = ("bytes", "mtime_ns", "ctime_ns", "inode")
+
+
+def canonical_folder(path: Path | str) -> str:
+    """The one absolute name of a folder: ~ expanded, links resolved, '..' and '.' gone."""
+    return os.path.realpath(os.path.expanduser(str(path)))
+
+
+def same_folder(a: Path | str, b: Path | str) -> bool:
+    """Whether a and b name the same folder (one of them relative, with ~, through a link, or both the same file
+    system object by two paths, as a bind mount)."""
+    if canonical_folder(a) == canonical_folder(b):
+        return True
+    try:
+        return os.path.samefile(os.path.expanduser(str(a)), os.path.expanduser(str(b)))
+    except OSError:  # one of them is not there
+        return False
+
+
+def fingerprint(path: Path, size: int) -> str:
+    """A hash of SAMPLES blocks of BLOCK bytes at fixed places from the file's start to its end (all of a small
+    file)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        if size <= SAMPLES * BLOCK:
+            digest.update(f.read())
+        else:
+            for k in range(SAMPLES):
+                digest.update(os.pread(f.fileno(), BLOCK, (size - BLOCK) * k // (SAMPLES - 1)))
+    return digest.hexdigest()
+
+
+def dataset_identity(data_path: Path, digests: dict[str, str] | None = None) -> dict[str, Any]:
+    """{'folder': the canonical path, 'files': {name: {'bytes', 'fingerprint', 'sha256'}}} over the token files of
+    both splits (train.bin and val.bin, or shards) and meta.pkl, as plain data for a checkpoint; sha256 where
+    digests (check_token_ids') has the file's (meta.pkl's is then read here)."""
+    paths = [f.path for split in ("train", "val") for f in split_files(data_path, split)]
+    if (data_path / META).is_file():
+        paths.append(data_path / META)
+        if digests is not None:
+            digests = digests | {META: hashlib.sha256((data_path / META).read_bytes()).hexdigest()}
+    files = {}
+    for path in paths:
+        size = path.stat().st_size
+        files[path.name] = {"bytes": size, "fingerprint": fingerprint(path, size)}
+        if digests and path.name in digests:
+            files[path.name]["sha256"] = digests[path.name]
+    return {"folder": canonical_folder(data_path), "files": files}
+
+
+def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What changed in a dataset's files from identity saved to identity now, in words naming the files (the
+    first few), or None when they are the same (by every hash both record). The folder's name is not compared:
+    see same_folder."""
+    before, after = saved.get("files"), now["files"]
+    if not isinstance(before, dict) or not all(
+        isinstance(v, dict) and type(v.get("bytes")) is int for v in before.values()
+    ):
+        return "the saved record of its files is not one (not written by this suite?)"
+    changes = []
+    for name in sorted(set(before) | set(after)):
+        old, new = before.get(name), after.get(name)
+        if old is None:
+            changes.append(f"{name} is new")
+        elif new is None:
+            changes.append(f"{name} is gone")
+        elif old["bytes"] != new["bytes"]:
+            changes.append(f"{name} has {new['bytes']:,} bytes, not {old['bytes']:,}")
+        elif any(old[k] != new[k] for k in ("fingerprint", "sha256") if k in old and k in new):
+            changes.append(f"{name} has other contents (the same {new['bytes']:,} bytes)")
+    if not changes:
+        return None
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    return "; ".join(changes[:3]) + more
+
+
+def scan_file(file: TokenFile) -> tuple[int, str]:
+    """The largest token id in file (-1 when it has none) and the SHA-256 of all its bytes, in one read."""
+    digest, largest, buffer = hashlib.sha256(), -1, bytearray(2 * CHUNK_TOKENS)
+    try:
+        with open(file.path, "rb") as f:
+            digest.update(f.read(file.offset))  # a shard's header
+            while n := f.readinto(buffer):
+                chunk = memoryview(buffer)[:n]
+                digest.update(chunk)
+                if n >= 2:
+                    largest = max(largest, int(np.frombuffer(chunk[: n - n % 2], dtype=np.uint16).max()))
+    except OSError as e:
+        raise UserError(f"{file.path} cannot be read: {e.strerror or e}") from None
+    return largest, digest.hexdigest()
+
+
+def file_key(path: Path) -> dict[str, int]:
+    """What says a file is unchanged since it was read: its size, modification and change times, and inode."""
+    stat = path.stat()
+    return dict(zip(STAT_KEYS, (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino), strict=True))
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """What path records of each file, by file name; {} when there is none or it is not one of ours (it is
+    rebuilt, never trusted when malformed)."""
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    valid = lambda e: (
+        isinstance(e, dict)
+        and all(type(e.get(k)) is int for k in (*STAT_KEYS, "max_id"))
+        and (  # noqa: E731
+            isinstance(e.get("sha256"), str)
+        )
+    )
+    return {name: entry for name, entry in files.items() if valid(entry)} if isinstance(files, dict) else {}
+
+
+def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES) -> dict[str, str]:
+    """One error line (and nothing written) when a token file of data_path holds an id >= vocab_size: the file, its
+    largest id and the vocabulary. Returns each token file's SHA-256 by name. What is read is recorded in
+    data_path/token_ids.json for a dataset of cache_from_bytes or more, and taken from there while a file is
+    unchanged."""
+    files = [*split_files(data_path, "train"), *split_files(data_path, "val")]
+    cache_path = data_path / CACHE_NAME
+    known, entries, scanned, t0 = read_cache(cache_path), {}, 0, time.perf_counter()
+    for file in files:
+        key, entry = file_key(file.path), known.get(file.path.name)
+        if entry is None or {k: entry[k] for k in key} != key:
+            largest, digest = scan_file(file)
+            entry, scanned = key | {"max_id": largest, "sha256": digest}, scanned + key["bytes"]
+        if entry["max_id"] >= vocab_size:
+            meta = data_path / META
+            whose = f"{meta}'s vocab_size" if meta.is_file() else "GPT-2's: the dataset has no meta.pkl"
+            raise UserError(
+                f"{file.path} holds token id {entry['max_id']}, outside the vocabulary of {vocab_size} tokens "
+                f"({whose}): the tokens and the vocabulary do not belong together; prepare the dataset again"
+            )
+        entries[file.path.name] = entry
+    total = sum(entry["bytes"] for entry in entries.values())
+    if scanned and total >= cache_from_bytes:
+        print(
+            f"token ids checked: {scanned / 1e6:,.0f} MB read in {time.perf_counter() - t0:.2f} s, every id below "
+            f"{vocab_size}; kept in {cache_path} for the next runs",
+            flush=True,
+        )
+        try:
+            write_json(cache_path, {"files": entries})
+        except WriteFailed as e:  # a read-only dataset: the next run reads again
+            print(f"(could not write {cache_path}: {e.reason}; the next run reads again)", flush=True)
+    return {name: entry["sha256"] for name, entry in entries.items()}

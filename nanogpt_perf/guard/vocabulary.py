@@ -1,0 +1,110 @@
+"""Forensics on the vocabulary files that come from elsewhere: a dataset's meta.pkl (nanoGPT's format: vocab_size,
+and itos/stoi for a character vocabulary), read as plain data (no code in it runs) and checked consistent with
+itself; an exported model's vocabulary.json; and whether a tokenizer, a model and a dataset belong together. Each
+refusal is one UserError naming the file. This module imports no torch and nothing of the data: the data's own
+readers (nanogpt_perf/data/) call it where they open such a file."""
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+from nanogpt_perf.config import shown
+from nanogpt_perf.errors import UserError
+
+VOCABULARY_FILE = "vocabulary.json"  # beside an exported model of a character vocabulary (export.py)
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, strings and numbers only: a meta.pkl that names any class or function (which
+    unpickling would import and call) is refused instead of run."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}; a meta.pkl holds plain data only")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A dataset's meta.pkl, read as plain data and checked consistent with itself; {} when there is none."""
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, "rb") as f:
+            meta = _PlainDataUnpickler(f).load()
+    except Exception as e:  # no code runs (see above): whatever fails is a damaged file
+        raise UserError(f"{path} is not a valid meta.pkl: {type(e).__name__}: {e}") from None
+    check_meta(meta, lambda why: UserError(f"{path} is not a valid meta.pkl: {why}"))
+    return meta
+
+
+def check_meta(meta: Any, fail: Any) -> None:
+    """Raise fail(why) unless meta is consistent: vocab_size a positive int; a character vocabulary's itos mapping
+    every id below vocab_size to its own string (a dict or a list), stoi (if any) its inverse."""
+    if not isinstance(meta, dict) or "vocab_size" not in meta:
+        raise fail("no vocab_size")
+    vocab_size, itos, stoi = meta["vocab_size"], meta.get("itos"), meta.get("stoi")
+    if type(vocab_size) is not int or vocab_size < 1:
+        raise fail(f"vocab_size must be a positive int, not {shown(vocab_size)}")
+    if itos is None:
+        if stoi is not None:
+            raise fail("stoi without itos (the id of each string, not the string of each id)")
+        return
+    strings = id_strings(itos)
+    if strings is None:
+        raise fail("itos must give the string of each token id 0, 1, ... (a dict or a list of str)")
+    if len(strings) != vocab_size:
+        raise fail(f"vocab_size is {vocab_size} but itos has {len(strings)} tokens")
+    if len(set(strings)) != len(strings):
+        raise fail("itos gives two token ids the same string")
+    if stoi is not None and stoi != {s: i for i, s in enumerate(strings)}:
+        raise fail("stoi is not the inverse of itos")
+
+
+def id_strings(itos: Any) -> list[str] | None:
+    """itos as the list of each id's string, or None when it is not one: a list of str, or a dict from the ints
+    0..n-1 to str."""
+    if isinstance(itos, dict) and all(type(k) is int for k in itos) and set(itos) == set(range(len(itos))):
+        itos = [itos[i] for i in range(len(itos))]
+    if isinstance(itos, list) and all(type(s) is str for s in itos):
+        return itos
+    return None
+
+
+def folder_tokenizer_spec(folder: Path) -> dict[str, Any]:
+    """The tokenizer of a model folder in transformers' format, as a checkpoint stores it (see tokenizer.py's
+    tokenizer_spec): the character vocabulary that export.py wrote beside the weights, else GPT-2's BPE."""
+    path = folder / VOCABULARY_FILE
+    if not path.is_file():
+        return {"kind": "gpt2"}
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise UserError(f"{path} is not a vocabulary ({type(e).__name__}): export the model again") from None
+    itos = spec.get("itos") if isinstance(spec, dict) and spec.get("kind") == "characters" else None
+    fail = lambda why: UserError(f"{path} is not a character vocabulary ({why}): export the model again")  # noqa: E731
+    if not isinstance(itos, list):
+        raise fail("no itos list")
+    check_meta({"vocab_size": len(itos), "itos": itos}, fail)
+    return {"kind": "characters", "itos": itos}
+
+
+def check_vocabulary(tokens: int, tokenizer: str, model_tokens: int, source: str = "checkpoint") -> None:
+    """A UserError when a tokenizer of `tokens` ids cannot go with a model of a vocabulary of model_tokens (it would
+    give ids past the embedding); source: where both come from, for the line."""
+    if tokens > model_tokens:
+        raise UserError(
+            f"the {source}'s tokenizer ({tokenizer}) has {tokens} tokens, more than its model's vocabulary of "
+            f"{model_tokens}: they do not belong together"
+        )
+
+
+def check_same_vocabulary(model_spec: dict[str, Any], data_spec: dict[str, Any], dataset: str) -> None:
+    """A UserError when a model folder that carries a character vocabulary (folder_tokenizer_spec) would go on
+    training on a dataset of another vocabulary (tokenizer.tokenizer_spec): its token ids would mean other
+    characters. GPT-2's weights (a folder that carries none) train on any data, as nanoGPT's do."""
+    if model_spec.get("kind") != "characters" or model_spec == data_spec:
+        return
+    theirs = f"{len(data_spec['itos'])} characters" if data_spec.get("kind") == "characters" else "GPT-2's BPE"
+    raise UserError(
+        f"the model folder's vocabulary ({len(model_spec['itos'])} characters, its {VOCABULARY_FILE}) is not dataset "
+        f"{dataset}'s ({theirs}): its token ids would mean other characters"
+    )

@@ -1,0 +1,153 @@
+"""Forensics on GPT-2's weights from elsewhere: a hub name or a folder in transformers' format, checked before
+anything is built (its config.json of GPT-2's shape and computation, its weights' names and shapes read without
+loading them); then loaded, with one line for whatever still fails (no transformers, no network, unreadable
+weights). And the folder an export may replace."""
+
+import importlib.util
+import json
+from collections.abc import Callable
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import GPT, GPTConfig
+from nanogpt_perf.config import shown
+from nanogpt_perf.errors import UserError, first_line
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, from_pretrained
+from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE
+from nanogpt_perf.memory import model_size_problem
+
+Fail = Callable[[str], UserError]
+# what save_pretrained writes (the weights in shards when they are large) and the vocabulary: an export replaces
+# only these
+EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", VOCABULARY_FILE)
+
+
+def load_gpt2(name_or_path: str, **overrides: Any) -> GPT:
+    """GPT.from_pretrained, with one line (a UserError) for what can go wrong: a name that is neither a folder nor
+    a GPT-2 on the hub, a folder that is not a transformers GPT-2 this model can be, no transformers, no network.
+    overrides: GPTConfig fields that leave the weights as they are (dropout, attention, the loss, the savers)."""
+    folder = Path(name_or_path)
+    if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
+        raise UserError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
+    if importlib.util.find_spec("transformers") is None:
+        raise UserError(f"loading {name_or_path} needs transformers: pip install -e '.[hf]'")
+    if folder.is_dir():
+        check_hf_folder(folder, lambda why: UserError(f"{folder} is not a GPT-2 folder in transformers' format: {why}"))
+    try:
+        return from_pretrained(name_or_path, **overrides)
+    except Exception as e:  # no network, hub down, unreadable weights: one line, not transformers' traceback
+        how = "" if folder.is_dir() else " from the Hugging Face hub"
+        raise UserError(f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}") from e
+
+
+def check_export_target(folder: Path) -> None:
+    """A UserError unless folder is new, empty, or an earlier export that an export may replace (a user's files
+    would go with it)."""
+    what = f"an earlier export to replace (only {', '.join(EXPORT_FILES)})"
+    fail = lambda why: UserError(f"export_dir must be a folder that is new, empty or {what}, {why}")  # noqa: E731
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise fail(f"not the file {folder}")
+    others = sorted(
+        p.name for p in folder.iterdir() if not (p.is_file() and any(fnmatch(p.name, f) for f in EXPORT_FILES))
+    )
+    if others:
+        raise fail(f"not {folder}, which holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}")
+    if any(folder.iterdir()):
+        check_hf_folder(folder, lambda why: fail(f"not {folder}: {why}"))
+
+
+def check_hf_folder(folder: Path, fail: Fail) -> None:
+    """Raise fail(why) unless folder is a GPT-2 in transformers' format that this model can load as it is: a
+    config.json of GPT-2's shape (the sizes, GPT-2's computation) and a weights file with every weight of it."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise fail(f"no readable config.json ({type(e).__name__})") from None
+    if not isinstance(config, dict) or config.get("model_type") != "gpt2":
+        raise fail("config.json does not describe a GPT-2 (model_type gpt2)")
+    check_config(config, lambda why: fail(f"config.json: {why}"))
+    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+    if weights is None:
+        raise fail("neither model.safetensors nor pytorch_model.bin")
+    try:
+        shapes = weight_shapes(weights)
+    except Exception as e:  # truncated, not the format its name says
+        raise fail(f"{weights.name} cannot be read ({type(e).__name__}: {first_line(e).split('. ')[0]})") from None
+    check_shapes(shapes, expected_shapes(config), weights.name, fail)
+
+
+def check_config(config: dict[str, Any], fail: Fail) -> None:
+    """Raise fail(why) for what in a GPT-2 config.json this model cannot be: sizes that are not positive ints (or too
+    large to build here), and the options that change GPT-2's computation."""
+    for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
+        if type(config.get(key)) is not int or config[key] < 1:
+            raise fail(f"{key} must be a positive int, not {shown(config.get(key))}")
+    try:  # GPTConfig's own checks of a shape (n_embd divisible by n_head)
+        GPTConfig(n_layer=config["n_layer"], n_head=config["n_head"], n_embd=config["n_embd"])
+    except ValueError as e:
+        raise fail(str(e)) from None
+    different = {
+        "n_inner": (None, 4 * config["n_embd"]),  # the MLP's width: 4 x n_embd
+        "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+        "layer_norm_epsilon": (1e-5,),
+        "scale_attn_weights": (True,),
+        "scale_attn_by_inverse_layer_idx": (False,),
+        "reorder_and_upcast_attn": (False,),
+        "add_cross_attention": (False,),
+        "tie_word_embeddings": (True,),
+    }
+    for key, valid in different.items():
+        if key in config and config[key] not in valid:
+            raise fail(f"{key} is {shown(config[key])}; this model computes GPT-2's {' or '.join(map(repr, valid))}")
+    if size := model_size_problem(config["n_layer"], config["n_embd"], config["vocab_size"], config["n_positions"]):
+        raise fail(size)
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor in a weights file, read without loading the weights (safetensors'
+    header; a pytorch_model.bin mapped, not read)."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # not the zip format that can be mapped: read it (or learn why it cannot be)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"it holds a {type(state).__name__}, not a dict of tensors")
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every weight of the GPT-2 config describes, by its transformers name (without 'transformer.'), and its
+    shape (Conv1D weights are (in, out))."""
+    d, inner = config["n_embd"], 4 * config["n_embd"]
+    block = {
+        "ln_1.weight": (d,), "ln_1.bias": (d,), "ln_2.weight": (d,), "ln_2.bias": (d,),
+        "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
+        "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+        "mlp.c_fc.weight": (d, inner), "mlp.c_fc.bias": (inner,),
+        "mlp.c_proj.weight": (inner, d), "mlp.c_proj.bias": (d,),
+    }  # fmt: skip
+    shapes = {"wte.weight": (config["vocab_size"], d), "wpe.weight": (config["n_positions"], d)}
+    shapes |= {f"h.{i}.{name}": shape for i in range(config["n_layer"]) for name, shape in block.items()}
+    return shapes | {"ln_f.weight": (d,), "ln_f.bias": (d,)}
+
+
+def check_shapes(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], name: str, fail: Fail):
+    """Raise fail(why) for the first weight config.json asks for that the file lacks or holds in another shape."""
+    found = {k.removeprefix("transformer."): v for k, v in found.items()}
+    if "lm_head.weight" in found:  # tied to wte: the same shape
+        expected = expected | {"lm_head.weight": expected["wte.weight"]}
+    if missing := [k for k in expected if k not in found]:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise fail(f"{name} has no {missing[0]}{more}, a weight config.json asks for")
+    if wrong := next((k for k in expected if found[k] != expected[k]), None):
+        raise fail(f"{name} holds {wrong} as {list(found[wrong])}, config.json makes it {list(expected[wrong])}")
