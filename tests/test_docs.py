@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, declarations, run_script
 
 from configurator import read_overrides, sweep_values
+from conftest import ROOT, declarations, run_script
 from nanogpt_perf.config import declared
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -26,7 +26,7 @@ def test_settings_tables_are_the_declarations():
 # a file named by a path from the root (or from the package, as docs/architecture.md names its modules), or by its
 # name alone; placeholders (data/NAME/...), globs and what runs write under data/ are not files of the checkout
 FOLDERS = ("nanogpt_perf", "docs", "config", "data", "benchmarks", "scripts", "tests", "train", "bench", "kernels")
-PATH = re.compile(r"(?<![\w/.~$-])((?:%s)/[\w./*-]*[\w/])" % "|".join(FOLDERS))
+PATH = re.compile(r"(?<![\w/.~$-])((?:" + "|".join(FOLDERS) + r")/[\w./*-]*[\w/])")
 BARE = re.compile(r"(?<![\w/.~$*-])([a-z_]\w*\.(?:py|md|sh|toml))\b")
 LINK = re.compile(r"\]\(([^)#\s]+)\)")
 
@@ -42,7 +42,8 @@ def named_files(text: str) -> set[str]:
 def test_every_file_the_docs_name_exists(doc):
     text = doc.read_text(encoding="utf-8")
     modules = {p: p.split(".")[0] + ".py" for p in named_files(text)}  # train/step.TrainStep: train/step.py
-    missing = [p for p, m in modules.items() if not any((ROOT / d / f).exists() for d in ("", "nanogpt_perf") for f in (p, m))]
+    where = [ROOT, ROOT / "nanogpt_perf"]
+    missing = [p for p, m in modules.items() if not any((d / f).exists() for d in where for f in (p, m))]
     missing += [n for n in {m[1] for m in BARE.finditer(text)} if next(ROOT.glob(f"**/{n}"), None) is None]
     missing += [t for t in {m[1] for m in LINK.finditer(text)} if "://" not in t and not (doc.parent / t).exists()]
     assert not missing, f"{doc.name} names files this checkout lacks: {sorted(missing)}"
