@@ -6,13 +6,15 @@ run inside the test process (conftest.run_in_process: torch is imported once, no
 is also run as a user runs it, in a process of its own, which must say the same."""
 
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-from conftest import assert_one_line_error, run_in_process, run_script
+from conftest import ROOT, assert_one_line_error, run_in_process, run_script
 
 CHECKPOINT = None  # in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
 
@@ -148,3 +150,11 @@ def test_a_process_of_its_own_refuses_as_the_run_in_this_one(checkpoint: bytes, 
         assert said == (reference.returncode, reference.stderr.replace(str(inside), "{dir}")), name
         assert_one_line_error(result, *CASES[name].names)
         assert after == before
+
+
+def test_a_torch_logs_that_torch_refuses_is_one_line():
+    """torch reads TORCH_LOGS as it is imported and raises a ValueError of many lines on a name it does not know."""
+    env = os.environ | {"TORCH_LOGS": "nonsense"}
+    result = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert_one_line_error(result, "TORCH_LOGS='nonsense' is not what torch takes", "TORCH_LOGS=help")
