@@ -65,7 +65,8 @@ class SampleConfig:
     num_samples: int = setting(10, "samples to generate", min=1)
     batched: bool = setting(False, "all samples at once from one shared prefill (printed when done), else one by one "
                             "(streamed)")  # fmt: skip
-    max_new_tokens: int = setting(500, "tokens generated per sample", min=1)
+    max_new_tokens: int = setting(500, "tokens generated per sample; at most 1,000,000 (batched, nothing shows "
+                                  "until the end)", min=1, max=1_000_000)  # fmt: skip
     temperature: float = setting(0.8, "1.0 samples the model's distribution as is, lower is more conservative, 0 is "
                                  "greedy", min=0, note=" (0 = greedy)", check=a_temperature)  # fmt: skip
     top_k: int = setting(200, "keep only the k most likely tokens; 0 = all", min=0, note=" (0 = all)")
