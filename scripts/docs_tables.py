@@ -71,6 +71,9 @@ def stale(tables: dict[str, str] | None = None) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return
     if argv not in ([], ["--check"]):
         raise UserError(f"unknown arguments {' '.join(argv)!r}: none (rewrite the tables) or --check")
     tables: dict[str, str] = {}
