@@ -56,7 +56,7 @@ class TrainConfig:
     eval_interval: int = setting(2000, "iterations between evals", min=1)
     log_interval: int = setting(1, "iterations between log lines", min=1)
     eval_iters: int = setting(200, "batches per split at each eval: the same fixed windows every time; at most "
-                              "100,000 (an eval shows nothing until it ends)", min=1, max=100_000)  # fmt: skip
+                              "1,000,000 (an eval shows nothing until it ends)", min=1, max=1_000_000)  # fmt: skip
     eval_only: bool = setting(False, "evaluate once and exit")
     hellaswag_interval: int = setting(0, "HellaSwag's accuracy too, every this many iterations and at the end", min=0,
                                       note=" (0 = off)")  # fmt: skip

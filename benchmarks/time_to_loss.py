@@ -86,8 +86,8 @@ class TimeToLossConfig:
     fit_schedule: bool = setting(True, "lr_decay_iters = max_iters: the schedule ends with the run at every horizon")
     eval_interval: int = setting(25, "iterations between evals (and logging windows): the crossing's resolution",
                                  min=1)  # fmt: skip
-    eval_iters: int = setting(20, "batches per split at each eval, the same windows every time; at most 100,000 (as "
-                              "train.py)", min=1, max=100_000)  # fmt: skip
+    eval_iters: int = setting(20, "batches per split at each eval, the same windows every time; at most 1,000,000 "
+                              "(as train.py)", min=1, max=1_000_000)  # fmt: skip
     target: float = setting(0.0, "the val loss to reach; 0 = the baseline's final val loss, median over its seeds",
                             min=0, note=" (0 = the baseline's final val loss)")  # fmt: skip
     jobs: int = setting(1, "runs at a time", min=1)

@@ -321,7 +321,7 @@ def test_the_configurator_imports_no_torch():
 BOUNDED = [
     ("train.py", "gradient_accumulation_steps", 10_000),
     ("train.py", "tokens_per_iter", 2**30),
-    ("train.py", "eval_iters", 100_000),
+    ("train.py", "eval_iters", 1_000_000),
     ("train.py", "muon_ns_steps", 100),
     ("bench.py", "gradient_accumulation_steps", 10_000),
     ("bench.py", "burn_in", 1_000),
@@ -337,7 +337,7 @@ BOUNDED = [
     ("benchmarks/muon.py", "probe_iters", 100_000),
     ("benchmarks/prepare.py", "repeats", 1_000),
     ("benchmarks/time_to_loss.py", "seeds", 1_000),
-    ("benchmarks/time_to_loss.py", "eval_iters", 100_000),
+    ("benchmarks/time_to_loss.py", "eval_iters", 1_000_000),
     ("scripts/soak.py", "kills", 10_000),
     ("scripts/gloo_soak.py", "rounds", 10_000),
 ]
