@@ -52,7 +52,8 @@ class BenchConfig:
 
     # work
     batch_size: int = setting(12, "micro-batch size", min=1)
-    gradient_accumulation_steps: int = setting(1, "micro-batches per timed optimizer step", min=1)
+    gradient_accumulation_steps: int = setting(1, "micro-batches per timed optimizer step; at most 10,000 (a step "
+                                               "shows nothing until it ends)", min=1, max=10_000)  # fmt: skip
     dataset: str = setting("", "'' for synthetic tokens, or a dataset under data_dir (prepared on first use), read "
                            "as train.py does")  # fmt: skip
     data_dir: str = setting("data", "where datasets live", check=a_path)
@@ -60,9 +61,10 @@ class BenchConfig:
                                       "repository's")  # fmt: skip
     vocab_size: int = setting(GPT2_VOCAB_SIZE, "of the synthetic tokens (uint16); a dataset brings its own",
                               interval="[1, 65536]")  # fmt: skip
-    burn_in: int = setting(5, "iterations timed apart, left out of the median", min=1,
-                           note=" (the first iteration compiles)")  # fmt: skip
-    steps: int = setting(20, "timed iterations", min=1)
+    burn_in: int = setting(5, "iterations timed apart, left out of the median; at most 1,000 (a row shows nothing "
+                           "until it ends)", min=1, max=1_000, note=" (the first iteration compiles)")  # fmt: skip
+    steps: int = setting(20, "timed iterations; at most 100,000 (a row shows nothing until it ends)", min=1,
+                         max=100_000)  # fmt: skip
     # what to run (one at most; none times the configuration above)
     ladder: bool = setting(False, "fp32 eager, +TF32, +bf16, +compile, +flash attention, +vocab padding, +fused AdamW")
     skip_rungs: str = setting("", "comma-separated rungs to leave out: tf32, bf16, compile, flash, pad_vocab, fused")

@@ -56,7 +56,7 @@ checkpoint = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt") if cfg.init_from == 
 tokenizer = Tokenizer.for_model(checkpoint, cfg.init_from)
 if tokenizer.itos is not None:
     raise UserError(f"HellaSwag is scored in GPT-2's tokens; this model's tokenizer is {tokenizer.name}")
-path = Path(cfg.file) if cfg.file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl")
+path = Path(cfg.file) if cfg.file else download_val(Path("data") / "hellaswag" / "hellaswag_val.jsonl", "file")
 examples = read_examples(path, cfg.limit)
 model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(cfg.init_from)
 check_vocabulary(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder")

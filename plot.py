@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from configurator import configure
+from nanogpt_perf import charts
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError, report_errors
-from nanogpt_perf.files import write_atomically
 from nanogpt_perf.guard.paths import check_path, output_file
 
 Points = tuple[list[float], list[float]]  # iters, values
@@ -137,14 +137,9 @@ def run_names(out_dirs: list[Path]) -> list[str]:
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot drawing to files (Agg: no display needed)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
+    """matplotlib.pyplot drawing to files (charts.py), or the line that says how to install it."""
+    if (plt := charts.pyplot()) is None:
+        raise UserError("plot.py needs matplotlib: pip install matplotlib")
     return plt
 
 
@@ -208,8 +203,7 @@ def draw(runs: dict[str, list[Curves]], path: Path) -> None:
     colours = [Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))]
     fig.legend(colours, list(runs), loc="outside lower center", ncols=min(len(runs), 5), fontsize=9)
     fig.suptitle(", ".join(runs))
-    write_atomically(path, lambda f: fig.savefig(f, dpi=DPI, format="png"))
-    plt.close(fig)
+    charts.save(fig, path, dpi=DPI)
 
 
 @dataclass(frozen=True)

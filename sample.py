@@ -12,6 +12,7 @@ from nanogpt_perf.errors import report_errors
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,14 @@ from nanogpt_perf.runtime import (
     resolve_runtime,
 )
 
+ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescaped(text: str) -> str:
+    """text with the escapes a shell passes as typed (--stop="\\n\\n" is a backslash and an n, twice) read as the
+    characters they stand for: \\n, \\t and \\\\; any other backslash is kept."""
+    return re.sub(r"\\([nt\\])", lambda m: ESCAPES[m[1]], text)
+
 
 def a_temperature(value: float) -> None:
     if 0 < value < 1e-6:
@@ -57,13 +66,15 @@ class SampleConfig:
     num_samples: int = setting(10, "samples to generate", min=1)
     batched: bool = setting(False, "all samples at once from one shared prefill (printed when done), else one by one "
                             "(streamed)")  # fmt: skip
-    max_new_tokens: int = setting(500, "tokens generated per sample", min=1)
+    max_new_tokens: int = setting(500, "tokens generated per sample; at most 1,000,000 (batched, nothing shows "
+                                  "until the end)", min=1, max=1_000_000)  # fmt: skip
     temperature: float = setting(0.8, "1.0 samples the model's distribution as is, lower is more conservative, 0 is "
                                  "greedy", min=0, note=" (0 = greedy)", check=a_temperature)  # fmt: skip
     top_k: int = setting(200, "keep only the k most likely tokens; 0 = all", min=0, note=" (0 = all)")
     top_p: float = setting(1.0, "then keep the smallest set of them whose probability reaches top_p (nucleus); "
                            "1.0 = all", interval="(0, 1]")  # fmt: skip
-    stop: str = setting("", "end a sample at this text ('' = none); GPT-2's <|endoftext|> always ends one")
+    stop: str = setting("", "end a sample at this text ('' = none; \\n, \\t and \\\\ are a newline, a tab and a "
+                        "backslash, as a shell passes them); GPT-2's <|endoftext|> always ends one")  # fmt: skip
     kv_cache: bool = setting(True, "False recomputes the whole context for every token (the slow reference)")
     cuda_graph: bool = setting(True, "CUDA: capture the decode step as a CUDA graph, replayed for every token")
 
@@ -76,6 +87,7 @@ cfg = configure(
 # -----------------------------------------------------------------------------
 
 runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
+stop = unescaped(cfg.stop)
 print(runtime.describe())
 generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
 
@@ -132,11 +144,11 @@ def tokens(n: int):
 
 
 def ended(ids: list[int]) -> bool:
-    return ids[-1] == tokenizer.eot or (cfg.stop != "" and cfg.stop in tokenizer.decode(ids))
+    return ids[-1] == tokenizer.eot or (stop != "" and stop in tokenizer.decode(ids))
 
 
 def trim(text: str) -> str:
-    return text.split(cfg.stop)[0] if cfg.stop else text
+    return text.split(stop)[0] if stop else text
 
 
 def stream_one() -> int:
@@ -148,9 +160,9 @@ def stream_one() -> int:
         if ids[-1] == tokenizer.eot:
             break
         text += stream.push(ids[-1:])
-        if cfg.stop and cfg.stop in text:
+        if stop and stop in text:
             break
-        safe = len(text) - max(len(cfg.stop) - 1, 0)  # hold back what may be the beginning of the stop text
+        safe = len(text) - max(len(stop) - 1, 0)  # hold back what may be the beginning of the stop text
         if safe > shown:
             print(text[shown:safe], end="", flush=True)
             shown = safe

@@ -56,8 +56,8 @@ class TrainConfig:
     out_dir: str = setting("out", "checkpoints, log.jsonl and manifest.json", check=a_path)
     eval_interval: int = setting(2000, "iterations between evals", min=1)
     log_interval: int = setting(1, "iterations between log lines", min=1)
-    eval_iters: int = setting(200, "batches per split at each eval: the same fixed windows every time", min=1,
-                              max=2**31 - 1)  # fmt: skip
+    eval_iters: int = setting(200, "batches per split at each eval: the same fixed windows every time; at most "
+                              "1,000,000 (an eval shows nothing until it ends)", min=1, max=1_000_000)  # fmt: skip
     eval_only: bool = setting(False, "evaluate once and exit")
     hellaswag_interval: int = setting(0, "HellaSwag's accuracy too, every this many iterations and at the end", min=0,
                                       note=" (0 = off)")  # fmt: skip
@@ -89,12 +89,13 @@ class TrainConfig:
                             check=a_path)  # fmt: skip
     run_data_preparer: bool = setting(False, "run data_dir/dataset/prepare.py even where it is not one of this "
                                       "repository's")  # fmt: skip
-    gradient_accumulation_steps: int = setting(5 * 8, "micro-batches per optimizer step, counted across all ranks",
-                                               min=1)  # fmt: skip
+    gradient_accumulation_steps: int = setting(5 * 8, "micro-batches per optimizer step, counted across all ranks; "
+                                               "at most 10,000 (a step shows nothing until it ends)", min=1,
+                                               max=10_000)  # fmt: skip
     batch_size: int | str = setting(12, "micro-batch size per rank, or 'auto': the largest that fits", min=1,
                                     words=("auto",))  # fmt: skip
-    tokens_per_iter: int = setting(0, "tokens per optimizer step, setting gradient_accumulation_steps", min=0,
-                                   note=" (0 = unset)")  # fmt: skip
+    tokens_per_iter: int = setting(0, "tokens per optimizer step, setting gradient_accumulation_steps; at most 2**30 "
+                                   "(over 300 times GPT-3's 3.2M)", min=0, max=2**30, note=" (0 = unset)")  # fmt: skip
     max_iters: int = setting(600000, "optimizer steps", min=0)
     # system
     parallelism: str = setting("ddp", "under torchrun: a whole model per rank, or FSDP2 (all of it sharded)",

@@ -51,7 +51,8 @@ class GenerateConfig:
 
     vocab_size: int = setting(50304, "of the random weights and prompt", min=1)
     prompt_tokens: int = setting(16, "the prompt's length", min=1)
-    max_new_tokens: int = setting(500, "tokens generated per sequence", min=2, note=" (one decode step at least)")
+    max_new_tokens: int = setting(500, "tokens generated per sequence; at most 1,000,000 (a row shows nothing until "
+                                  "it ends)", min=2, max=1_000_000, note=" (one decode step at least)")  # fmt: skip
     batch_size: int = setting(1, "sequences generated together from one shared prefill", min=1)
     top_k: int = setting(200, "sampling's top_k; 0 = all", min=0, note=" (0 = all)")
     uncached: bool = setting(True, "also time the uncached reference (slow: the whole context is recomputed for "
@@ -60,7 +61,8 @@ class GenerateConfig:
     onednn: bool = setting(True, "CPU, float32, not compiled: Linear layers through oneDNN (nanogpt_perf/generate.py)")
     nanogpt_dir: str = setting("", "a nanoGPT checkout: also time its model.py's generate on the same weights",
                                check=optional_path)  # fmt: skip
-    repeats: int = setting(1, "rounds of every row, interleaved; the median of each row is reported", min=1)
+    repeats: int = setting(1, "rounds of every row, interleaved; the median of each row is reported; at most 1,000",
+                           min=1, max=1_000)  # fmt: skip
     out_json: str = setting("", "the figures as JSON; '' = print only", check=output_file(".json"))
 
 

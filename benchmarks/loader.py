@@ -49,10 +49,11 @@ class LoaderBenchConfig:
     shard_tokens: int = setting(10_000_000, "tokens per synthetic shard", min=1)
     batch_size: int = setting(16, "sequences a batch", min=1)
     block_size: int = setting(1024, "tokens a sequence", min=1)
-    batches: int = setting(10_000, "per run; memory is read after 100 and after all of them", above=100,
+    batches: int = setting(10_000, "per run; memory is read after 100 and after all of them; at most 10,000,000 (a "
+                           "run shows nothing until it ends)", above=100, max=10_000_000,
                            note=" (memory is read after 100)")  # fmt: skip
     orders: str = setting("random,epochs", "the loader's data_orders compared", check=comma_separated(*DATA_ORDERS))
-    repeats: int = setting(3, "runs of each order, interleaved", min=1)
+    repeats: int = setting(3, "runs of each order, interleaved; at most 1,000", min=1, max=1_000)
 
 
 def a_window_fits(cfg: Config) -> None:

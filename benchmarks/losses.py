@@ -66,7 +66,7 @@ class LossesConfig:
     chunked_rows: int = setting(256, "loss_chunk of the chunked way", min=1)
     fused_rows: int = setting(0, "loss_chunk of the fused ways (0: as their memory budget picks)", min=0,
                               note=" (0 = by memory budget)")  # fmt: skip
-    repeats: int = setting(7, "runs of each way, interleaved", min=1)
+    repeats: int = setting(7, "runs of each way, interleaved; at most 1,000", min=1, max=1_000)
     threads: int = setting(0, "torch's CPU threads (0: its default); 1 gives steadier figures on a machine shared "
                            "with other work", min=0, note=" (0 = torch's default)")  # fmt: skip
 

@@ -51,13 +51,15 @@ class MuonBenchConfig:
 
     parts: str = setting("newton_schulz,step,probe", "the parts to run",
                          check=comma_separated("newton_schulz", "step", "probe"))  # fmt: skip
-    repeats: int = setting(7, "interleaved rounds for the Newton-Schulz and step timings", min=1)
+    repeats: int = setting(7, "interleaved rounds for the Newton-Schulz and step timings; at most 1,000", min=1,
+                           max=1_000)  # fmt: skip
     gpt2_repeats: int = setting(1, "GPT-2's shapes (0: left out) take a minute each in bfloat16 on a CPU without bf16 "
-                                "units", min=0)  # fmt: skip
+                                "units; at most 100", min=0, max=100)  # fmt: skip
     batch_size: int = setting(16, "the demo model's batch", min=2)
     vocab_size: int = setting(65, "the demo model's vocabulary for the step timings (the probe's is its text's)",
                               min=2)  # fmt: skip
-    probe_iters: int = setting(300, "steps of each probe run; 0 = no probe", min=0)
+    probe_iters: int = setting(300, "steps of each probe run; 0 = no probe; at most 100,000 (a run shows nothing "
+                               "until it ends)", min=0, max=100_000)  # fmt: skip
     probe_adamw_lrs: str = setting("0.002", "AdamW's lrs tried alone (learning_rate is AdamW's share under Muon)",
                                    check=positive_numbers)  # fmt: skip
     probe_muon_lrs: str = setting("0.01,0.02,0.04", "Muon's lrs tried with adjust_lr_fn 'original'",

@@ -45,7 +45,7 @@ class PrepareBenchConfig:
     copies: int = setting(10, "the default corpus this many times over: seconds of work, so that starting up counts "
                           "little", min=1)  # fmt: skip
     process_counts: str = setting("1,2", "the numbers of tokenising processes compared, comma-separated")
-    repeats: int = setting(3, "runs of each process count", min=1)
+    repeats: int = setting(3, "runs of each process count; at most 1,000", min=1, max=1_000)
     shard_size: int = setting(10_000_000, "tokens per shard", min=1)
 
 

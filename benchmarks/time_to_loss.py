@@ -79,13 +79,15 @@ class TimeToLossConfig:
                               "(shell-quoted)")  # fmt: skip
     sweep: str = setting("", "'KEY=V1,V2,...': every configuration at each value of one train.py setting, e.g. "
                          "learning_rate=3e-3,1e-3", check=a_sweep)  # fmt: skip
-    seeds: int = setting(3, "seeds per configuration: first_seed, first_seed + 1, ...", min=1)
+    seeds: int = setting(3, "seeds per configuration: first_seed, first_seed + 1, ...; at most 1,000", min=1,
+                         max=1_000)  # fmt: skip
     first_seed: int = setting(1337, "the first run's seed", min=0)
     max_iters: int = setting(600, "the horizon: every run's max_iters (and lr_decay_iters, with fit_schedule)", min=1)
     fit_schedule: bool = setting(True, "lr_decay_iters = max_iters: the schedule ends with the run at every horizon")
     eval_interval: int = setting(25, "iterations between evals (and logging windows): the crossing's resolution",
                                  min=1)  # fmt: skip
-    eval_iters: int = setting(20, "batches per split at each eval, the same windows every time", min=1)
+    eval_iters: int = setting(20, "batches per split at each eval, the same windows every time; at most 1,000,000 "
+                              "(as train.py)", min=1, max=1_000_000)  # fmt: skip
     target: float = setting(0.0, "the val loss to reach; 0 = the baseline's final val loss, median over its seeds",
                             min=0, note=" (0 = the baseline's final val loss)")  # fmt: skip
     jobs: int = setting(1, "runs at a time", min=1)

@@ -12,7 +12,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
 from nanogpt_perf.bench.report import fmt, markdown_table
-from nanogpt_perf.files import write_atomically
+from nanogpt_perf.charts import NO_MATPLOTLIB, close, figure, save
 
 
 def tokens_text(tokens: float | None) -> str:
@@ -117,14 +117,9 @@ def median_curve(curves: list[dict[str, Any]], axis: str) -> tuple[list[float], 
 def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: dict[str, Any], title: str) -> str:
     """Val loss against tokens and against training seconds: per configuration the median over seeds as a line and
     the seeds' range as a band; the target as a dashed line. Returns what was written (or why not)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no chart: matplotlib is not installed (pip install matplotlib)"
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
+    if (made := figure(1, 2, figsize=(13, 5), sharey=True, layout="constrained")) is None:
+        return NO_MATPLOTLIB
+    fig, axes = made
     target, lowest, highest = summary["target"], [], []
     most = max((c["tokens"][-1] for runs in curves.values() for c in runs if c["tokens"]), default=0)
     per, unit = (1e6, "millions") if most >= 1e6 else (1e3, "thousands")
@@ -138,7 +133,7 @@ def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: di
                 lowest.append(min(low))
                 highest.append(max(high))
     if not lowest:
-        plt.close(fig)
+        close(fig)
         return "no chart: no run has a finite val loss"
     for ax, label in zip(axes, (f"tokens ({unit})", "training seconds (evals left out)"), strict=True):
         if target is not None:
@@ -156,9 +151,7 @@ def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: di
     axes[0].legend(fontsize=8)
     shown = "no target" if target is None else f"target val loss {target:.4f} (dashed)"
     fig.suptitle(f"{title}: {shown}", fontsize=10)
-    write_atomically(path, lambda f: fig.savefig(f, dpi=110, format="png"))
-    plt.close(fig)
-    return f"wrote {path}"
+    return save(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

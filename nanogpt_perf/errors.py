@@ -4,6 +4,7 @@ it), which prints an uncaught one as one line, 'error: ...', with exit status 1 
 too (a KeyboardInterrupt's message, if any, says what to do next), with the status of a process ended by SIGINT
 (130). Everything else keeps Python's traceback: it is a bug."""
 
+import os
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -22,10 +23,33 @@ def one_line(kind: type[BaseException], error: BaseException, traceback: Traceba
     """sys.excepthook: Python then exits with status 1, or by SIGINT after a KeyboardInterrupt (atexit runs)."""
     if issubclass(kind, UserError):
         print(f"error: {error}", file=sys.stderr, flush=True)
+    elif issubclass(kind, ValueError) and torch_refused_its_logs(traceback):
+        logs = shown_env("TORCH_LOGS")
+        print(
+            f"error: TORCH_LOGS={logs} is not what torch takes: comma-separated names of its logs, modules or "
+            "artifacts, each with an optional + or - (TORCH_LOGS=help lists them)",
+            file=sys.stderr,
+            flush=True,
+        )
     elif issubclass(kind, KeyboardInterrupt):
         print(f"\ninterrupted (Ctrl-C){f': {error}' if str(error) else ''}", file=sys.stderr, flush=True)
     else:
         sys.__excepthook__(kind, error, traceback)
+
+
+def torch_refused_its_logs(traceback: TracebackType | None) -> bool:
+    """Whether the error comes from torch reading TORCH_LOGS, which it does as it is imported."""
+    while traceback is not None:
+        code = traceback.tb_frame.f_code
+        if code.co_name == "_init_logs" and Path(code.co_filename).parent.name == "_logging":
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+def shown_env(name: str) -> str:
+    value = os.environ.get(name, "")
+    return repr(value if len(value) <= 80 else value[:80] + "...")
 
 
 def first_line(error: BaseException) -> str:

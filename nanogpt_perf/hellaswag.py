@@ -25,15 +25,16 @@ VAL_EXAMPLES = 10_042
 GPT2_124M_ACC_NORM = 0.2955  # the published figure (llm.c, build-nanogpt)
 
 
-def download_val(path: Path) -> Path:
-    """The official validation file at path, downloaded when it is not there yet."""
+def download_val(path: Path, flag: str = "hellaswag_file") -> Path:
+    """The official validation file at path, downloaded when it is not there yet; flag: the setting that names a
+    local copy instead, as the script that calls this spells it (train.py's hellaswag_file, hellaswag.py's file)."""
     if not path.is_file():
         try:
             with urllib.request.urlopen(VAL_URL, timeout=60) as response:
                 data = response.read()
         except OSError as e:
             raise UserError(
-                f"cannot download HellaSwag ({e}); give a local copy of hellaswag_val.jsonl with hellaswag_file="
+                f"cannot download HellaSwag ({e}); give a local copy of hellaswag_val.jsonl with --{flag}=PATH"
             ) from None
         write_bytes(path, data)  # atomically: a killed download leaves no half file to be read next time
     return path

@@ -35,9 +35,16 @@ sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
 from nanogpt_perf.config import setting  # noqa: E402
 from nanogpt_perf.data.shards import write_shard  # noqa: E402
-from nanogpt_perf.guard.paths import a_path, comma_separated  # noqa: E402
+from nanogpt_perf.guard.paths import a_path, comma_separated, path_rule  # noqa: E402
 
 CASES = ("ddp", "fsdp", "parity", "hellaswag", "sigterm", "nonfinite", "refused")
+
+
+@path_rule
+def a_checkout(value: str) -> None:
+    a_path(value)
+    if not (Path(value) / "train.py").is_file() or not (Path(value) / "tests").is_dir():
+        raise ValueError("a checkout of this project (with train.py and tests/)")
 
 
 # -----------------------------------------------------------------------------
@@ -48,7 +55,7 @@ class GlooSoakConfig:
     rounds: int = setting(5, "rounds of every case", min=1, max=10_000)
     cases: str = setting(",".join(CASES), "the cases run, comma-separated", check=comma_separated(*CASES))
     starve: bool = setting(False, "gloo's threads in the idle scheduling class, each run on a core of its own")
-    root: str = setting(str(ROOT), "the checkout whose runs are soaked (its train.py and tests/)", check=a_path)
+    root: str = setting(str(ROOT), "the checkout whose runs are soaked (its train.py and tests/)", check=a_checkout)
 
 
 cfg = configure(soak=GlooSoakConfig)

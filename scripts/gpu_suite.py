@@ -312,7 +312,7 @@ def part_bench(s: Suite) -> None:
     common = [f"--block_size={p.block_size}", *p.device, *p.model, *p.bench, *p.synthetic]
     ladder = ["--ladder=True", f"--batch_size={p.bench_batch}", *common, *p.ladder]
     s.step("ladder", lambda: s.bench("ladder", "ladder", "ladder: ", ladder))
-    sweep = ["--sweep=batch_size", f"--values={p.sweep_values}", *common]
+    sweep = [f"--sweep=batch_size={p.sweep_values}", *common]
     s.step("batch_size sweep", lambda: s.bench("batch_sweep", "batch sweep", "sweep: ", sweep))
     # two memory savers at the sweep's last batch, against that row (everything else the same)
     saver = [f"--batch_size={p.saver_batch}", *common]
@@ -328,7 +328,7 @@ def part_generate(s: Suite) -> None:
     base = [f"--batch_size={p.saver_batch}", f"--block_size={p.block_size}", *p.device, *p.model, *p.bench]
     base += p.synthetic
     liger = liger_unavailable(s)
-    impls = ["--sweep=loss_impl", "--values=plain,fused" + ("" if liger else ",liger")]
+    impls = ["--sweep=loss_impl=plain,fused" + ("" if liger else ",liger")]
     s.step("loss_impl", lambda: s.bench("savers_loss_impl", group, "savers: ", [*base, *impls]))
     if liger:
         s.rows.append(row(s.part, group, "savers: loss_impl=liger", "skipped", liger))

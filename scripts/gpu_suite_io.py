@@ -19,6 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root
 from data.tiny_shakespeare import markdown_play_to_text  # noqa: E402
+from nanogpt_perf.charts import NO_MATPLOTLIB, figure, save  # noqa: E402
 from nanogpt_perf.data.shards import split_files  # noqa: E402
 from nanogpt_perf.files import write_atomically, write_json, write_text, write_through_path  # noqa: E402
 
@@ -330,13 +331,6 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 def write_chart(path: Path, doc: dict[str, Any]) -> str:
     """One panel of horizontal tokens/s bars per group of rows (training figures and generation differ by orders
     of magnitude); returns what was written, or why not."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no chart: matplotlib is not installed (pip install matplotlib)"
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in doc["rows"]:
         if r["group"] != "data":
@@ -344,7 +338,9 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
     if not groups:
         return "no chart: no rows with figures"
     heights = [1.0 + 0.32 * len(rows) for rows in groups.values()]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(10, sum(heights)), height_ratios=heights, squeeze=False)
+    if (made := figure(len(groups), 1, figsize=(10, sum(heights)), height_ratios=heights, squeeze=False)) is None:
+        return NO_MATPLOTLIB
+    fig, axes = made
     for ax, (group, rows) in zip(axes[:, 0], groups.items(), strict=True):
         values = [r["tokens_per_s"] or 0.0 for r in rows]
         colours = ["tab:orange" if "nanoGPT" in r["name"] else "tab:blue" for r in rows]
@@ -359,9 +355,7 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
     axes[-1, 0].set_xlabel("tokens/s (higher is better; nanoGPT in orange)")
     fig.suptitle(machine_line(doc), fontsize=9)
     fig.tight_layout()
-    write_atomically(path, lambda f: fig.savefig(f, dpi=110, format="png"))
-    plt.close(fig)
-    return f"wrote {path}"
+    return save(fig, path, dpi=110)
 
 
 def machine_line(doc: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from nanogpt_perf.guard.checkpoint import NotWhole, check_whole  # noqa: E402
 class SoakConfig:
     """Settings of scripts/soak.py: the kills and the run they interrupt"""
 
-    kills: int = setting(20, "SIGKILLs, each followed by a resume", min=1)
+    kills: int = setting(20, "SIGKILLs, each followed by a resume; at most 10,000", min=1, max=10_000)
     max_iters: int = setting(3000, "the run's length (it saves every step)", min=1)
     longest: float = setting(4.0, "seconds: each run is killed at a uniform random moment between 1 s (starting up) "
                              "and this", above=1.0)  # fmt: skip

@@ -315,3 +315,41 @@ def test_the_configurator_imports_no_torch():
     """The data preparation scripts' spawned workers import it: they must not pay for torch."""
     code = "import sys, configurator, nanogpt_perf.config; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+# a number that multiplies the work of a step, an eval, a row or a run, which shows nothing until it ends: bounded
+BOUNDED = [
+    ("train.py", "gradient_accumulation_steps", 10_000),
+    ("train.py", "tokens_per_iter", 2**30),
+    ("train.py", "eval_iters", 1_000_000),
+    ("train.py", "muon_ns_steps", 100),
+    ("bench.py", "gradient_accumulation_steps", 10_000),
+    ("bench.py", "burn_in", 1_000),
+    ("bench.py", "steps", 100_000),
+    ("sample.py", "max_new_tokens", 1_000_000),
+    ("benchmarks/generate.py", "max_new_tokens", 1_000_000),
+    ("benchmarks/generate.py", "repeats", 1_000),
+    ("benchmarks/loader.py", "batches", 10_000_000),
+    ("benchmarks/loader.py", "repeats", 1_000),
+    ("benchmarks/losses.py", "repeats", 1_000),
+    ("benchmarks/muon.py", "repeats", 1_000),
+    ("benchmarks/muon.py", "gpt2_repeats", 100),
+    ("benchmarks/muon.py", "probe_iters", 100_000),
+    ("benchmarks/prepare.py", "repeats", 1_000),
+    ("benchmarks/time_to_loss.py", "seeds", 1_000),
+    ("benchmarks/time_to_loss.py", "eval_iters", 1_000_000),
+    ("scripts/soak.py", "kills", 10_000),
+    ("scripts/gloo_soak.py", "rounds", 10_000),
+]
+
+
+@pytest.mark.parametrize("script, name, most", BOUNDED, ids=[f"{s}:{n}" for s, n, _ in BOUNDED])
+def test_a_number_that_multiplies_unseen_work_has_a_bound(script, name, most, capsys):
+    found = declarations(script)
+
+    def configured(value: int):
+        return configure([f"--{name}={value}"], found.cross, found.defaults, **found.parts)
+
+    assert getattr(configured(most), name) == most
+    with pytest.raises(UserError, match=rf"^{name} must be <= {most}, not {most + 1}$"):
+        configured(most + 1)

@@ -289,8 +289,10 @@ def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
     assert full.returncode == 0, full.stderr
     text = full.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
     assert "time to first token" in full.stdout and "tokens/s" in full.stdout
-    stop = text[10:12]  # a piece of what the model writes with this seed
-    stopped = run_script("sample.py", *common, "--num_samples=1", f"--stop={stop}")
+    at = text.index("\n", 10)  # a piece of what the model writes with this seed, across a line's end
+    stop = text[at - 1 : at + 1]
+    typed = stop.replace("\\", "\\\\").replace("\n", "\\n")  # as a shell passes --stop="e\n": \ and n
+    stopped = run_script("sample.py", *common, "--num_samples=1", f"--stop={typed}")
     cut = stopped.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
     assert cut.rstrip("\n") == text[: text.index(stop)]
     # greedy: the batched, uncached path writes what the streamed, cached one does, for every sample

@@ -82,7 +82,7 @@ def test_the_batched_scores_equal_each_ending_alone(official_file):
     assert result["acc_norm"] == right_norm / 5
 
 
-def test_the_script_scores_a_checkpoint_and_refuses_bad_files(official_file, tmp_path):
+def test_the_script_scores_a_checkpoint_and_refuses_bad_files(official_file, tmp_path, monkeypatch):
     model = tiny_gpt2_model().float()
     model_args = {
         k: getattr(model.config, k)
@@ -102,6 +102,13 @@ def test_the_script_scores_a_checkpoint_and_refuses_bad_files(official_file, tmp
                           ("\n", "holds no HellaSwag examples")]:  # fmt: skip
         bad.write_text(text)
         assert_one_line_error(run_in_process("hellaswag.py", *common, f"--file={bad}"), str(bad), message)
+    # no network and no --file: the line names the flag of this script (train.py's is hellaswag_file)
+    monkeypatch.setattr("urllib.request.urlopen", no_network)
+    assert_one_line_error(run_in_process("hellaswag.py", *common), "no network", "with --file=PATH")
+
+
+def no_network(*args, **kwargs):
+    raise OSError("no network")
 
 
 @pytest.mark.slow

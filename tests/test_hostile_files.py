@@ -597,3 +597,32 @@ REPORTS = {
 @pytest.mark.parametrize("name", REPORTS)
 def test_a_report_refused_with_one_line_and_nothing_written(name, checkpoints, tmp_path, monkeypatch):
     refuse_script_case(REPORTS[name], checkpoints, tmp_path, monkeypatch)
+
+
+def test_a_torch_logs_that_torch_refuses_is_one_line():
+    """torch reads TORCH_LOGS as it is imported and raises a ValueError of many lines on a name it does not know."""
+    env = os.environ | {"TORCH_LOGS": "nonsense"}
+    result = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert_one_line_error(result, "TORCH_LOGS='nonsense' is not what torch takes", "TORCH_LOGS=help")
+
+
+# every path setting of the benchmarks and tools, pointing nowhere: one line naming it, before any work
+NOWHERE = "/nowhere/at/all"
+MISSING_INPUTS = [
+    ("benchmarks/loader.py", f"--data={NOWHERE}"),
+    ("benchmarks/generate.py", f"--nanogpt_dir={NOWHERE}"),
+    ("benchmarks/muon.py", f"--text={NOWHERE}.txt"),
+    ("benchmarks/prepare.py", f"--input={NOWHERE}.jsonl"),
+    ("benchmarks/time_to_loss.py", f"--configs={NOWHERE}.py"),
+    ("benchmarks/ttl_data.py", f"--text={NOWHERE}.txt --name=x --data_dir={NOWHERE}"),
+    ("scripts/gloo_soak.py", f"--root={NOWHERE}"),
+    ("hellaswag.py", f"--file={NOWHERE}.jsonl --init_from=gpt2"),
+    ("plot.py", NOWHERE),
+    ("bench.py", f"--compare={NOWHERE}.json --baseline={NOWHERE}.json"),
+]
+
+
+@pytest.mark.parametrize("script, flags", MISSING_INPUTS, ids=[s for s, _ in MISSING_INPUTS])
+def test_a_missing_input_file_is_one_line(script, flags):
+    assert_one_line_error(run_in_process(script, *flags.split()), NOWHERE)

@@ -106,16 +106,16 @@ def test_ctrl_c_while_sample_generates_is_one_line(tmp_path):
     model_args = dict(block_size=32, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
     checkpoint = {"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args}
     save_checkpoint(checkpoint | {"tokenizer": {"kind": "characters", "itos": list("abcdefgh ")}}, tmp_path / "ckpt.pt")
-    flags = [f"--out_dir={tmp_path}", "--device=cpu", "--start=abc", "--num_samples=1", "--max_new_tokens=10000000"]
+    flags = [f"--out_dir={tmp_path}", "--device=cpu", "--start=abc", "--num_samples=1", "--max_new_tokens=1000000"]
     returncode, output = signal_at("sample.py", *flags, line="tokenizer:", sig=signal.SIGINT)
     assert returncode == -signal.SIGINT
     assert output.rstrip().endswith("interrupted (Ctrl-C)") and "Traceback" not in output, output
 
 
 def test_sigterm_ends_the_loader_benchmark_through_its_temporary_folders_removal(tmp_path):
-    flags = ["--shards=2", "--shard_tokens=5000", "--batch_size=2", "--block_size=16", "--batches=101"]
+    flags = ["--shards=2", "--shard_tokens=5000", "--batch_size=2", "--block_size=16", "--batches=2000"]
     env = environment(TMPDIR=str(tmp_path))
-    flags.append("--repeats=100000")
+    flags.append("--repeats=1000")  # minutes in all: stopped after the first
     returncode, output = signal_at("benchmarks/loader.py", *flags, line="run 1", sig=signal.SIGTERM, env=env)
     assert returncode == 128 + signal.SIGTERM and "Traceback" not in output, output
     assert os.listdir(tmp_path) == []  # the synthetic shards went with their folder

@@ -140,3 +140,24 @@ def test_a_log_without_step_records_and_other_bad_input(tmp_path, monkeypatch, c
     with pytest.raises(UserError, match="^.*pip install matplotlib"):
         plot.main([str(write_log(tmp_path / "a", a_run(1.0)))])
     assert capsys.readouterr().err == ""  # argparse printed no usage block
+
+
+def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    """nanogpt_perf/charts.py behind bench.py's chart, the time-to-loss report's and the GPU suite's."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from gpu_suite_io import write_chart as gpu_chart
+
+    from benchmarks.ttl_report import write_chart as ttl_chart
+    from nanogpt_perf.bench.report import write_chart as bench_chart
+    from nanogpt_perf.charts import NO_MATPLOTLIB
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    result = {"name": "x", "status": "ok", "ms_median": 1.0, "ms_p90": 1.0, "speedup_first": 1.0}
+    manifest = {"git_dirty": False, "device_name": "cpu", "torch": "2", "git_commit": "0" * 10}
+    assert (
+        bench_chart(tmp_path / "b.png", {"results": [result], "manifest": manifest, "kind": "single"}) == NO_MATPLOTLIB
+    )
+    assert ttl_chart(tmp_path / "t.png", {"x": []}, {"target": None, "rows": {}}, "t") == NO_MATPLOTLIB
+    row = {"group": "train", "name": "x", "status": "ok", "tokens_per_s": 1.0}
+    assert gpu_chart(tmp_path / "g.png", {"rows": [row], "parts": {}}) == NO_MATPLOTLIB
+    assert list(tmp_path.iterdir()) == []

@@ -2,7 +2,8 @@
 
 python data/shakespeare/prepare.py [FOLDER]    # FOLDER defaults to this script's own
 
-FOLDER must be new, or hold an earlier preparation of the same kind (never another dataset).
+FOLDER may be new, or hold files of yours (left as they are; an input.txt there is the text prepared) or an
+earlier preparation of the same kind; one that holds another dataset is refused, never overwritten.
 """
 
 import sys

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.bench.measure import FIGURES
-from nanogpt_perf.files import write_atomically, write_json, write_text
+from nanogpt_perf.charts import NO_MATPLOTLIB, figure, save
+from nanogpt_perf.files import write_json, write_text
 from nanogpt_perf.timing import PHASES
 
 
@@ -138,17 +139,12 @@ def write_outputs(out_json: Path, doc: dict[str, Any]) -> list[str]:
 
 def write_chart(path: Path, doc: dict[str, Any]) -> str:
     """A horizontal bar per result: median ms/iter with a whisker to p90, labelled with the speed-up."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no chart: matplotlib is not installed (pip install matplotlib)"
     results, m = doc["results"], doc["manifest"]
+    if (made := figure(figsize=(9, 1.5 + 0.45 * len(results)))) is None:
+        return NO_MATPLOTLIB
+    fig, ax = made
     median = [r["ms_median"] or 0.0 for r in results]
     p90 = [(r["ms_p90"] or 0.0) - (r["ms_median"] or 0.0) for r in results]
-    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * len(results)))
     ax.barh(range(len(results)), median, xerr=[[0] * len(results), p90], color="tab:blue", capsize=3)
     for i, r in enumerate(results):
         label = f" {r['ms_median']:,.1f} ms ({r['speedup_first']:.2f}x)" if r["status"] == "ok" else f" {r['status']}"
@@ -160,6 +156,4 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
     dirty = "+dirty" if m["git_dirty"] else ""
     ax.set_title(f"{doc['kind']}: {m['device_name']}, torch {m['torch']}, {m['git_commit'][:10]}{dirty}", fontsize=9)
     fig.tight_layout()
-    write_atomically(path, lambda f: fig.savefig(f, dpi=120, format="png"))
-    plt.close(fig)
-    return f"wrote {path}"
+    return save(fig, path, dpi=120)
