@@ -23,7 +23,7 @@ from model import GPT, RECIPE_ARCHITECTURE, GPTConfig, to_hf_state_dict
 from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import write_vocabulary
 from nanogpt_perf.data.tokenizer import Tokenizer
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, quiet_loggers
 from nanogpt_perf.files import replace_folder
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, output_folder
@@ -46,7 +46,8 @@ cfg = configure(export=ExportConfig)
 check_export_target(Path(cfg.export_dir))
 
 try:
-    from transformers import GPT2Config, GPT2LMHeadModel
+    with quiet_loggers("torchao", "torch.utils._pytree"):  # transformers imports torchao where it is installed
+        from transformers import GPT2Config, GPT2LMHeadModel
 except ImportError:
     raise UserError("export needs transformers: pip install transformers") from None
 

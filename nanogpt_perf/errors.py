@@ -4,8 +4,11 @@ it), which prints an uncaught one as one line, 'error: ...', with exit status 1 
 too (a KeyboardInterrupt's message, if any, says what to do next), with the status of a process ended by SIGINT
 (130). Everything else keeps Python's traceback: it is a bug."""
 
+import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -66,3 +69,17 @@ def read_user_text(path: Path, what: str) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{what} {path} cannot be read as UTF-8 text: {e}") from None
+
+
+@contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Those loggers' warnings dropped meanwhile: noise a run's output and its one-line errors should not carry."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

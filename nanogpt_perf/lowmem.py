@@ -14,10 +14,7 @@ nanogpt_perf/train/build.py applies them: cast_weights before the model is wrapp
 build_lowmem_optimizer where the optimizer is built, OptimizerInBackward given to the TrainStep; lowmem_rules is the
 rule between them and the rest of a run. A checkpoint's low-bit state: nanogpt_perf/lowmem_state.py."""
 
-import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from importlib.util import find_spec
 from typing import Any
@@ -27,6 +24,7 @@ from torch import nn
 
 from model import decay_groups
 from nanogpt_perf.config import setting
+from nanogpt_perf.errors import quiet_loggers
 from nanogpt_perf.lowmem_state import register_state_codec
 from nanogpt_perf.optim import MOMENTUM_DTYPES, OptimConfig, build_optimizer
 from nanogpt_perf.runtime import resolve_device, resolve_dtype
@@ -173,20 +171,6 @@ def build_lowmem_optimizer(
         built = torchao_adamw(spec, groups, lr=cfg.learning_rate, betas=betas)
     register_state_codec(built)
     return built
-
-
-@contextmanager
-def quiet_loggers(*names: str) -> Iterator[None]:
-    """Those loggers' warnings dropped meanwhile: noise a run's output and its one-line errors should not carry."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
 
 
 def torchao_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:

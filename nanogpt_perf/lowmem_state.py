@@ -12,6 +12,7 @@ The same goes for a state whose dtype is not its parameter's (Muon's bfloat16 mo
 torch.optim.Optimizer.load_state_dict would cast it to the parameter's dtype (and the codes of a low-bit state to
 floats); these entries are put back as saved instead."""
 
+import weakref
 from collections.abc import Iterator
 from itertools import chain
 from typing import Any
@@ -22,15 +23,17 @@ LOWBIT = "lowbit"  # the key of an encoded low-bit state: its bits
 ENCODED_KEYS = {LOWBIT, "signed", "codes", "scale"}
 
 
+WITH_CODEC: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()  # whose state a resume checks first
+# (nanogpt_perf/guard/lowmem.py, from train/checkpoint.restore_training): the hooks below trust what they load
+
+
 def register_state_codec(optimizer: torch.optim.Optimizer) -> None:
     """Make optimizer.state_dict() plain data and load_state_dict() rebuild it (checked first): its hooks, so that
     the optimizer stays the one the caller holds (MuonAdamW, or torchao's AdamW8bit/AdamW4bit/_AdamW)."""
     pending: dict[torch.Tensor, dict[str, Any]] = {}
+    WITH_CODEC.add(optimizer)
 
     def load_pre_hook(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-        from nanogpt_perf.guard.lowmem import check_lowmem_state  # which reads this module's expected_state
-
-        check_lowmem_state(optimizer, state_dict)
         pending.clear()
         state = {}
         for saved_id, p in saved_params(optimizer, state_dict):

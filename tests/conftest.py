@@ -173,6 +173,10 @@ def declarations(script: str) -> Declarations:
 # -- shared by the hostile tests (tests/test_hostile_*.py): cases of a script refused before any work ----------------
 
 CHECKPOINT = None  # in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
+# files a case starts from: a checkpoint in out/, a document, a HellaSwag file of one example
+CKPT = {"out/ckpt.pt": CHECKPOINT}
+DOCS = {"docs.txt": "some text"}
+HELLASWAG = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0})}
 
 
 class Case(NamedTuple):

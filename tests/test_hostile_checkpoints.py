@@ -6,7 +6,6 @@ trains with the optimizer settings it gives (read back from the optimizer's save
 a run starts from do not have is refused, resume_fallback finds ckpt-best.pt, checkpoints are never written
 through a link."""
 
-import json
 import os
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from conftest import (
-    CHECKPOINT,
     DATA,
+    HELLASWAG,
     HELLASWAG_LINE,
     HF_OK,
     RESUME,
@@ -43,11 +42,6 @@ from conftest import (
     write_files,
 )
 from nanogpt_perf.errors import UserError
-
-CKPT = {"out/ckpt.pt": CHECKPOINT}
-DOCS = {"docs.txt": "some text"}
-HELLASWAG = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0})}
-
 
 INIT = {T: "--init_from={dir}/hf", S: "--init_from={dir}/hf", H: "--init_from={dir}/hf --file={dir}/hs.jsonl"}
 BROKEN_FOLDERS = {

@@ -18,8 +18,8 @@ from conftest import (
     BPE_DATA,
     CHAR,
     CHARS,
-    CHECKPOINT,
     DATA,
+    DOCS,
     FW,
     HF_CONFIG,
     ITOS,
@@ -54,11 +54,6 @@ from conftest import (
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard import dataset as token_check
 from nanogpt_perf.guard.dataset import BLOCK, CACHE_NAME, SAMPLES, check_token_ids, dataset_identity
-
-CKPT = {"out/ckpt.pt": CHECKPOINT}
-DOCS = {"docs.txt": "some text"}
-HELLASWAG = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0})}
-
 
 CASES = {
     "train-dataset_past_the_model's_vocabulary": Case(

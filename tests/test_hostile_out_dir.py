@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from conftest import (
-    CHECKPOINT,
     LIVE_LOCK,
     OTHER_HOST_LOCK,
     RESUME,
@@ -35,11 +34,6 @@ from conftest import (
 )
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.out_dir import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
-
-CKPT = {"out/ckpt.pt": CHECKPOINT}
-DOCS = {"docs.txt": "some text"}
-HELLASWAG = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0})}
-
 
 OUT_DIRS = {
     # an out_dir holds one run

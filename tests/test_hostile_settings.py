@@ -4,7 +4,6 @@ rejects, folders below a file; torchrun's variables set by hand and wrong. Each 
 'error: ' line with every file of the case's folder as it was, in this process (conftest.run_in_process); one case of
 each script also as a user runs it. Then what is accepted: inf where it means no limit, the path rules, --help."""
 
-import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -17,9 +16,10 @@ from conftest import (
     BELOW,
     BL,
     BP,
-    CHECKPOINT,
+    CKPT,
     DATA,
     DEEP,
+    DOCS,
     FW,
     HOME,
     LAUNCH,
@@ -51,11 +51,6 @@ from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path, output_file, output_folder
 from nanogpt_perf.train.parallel import torchrun_problem, torchrun_rank
-
-CKPT = {"out/ckpt.pt": CHECKPOINT}
-DOCS = {"docs.txt": "some text"}
-HELLASWAG = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0})}
-
 
 CASES = {
     # train.py: sizes, the schedule, the model's switches, the command line, a config file, a checkpoint to resume

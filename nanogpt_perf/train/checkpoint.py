@@ -17,6 +17,8 @@ from model import ARCHITECTURE, RECIPE_ARCHITECTURE
 from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.files import write_atomically, write_through_path
 from nanogpt_perf.guard.checkpoint import ARCHITECTURE_DEFAULTS, saved_iterations
+from nanogpt_perf.guard.lowmem import check_lowmem_state
+from nanogpt_perf.lowmem_state import WITH_CODEC
 from nanogpt_perf.train.parallel import Ranks, load_full_state
 
 
@@ -87,6 +89,8 @@ def restore_training(
     saved = checkpoint.get("ranks") or [None]
     if len(saved) != ranks.world_size:  # before FSDP's loading, whose collectives a rank must not exit right after
         raise UserError(f"the checkpoint was saved by {len(saved)} ranks: resume it with {len(saved)} (nproc_per_node)")
+    if optimizer in WITH_CODEC:  # a low-bit state: checked whole before any of it is loaded
+        check_lowmem_state(optimizer, checkpoint["optimizer"])
     try:
         load_full_state(model, optimizer, None, checkpoint["optimizer"])
         if checkpoint.get("scaler"):
