@@ -164,7 +164,8 @@ model, raw_model, optimizer, scaler, step = build_training(cfg, runtime, batches
 iter_num, best_val_loss, rng = 0, float("inf"), None
 if checkpoint is not None:
     iter_num, best_val_loss, rng = restore_training(checkpoint, model, optimizer, scaler, batches, ranks)
-checkpoint, settings, plan = None, None, plan._replace(checkpoint=None)  # free its memory
+# free them: the checkpoint's memory, and the model (under FSDP it holds the process group close() must end)
+checkpoint, settings, plan = None, None, plan._replace(checkpoint=None, model=None)
 hellaswag, wandb = plan.hellaswag, plan.wandb  # HellaSwag's examples and encoder, scored by every rank's share
 
 
