@@ -28,7 +28,7 @@ from pathlib import Path
 from configurator import configure, sweep_values
 from model import GPTConfig
 from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
-from nanogpt_perf.bench.fit import family, largest_model, parameters
+from nanogpt_perf.bench.fit import family, in_a_fresh_process, largest_model, parameters
 from nanogpt_perf.bench.measure import add_speedups, run_case
 from nanogpt_perf.bench.regression import compare_results, comparison_table, load_results, machine_difference, verdict
 from nanogpt_perf.bench.report import beside, report, write_outputs
@@ -188,6 +188,7 @@ if find_max_batch:
     print(f"largest batch_size that fits: {largest} (x {cfg.block_size} tokens, compile={cfg.compile})")
 elif cfg.fit_memory_gb:  # one step of each size tried (nanogpt_perf/bench/fit.py)
     one_step = lambda c: run_case(c, **(measure_args | {"steps": 1, "burn_in": 1}))  # noqa: E731
+    one_step = in_a_fresh_process(sys.argv) if runtime.device_type == "cpu" else one_step
     largest, results = largest_model(case, cfg.fit_memory_gb * 1e9, one_step)
     for r in results:
         peak = (r["memory"] or {}).get("step_peak_bytes") if r["status"] == "ok" else None

@@ -18,7 +18,10 @@ def peak_memory_bytes(device: torch.device) -> int | None:
         return torch.cuda.max_memory_allocated(device)
     if device.type == "mps":
         return torch.mps.driver_allocated_memory()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    status = Path("/proc/self/status")  # Linux: VmHWM, the peak clear_refs resets (ru_maxrss can keep an older one)
+    lines = status.read_text().splitlines() if status.is_file() else []
+    hwm = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")]
+    return (hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # both in KiB
 
 
 def held_memory_bytes(device: torch.device) -> int | None:
@@ -124,11 +127,12 @@ def nested_tensors(value: Any) -> Iterator[torch.Tensor]:
 def step_peak_bytes(step: Callable[[], Any], device: torch.device) -> int | None:
     """The peak memory over one call of step (a whole training step): on CUDA the caching allocator's peak of
     allocated bytes (live tensors, all of them: state included); on a CPU the process's peak resident set (Linux:
-    clear_refs resets it first), which the caller compares with its resident set before the model was built. None
-    where the peak cannot be reset."""
+    clear_refs resets it first), which the caller compares with its resident set before the model was built. Where
+    a CPU's peak cannot be reset, the process's peak so far (an upper bound; bench.py's fit_memory_gb measures each
+    size in a fresh process). None on other devices."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    if not reset_peak_memory(device):
+    if not reset_peak_memory(device) and device.type != "cpu":
         return None
     step()
     if device.type == "cuda":

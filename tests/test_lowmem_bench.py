@@ -70,16 +70,18 @@ def test_the_search_finds_the_largest_that_fits_and_builds_none_whose_state_cann
 
 
 def test_bench_py_finds_the_largest_that_fits_a_budget(tmp_path):
-    """The budget stands well above a CPU process's resident set before any model (torch and its imports, 0.4-0.5 GB
-    as measured in a fresh clone): 0.45 GB left no room for even one layer there."""
+    """The budget stands well above a CPU process's resident set before any model (torch and its imports, 0.3-0.5
+    GB). Each size is measured in a fresh process: in one process a size after a larger one measured its peak over
+    pages the larger had left, and came out below its own state."""
     out = tmp_path / "fit.json"
     flags = (*TINY_MODEL, "--n_embd=64", "--device=cpu", "--vocab_size=64", f"--out_json={out}")
     result = run_script("bench.py", *flags, "--fit_memory_gb=0.8", "--batch_size=2")
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("largest that fits 0.8 GB"))
     rows = json.loads(out.read_text())["results"]
+    assert "n_layer=" in line, result.stdout
     peaks = {r["settings"]["n_layer"]: r["memory"]["step_peak_bytes"] for r in rows if r["status"] == "ok"}
     largest = int(line.split("n_layer=")[1].split(",")[0])
-    assert peaks[largest] <= 0.8e9 and all(p > 0.8e9 for n, p in peaks.items() if n > largest)
-    first = rows[0]["memory"]  # the process's first model: its resident set holds every tensor the step made
-    assert first["peak"] >= first["state"]
+    assert peaks[largest] <= 0.8e9 and all(p > 0.8e9 for n, p in peaks.items() if n > largest), result.stdout
+    measured = [r["memory"] for r in rows if r["status"] == "ok"]
+    assert len(measured) >= 4 and all(m["peak"] >= m["state"] for m in measured), result.stdout

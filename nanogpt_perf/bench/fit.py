@@ -1,9 +1,14 @@
 """bench.py's fit_memory_gb: the largest GPT of a family (n_layer x n_embd at the configuration's aspect, its head
 size kept) whose training step fits a memory budget, each size measured by one step (device memory on a GPU, the
-process's resident set on a CPU). A size whose state alone (the formats' arithmetic) exceeds the budget is not
-built: a CPU would swap or be killed rather than fail."""
+process's resident set on a CPU, each size in a fresh process there). A size whose state alone (the formats'
+arithmetic) exceeds the budget is not built: a CPU would swap or be killed rather than fail."""
 
+import json
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.bench.cases import Case, largest_fitting
@@ -57,3 +62,23 @@ def largest_model(case: Case, budget: float, measure: Callable[[Case], Row], lim
         return row["status"] == "ok" and peak is not None and peak <= budget
 
     return largest_fitting(fits, limit), rows
+
+
+def in_a_fresh_process(argv: list[str]) -> Callable[[Case], Row]:
+    """A CPU's measurement of one size: bench.py again (argv: this run's command line) with the size and one step,
+    in a fresh process. A process keeps the pages an earlier, larger size freed, so in one process a later size's
+    peak over its baseline came out low, and its resident set's peak could not be reset everywhere."""
+
+    def measure(member: Case) -> Row:
+        s = member.settings
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "size.json"
+            size = [f"--n_layer={s.n_layer}", f"--n_embd={s.n_embd}", f"--n_head={s.n_head}"]
+            one = ["--fit_memory_gb=0", "--steps=1", "--burn_in=1", f"--out_json={out}"]
+            done = subprocess.run([sys.executable, *argv, *size, *one], capture_output=True, text=True)
+            if done.returncode != 0 or not out.is_file():
+                lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit code {done.returncode}"]
+                return result(member, "failed", lines[-1])
+            return json.loads(out.read_text())["results"][0] | {"name": member.name}
+
+    return measure

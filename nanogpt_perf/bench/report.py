@@ -80,7 +80,8 @@ def report(results: list[dict[str, Any]], device_type: str) -> str:
         + (
             "peak allocated by CUDA tensors; reserved: held by the caching allocator"
             if cuda
-            else "the process's peak resident set (reset before each config on Linux); reserved: n/a off CUDA"
+            else "the process's peak resident set (reset before each config where Linux allows, else its peak so far); "
+            "reserved: n/a off CUDA"
         ),
         "phases: "
         + ("CUDA events on the device's timeline" if cuda else "perf_counter after synchronising")
