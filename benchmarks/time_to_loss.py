@@ -108,32 +108,22 @@ def eval_within_the_run(cfg: Config) -> None:
 
 cfg = configure(ttl=TimeToLossConfig, cross=(eval_within_the_run,))
 settings = cfg.as_dict()
-configs, task, config_set, only, train_args = cfg.configs, cfg.task, cfg.config_set, cfg.only, cfg.train_args
-sweep, seeds, first_seed, max_iters, fit_schedule = (
-    cfg.sweep,
-    cfg.seeds,
-    cfg.first_seed,
-    cfg.max_iters,
-    cfg.fit_schedule,
-)
-eval_interval, eval_iters, target, jobs, threads = cfg.eval_interval, cfg.eval_iters, cfg.target, cfg.jobs, cfg.threads
-fresh, keep_checkpoints, out = cfg.fresh, cfg.keep_checkpoints, cfg.out
 # -----------------------------------------------------------------------------
 
 
 def owned(out_dir: Path | str = "OUT/runs/NAME-sSEED", seed: int | str = "SEED") -> dict[str, tuple[Any, str]]:
     """The train.py settings the benchmark sets in every run, after the configuration's (they win): key -> (value,
     what sets it). A configuration, --train_args or --sweep that sets one is refused: it would change nothing."""
-    schedule = {"lr_decay_iters": (max_iters, "--max_iters, with --fit_schedule=True; False leaves it to you")}
+    schedule = {"lr_decay_iters": (cfg.max_iters, "--max_iters, with --fit_schedule=True; False leaves it to you")}
     return {
         "out_dir": (out_dir, "--out: each run has its own folder in it"),
         "overwrite": (True, "a run that is not reused starts afresh"),
         "seed": (seed, "--seeds and --first_seed"),
-        "max_iters": (max_iters, "--max_iters"),
-        **(schedule if fit_schedule else {}),
-        "eval_interval": (eval_interval, "--eval_interval"),
-        "log_interval": (eval_interval, "--eval_interval: every eval closes a logging window"),
-        "eval_iters": (eval_iters, "--eval_iters"),
+        "max_iters": (cfg.max_iters, "--max_iters"),
+        **(schedule if cfg.fit_schedule else {}),
+        "eval_interval": (cfg.eval_interval, "--eval_interval"),
+        "log_interval": (cfg.eval_interval, "--eval_interval: every eval closes a logging window"),
+        "eval_iters": (cfg.eval_iters, "--eval_iters"),
         "always_save_checkpoint": (False, "only the log is read; --keep_checkpoints keeps the best ones"),
     }
 
@@ -158,26 +148,26 @@ def check_arguments(where: str, args: list[Any]) -> None:
 def named_lists() -> tuple[list[Any], dict[str, list[Any]]]:
     """The task's train.py arguments and the chosen configurations' (the set's or --only's, the first the baseline),
     as the configurations file names them."""
-    path = configs if Path(configs).is_file() or not (ROOT / configs).is_file() else str(ROOT / configs)
+    path = cfg.configs if Path(cfg.configs).is_file() or not (ROOT / cfg.configs).is_file() else str(ROOT / cfg.configs)
     named = read_config_file(path)
     tasks, sets = named.get("TASKS"), named.get("SETS")
     if not isinstance(tasks, dict) or not isinstance(sets, dict):
-        raise UserError(f"{configs} must define TASKS and SETS, dicts of train.py arguments (see ttl_configs.py)")
-    if task not in tasks or config_set not in sets:
-        which = f"task {task!r}: one of {', '.join(tasks)}" if task not in tasks else ""
-        which = which or f"config_set {config_set!r}: one of {', '.join(sets)}"
-        raise UserError(f"{configs} has no {which}")
-    chosen = sets[config_set]
+        raise UserError(f"{cfg.configs} must define TASKS and SETS, dicts of train.py arguments (see ttl_configs.py)")
+    if cfg.task not in tasks or cfg.config_set not in sets:
+        which = f"task {cfg.task!r}: one of {', '.join(tasks)}" if cfg.task not in tasks else ""
+        which = which or f"config_set {cfg.config_set!r}: one of {', '.join(sets)}"
+        raise UserError(f"{cfg.configs} has no {which}")
+    chosen = sets[cfg.config_set]
     if not isinstance(chosen, dict) or not chosen:
-        raise UserError(f"{configs}: set {config_set!r} must be a dict of configurations (name: train.py arguments) "
-                        f"with one at least, its baseline, not {chosen!r}")  # fmt: skip
-    names = [n.strip() for n in only.split(",")] if only else list(chosen)
+        raise UserError(f"{cfg.configs}: set {cfg.config_set!r} must be a dict of configurations (name: train.py "
+                        f"arguments) with one at least, its baseline, not {chosen!r}")  # fmt: skip
+    names = [n.strip() for n in cfg.only.split(",")] if cfg.only else list(chosen)
     if missing := [n for n in names if n not in chosen]:
-        raise UserError(f"set {config_set!r} has no configuration {missing[0]!r}: one of {', '.join(chosen)}")
-    lists = {f"task {task!r}": tasks[task]} | {f"configuration {n!r}": chosen[n] for n in names}
+        raise UserError(f"set {cfg.config_set!r} has no configuration {missing[0]!r}: one of {', '.join(chosen)}")
+    lists = {f"task {cfg.task!r}": tasks[cfg.task]} | {f"configuration {n!r}": chosen[n] for n in names}
     if wrong := [where for where, args in lists.items() if not isinstance(args, list | tuple)]:
-        raise UserError(f"{configs}: {wrong[0]} must be a list of train.py arguments")
-    return list(tasks[task]), {n: list(chosen[n]) for n in names}
+        raise UserError(f"{cfg.configs}: {wrong[0]} must be a list of train.py arguments")
+    return list(tasks[cfg.task]), {n: list(chosen[n]) for n in names}
 
 
 def configurations() -> dict[str, list[str]]:
@@ -185,16 +175,18 @@ def configurations() -> dict[str, list[str]]:
     --only's), each at every --sweep value; the first is the baseline."""
     task_args, lists = named_lists()
     try:
-        extra = shlex.split(train_args)
+        extra = shlex.split(cfg.train_args)
     except ValueError as e:
-        raise UserError(f"train_args {train_args!r} cannot be split as a shell would ({e}): close its quotes") from None
-    check_arguments(f"task {task!r}", task_args)
+        raise UserError(
+            f"train_args {cfg.train_args!r} cannot be split as a shell would ({e}): close its quotes"
+        ) from None
+    check_arguments(f"task {cfg.task!r}", task_args)
     for name, args in lists.items():
         check_arguments(f"configuration {name!r}", args)
     check_arguments("--train_args", extra)
     chosen = {n: [*task_args, *args, *extra] for n, args in lists.items()}
-    if sweep:
-        key, listed = sweep.split("=", 1)
+    if cfg.sweep:
+        key, listed = cfg.sweep.split("=", 1)
         if key in owned():
             raise UserError(f"--sweep over {key}: the benchmark sets {key} itself in every run ({owned()[key][1]}), "
                             "so every value would run the same command")  # fmt: skip
@@ -212,8 +204,8 @@ def folder_name(name: str) -> str:
 
 def results_folder() -> Path:
     """--out (or its default), made with its runs/ folder."""
-    swept = f"-sweep-{sweep.split('=')[0]}" if sweep else ""
-    results = Path(out or f"out-ttl/{task}-{config_set}-{max_iters}{swept}").resolve()
+    swept = f"-sweep-{cfg.sweep.split('=')[0]}" if cfg.sweep else ""
+    results = Path(cfg.out or f"out-ttl/{cfg.task}-{cfg.config_set}-{cfg.max_iters}{swept}").resolve()
     if results.exists() and not results.is_dir():
         raise UserError(f"out {results} is a file: give a folder (a new one, or the results folder of an earlier call)")
     try:
@@ -225,8 +217,8 @@ def results_folder() -> Path:
 
 def environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    if threads or jobs > 1:
-        env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // jobs))
+    if cfg.threads or cfg.jobs > 1:
+        env["OMP_NUM_THREADS"] = str(cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs))
     return env
 
 
@@ -240,10 +232,10 @@ def run_train(which: str, cmd: list[str], env: dict[str, str], out_dir: Path, ru
     returncode = runs.run(which, [sys.executable, "train.py", *cmd], out_dir / "train.out", env, ROOT)
     if returncode is None:
         return None
-    if not keep_checkpoints:  # what the benchmark reads is the log; a run stopped is started afresh
+    if not cfg.keep_checkpoints:  # what the benchmark reads is the log; a run stopped is started afresh
         for path in out_dir.glob("ckpt*.pt"):
             path.unlink()
-    kind, said = outcome(returncode, out_dir, max_iters)
+    kind, said = outcome(returncode, out_dir, cfg.max_iters)
     if kind not in COUNTED and runs.stopping:  # stopped (or failed) as the benchmark stopped
         runs.stopped.append(which)
         return None
@@ -253,7 +245,7 @@ def run_train(which: str, cmd: list[str], env: dict[str, str], out_dir: Path, ru
                         f"benchmarks/ttl_data.py prepares the datasets)")  # fmt: skip
     if kind not in COUNTED:  # killed, or stopped early (train.py saves and exits 0 on SIGTERM)
         raise UserError(f"{which}: train.py was {said if kind == 'killed' else f'stopped ({said})'} before "
-                        f"max_iters={max_iters}: not a finished run, not kept (its output: {output})")  # fmt: skip
+                        f"max_iters={cfg.max_iters}: not a finished run, not kept (its output: {output})")  # fmt: skip
     ran = {"started_at": started, "wall_s": time.perf_counter() - t0, "outcome": kind}
     return ran | ({"said": said} if kind == "diverged" else {})
 
@@ -272,7 +264,7 @@ def train(name: str, seed: int, args: list[str], out_dir: Path, runs: Runs) -> d
     curve; None when the runs were stopped before it ended."""
     cmd, env = command(args, out_dir, seed), environment()
     identity = run_identity(cmd, env.get("OMP_NUM_THREADS"), ROOT)
-    ran = None if fresh else finished(out_dir, identity, max_iters)  # when reused, the figures of its session
+    ran = None if cfg.fresh else finished(out_dir, identity, cfg.max_iters)  # when reused, the figures of its session
     reused = ran is not None
     if ran is None:
         ran = run_train(f"run {name!r} seed {seed}", cmd, env, out_dir, runs)
@@ -311,7 +303,7 @@ def stop_benchmark(name: str, runs: Runs, ended: list[dict[str, Any] | None]) ->
 
 def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]:
     """Every configuration x seed, seed-major, jobs at a time; each run's line printed as it ends."""
-    order = seed_major(list(chosen), range(first_seed, first_seed + seeds))
+    order = seed_major(list(chosen), range(cfg.first_seed, cfg.first_seed + cfg.seeds))
     runs = Runs()
 
     def one(k: int, name: str, seed: int) -> dict[str, Any] | None:
@@ -324,7 +316,7 @@ def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]
 
     before = catch_signals(runs.asked)
     try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        with ThreadPoolExecutor(max_workers=cfg.jobs) as pool:
             futures = [pool.submit(one, k + 1, name, seed) for k, (name, seed) in enumerate(order)]
             runs.supervise(futures)
     finally:
@@ -342,7 +334,7 @@ def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]
 
 def sweep_summary(chosen: dict[str, list[str]], curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """A sweep's table: each configuration's values and their final val losses over seeds, the best marked."""
-    key, finals = sweep.split("=")[0], {}
+    key, finals = cfg.sweep.split("=")[0], {}
     for name in chosen:
         config, value = name.rsplit(f" {key}=", 1)
         finals.setdefault(config, {})[value] = [c["final_val_loss"] for c in curves[name]]
@@ -354,7 +346,7 @@ def print_report(summary: dict[str, Any], sweep_doc: dict[str, Any] | None, runs
         print(f"\nno target: most seeds of the baseline {summary['baseline']!r} diverged, so every run is 'never' "
               "(give --target)")  # fmt: skip
     else:
-        given = "given" if target else f"the final val loss of {summary['baseline']}, median"
+        given = "given" if cfg.target else f"the final val loss of {summary['baseline']}, median"
         print(f"\ntarget val loss {summary['target']:.4f} ({given}); seconds are training seconds, evals left out; "
               "medians over seeds [min, max]")  # fmt: skip
     print(summary_table(summary))
@@ -372,13 +364,14 @@ chosen = configurations()
 results = results_folder()
 baseline = next(iter(chosen))
 t0 = time.perf_counter()
-print(f"{len(chosen)} configurations x {seeds} seeds, {max_iters} iterations each, {jobs} at a time, into {results}")
+each = f"{cfg.seeds} seeds, {cfg.max_iters} iterations each, {cfg.jobs} at a time"
+print(f"{len(chosen)} configurations x {each}, into {results}")
 runs = run_all(chosen, results)
 wall = time.perf_counter() - t0
 
 curves = {name: [r["curve"] for r in runs if r["config"] == name] for name in chosen}
-summary = summarize(curves, baseline, target or None)
-sweep_doc = sweep_summary(chosen, curves) if sweep else None
+summary = summarize(curves, baseline, cfg.target or None)
+sweep_doc = sweep_summary(chosen, curves) if cfg.sweep else None
 commit, dirty = git_state(ROOT)
 doc = {
     "kind": "time_to_loss",
@@ -396,7 +389,7 @@ doc = {
 }
 write_json(results / "time_to_loss.json", doc)
 write_text(results / "time_to_loss.csv", summary_csv(summary))
-title = f"{task}, {config_set}, {max_iters} iterations, {seeds} seeds"
+title = f"{cfg.task}, {cfg.config_set}, {cfg.max_iters} iterations, {cfg.seeds} seeds"
 lines = [f"wrote {results / 'time_to_loss.json'}", f"wrote {results / 'time_to_loss.csv'}"]
 lines.append(write_chart(results / "time_to_loss.png", curves, summary, title))
 print_report(summary, sweep_doc, runs)
