@@ -162,9 +162,18 @@ def help_lines(parts: dict[str, type], known: dict[str, Any], markdown: bool) ->
             text, kind, default = f.metadata["help"], type(known[key]).__name__, repr(known[key])
             if choices := f.metadata.get("choices") or getattr(f.metadata.get("check"), "choices", ()):
                 text = f"{text} (one of {', '.join(choices)})".strip()
+            text += bounds_text(f.metadata)
             row = f"| `{key}` | {kind} | `{default}` | {text} |" if markdown else f"  --{key:<{width}} {kind:<5}"
             lines.append(row if markdown else f"{row} default {default:<10} {text}".rstrip())
     return lines[1:] if markdown else lines
+
+
+def bounds_text(meta: dict[str, Any]) -> str:
+    """A setting's bounds as --help says them: ' [>= 1 (0 = off)]', or '' where it has none."""
+    said = {k: f"{v:,}" if type(v) is int else repr(v) for k, v in meta.items() if k in ("min", "above", "max")}
+    bounds = [f"{op} {said[k]}" for k, op in (("min", ">="), ("above", ">"), ("max", "<=")) if k in said]
+    bounds += [f"in {meta['interval']}"] if "interval" in meta else []
+    return f" [{', '.join(bounds)}{meta.get('note', '')}]" if bounds else ""
 
 
 def print_help(parts: dict[str, type], known: dict[str, Any], markdown: bool) -> None:

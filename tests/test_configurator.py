@@ -306,6 +306,9 @@ def test_help_lists_every_setting_and_survives_a_closed_pipe(script):
     if script == "train.py":
         assert "--tokens_per_iter" in full.stdout and "tokens per optimizer step" in full.stdout
         assert "--muon_ns_steps" in full.stdout and "--n_layer" in full.stdout and "(model.GPTConfig)" in full.stdout
+        said = {line.split()[0]: line for line in full.stdout.splitlines() if line.startswith("  --")}
+        assert said["--eval_iters"].endswith("[>= 1, <= 1,000,000]") and said["--dropout"].endswith("[in [0, 1)]")
+        assert said["--grad_clip"].endswith("[>= 0 (0 = off)]") and "[" not in said["--compile"]  # its bounds
     piped = subprocess.run(f"{sys.executable} {script} --help | head -1", shell=True, cwd=ROOT, capture_output=True,
                            text=True)  # fmt: skip
     assert piped.stdout.startswith("usage:") and piped.stderr == "", piped.stderr
