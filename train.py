@@ -29,7 +29,6 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
 from nanogpt_perf.guard.admission import claim_out_dir, preflight, resolve_settings
-from nanogpt_perf.guard.out_dir import nonfinite_end
 from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path
 from nanogpt_perf.hellaswag import score
 from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
@@ -43,7 +42,7 @@ from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, build_train
 from nanogpt_perf.train.checkpoint import restore_training, save_iteration, training_state
 from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
-from nanogpt_perf.train.progress import Progress, RunLog
+from nanogpt_perf.train.progress import Progress, RunLog, nonfinite_end
 from nanogpt_perf.train.resume import rng_state, set_rng_state
 
 

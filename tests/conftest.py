@@ -241,7 +241,7 @@ def write_files(folder: Path, files: dict[str, str | bytes]) -> None:
 from model import GPT, GPTConfig  # noqa: E402
 from nanogpt_perf.data.shards import HEADER_INTS, MAGIC, VERSION  # noqa: E402
 from nanogpt_perf.guard.dataset import dataset_identity  # noqa: E402
-from nanogpt_perf.guard.out_dir import LOCK_NAME, process_start  # noqa: E402
+from nanogpt_perf.lock import LOCK_NAME, process_start  # noqa: E402
 
 
 # a character dataset 'tiny' of 29 tokens (a to z, {, |, }), each file as bytes

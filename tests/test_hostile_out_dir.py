@@ -33,7 +33,7 @@ from conftest import (
     train_case,
 )
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.guard.out_dir import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
+from nanogpt_perf.lock import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
 
 OUT_DIRS = {
     # an out_dir holds one run
@@ -119,7 +119,7 @@ def test_a_lock_of_a_process_that_ended_unreaped_is_stale():
 RELEASE = """
 import os, signal, sys
 from pathlib import Path
-from nanogpt_perf.guard.out_dir import OutDirLock
+from nanogpt_perf.lock import OutDirLock
 from nanogpt_perf.train.preemption import StopRequest
 lock = OutDirLock(Path(sys.argv[1]))
 lock.claim()

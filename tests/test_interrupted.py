@@ -27,7 +27,7 @@ from nanogpt_perf.data.shards import write_shard
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes
 from nanogpt_perf.guard.dataset import BLOCK, SAMPLES, dataset_identity, identity_change
-from nanogpt_perf.guard.out_dir import LOCK_NAME
+from nanogpt_perf.lock import LOCK_NAME
 from nanogpt_perf.train.preemption import resume_command
 
 CPU = torch.device("cpu")

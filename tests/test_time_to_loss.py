@@ -185,7 +185,7 @@ def test_a_finished_run_is_reused_only_with_its_whole_identity_and_a_log_that_sa
 
 
 def nonfinite_line(out_dir: Path, max_bad_steps: int | None) -> str:
-    from nanogpt_perf.guard.out_dir import nonfinite_end
+    from nanogpt_perf.train.progress import nonfinite_end
 
     return "error: " + nonfinite_end(3, 4, out_dir, max_bad_steps)  # as train.py prints it
 

@@ -28,7 +28,6 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.checkpoint import resume_checkpoint
 from nanogpt_perf.guard.dataset import check_token_ids, dataset_identity, identity_change
 from nanogpt_perf.guard.out_dir import (
-    OutDirLock,
     check_no_earlier_run,
     check_out_dir,
     check_unchanged,
@@ -38,6 +37,7 @@ from nanogpt_perf.guard.out_dir import (
 from nanogpt_perf.guard.vocabulary import check_same_vocabulary, folder_tokenizer_spec
 from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.hellaswag import download_val, read_examples
+from nanogpt_perf.lock import OutDirLock
 from nanogpt_perf.runtime import Runtime, dtype_problem, resolve_device
 from nanogpt_perf.train.autobatch import micro_batch, step_shape
 from nanogpt_perf.train.build import model_config

@@ -183,3 +183,16 @@ def newest_checkpoint(out_dir: Path) -> str:
     if (out_dir / "ckpt.pt").is_file():
         return f"the last checkpoint is {out_dir / 'ckpt.pt'}"
     return f"no checkpoint was saved in {out_dir} yet"
+
+
+def nonfinite_end(bad_steps: int, iter_num: int, out_dir: Path, max_bad_steps: int | None = None) -> str:
+    """The line of a run that stops on max_bad_steps non-finite steps in a row (or, max_bad_steps None, that ends on
+    some), with where it left its last good state: the newest checkpoint, or none."""
+    if max_bad_steps is None:
+        why = f"the run ended at iter {iter_num} on {bad_steps} non-finite steps, unsaved"
+    else:
+        why = f"{bad_steps} steps in a row with a non-finite loss or gradient norm (max_bad_steps={max_bad_steps})"
+        why += f": stopped at iter {iter_num}"
+    if (out_dir / "ckpt.pt").is_file():
+        return f"{why}; the last checkpoint, {out_dir / 'ckpt.pt'}, is from before them"
+    return f"{why}; no checkpoint was saved in {out_dir}"
