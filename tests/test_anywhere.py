@@ -9,7 +9,14 @@ import sys
 
 from conftest import ROOT
 
-MODULES = ("model.py", "configurator.py", "ttl_configs.py", "gpu_suite_io.py", "gpu_suite_args.py")  # no scripts
+MODULES = (
+    "model.py",
+    "configurator.py",
+    "ttl_configs.py",
+    "gpu_suite_io.py",
+    "gpu_suite_args.py",
+    "gpu_suite_run.py",
+)  # no scripts
 ENTRY = sorted(
     str(p.relative_to(ROOT)) for pattern in ("*.py", "benchmarks/*.py", "scripts/*.py", "data/*/prepare.py")
     for p in ROOT.glob(pattern) if p.name not in MODULES
