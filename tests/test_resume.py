@@ -12,6 +12,7 @@ import torch
 from conftest import ROOT, SCHEDULE, TINY_MODEL, assert_one_line_error, refuse_train, run_train, sigterm_at, step_losses
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard.checkpoint import check_ranks
 from nanogpt_perf.train.checkpoint import restore_training
 from nanogpt_perf.train.parallel import Ranks
 
@@ -133,22 +134,28 @@ def test_non_finite_steps_are_skipped_then_the_run_stops_with_its_checkpoint_int
     assert (out / "ckpt.pt").read_bytes() == before
 
 
-def test_a_checkpoint_of_another_number_of_ranks_is_refused_before_any_state_is_loaded():
+def test_a_checkpoint_of_another_number_of_ranks_is_refused_before_the_ranks_meet(tiny_data, tmp_path, monkeypatch):
     """Under FSDP loading the optimizer state is collective, and a rank that exits just after a collective may
-    abort at the interpreter's end (nanogpt_perf/train/parallel.py, close): the ranks are counted first."""
+    abort at the interpreter's end (nanogpt_perf/train/parallel.py, close): the guard counts the ranks before
+    torch.distributed starts (rank 0 of 2 here would wait for rank 1 forever), and restore_training trusts it."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8))
     trained = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
     model(torch.randint(16, (2, 8)), torch.randint(16, (2, 8)))[1].backward()
     trained.step()
     checkpoint = {"optimizer": trained.state_dict(), "iter_num": 1, "best_val_loss": 1.0}  # saved by 1 rank
+    check_ranks(checkpoint, 1)
+    with pytest.raises(UserError, match="saved by 2 ranks: resume it with 2"):
+        check_ranks(checkpoint | {"ranks": [None, None]}, 1)
     fresh = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
     scaler = torch.amp.GradScaler(enabled=False)
-    with pytest.raises(UserError, match="saved by 1 ranks: resume it with 1"):
-        restore_training(checkpoint, model, fresh, scaler, None, Ranks(rank=0, world_size=2))
-    assert not fresh.state_dict()["state"]  # refused before the optimizer state was loaded
     assert restore_training(checkpoint, model, fresh, scaler, None, Ranks())[0] == 1  # on 1 rank, it loads
-    assert fresh.state_dict()["state"]
+    assert run_train(tiny_data, tmp_path / "out", "--max_iters=2").returncode == 0
+    torchrun = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+    for key, value in torchrun.items():
+        monkeypatch.setenv(key, value)
+    refused = refuse_train(tiny_data, tmp_path / "out", "--max_iters=4", "--init_from=resume")
+    assert_one_line_error(refused, "the checkpoint was saved by 1 ranks: resume it with 1 (nproc_per_node)")
 
 
 @pytest.mark.slow

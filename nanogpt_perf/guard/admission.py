@@ -25,7 +25,7 @@ from nanogpt_perf.config import Config, convert, rule_problem
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.guard.checkpoint import resume_checkpoint
+from nanogpt_perf.guard.checkpoint import check_ranks, resume_checkpoint
 from nanogpt_perf.guard.dataset import check_token_ids, dataset_identity, identity_change
 from nanogpt_perf.guard.out_dir import (
     check_no_earlier_run,
@@ -75,6 +75,8 @@ def resolve_settings(cfg: Config, cross: tuple) -> Settings:
         check_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only)
     seen = run_files(out_dir) if master else None
     checkpoint = resume_checkpoint(out_dir, cfg.resume_fallback) if resuming else None
+    if checkpoint is not None:
+        check_ranks(checkpoint, int(os.environ.get("WORLD_SIZE", 1)))
     merged = cfg.as_dict()
     if checkpoint is not None:
         merged, overrides = resume_settings(checkpoint, cfg)

@@ -175,6 +175,15 @@ def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str]
             raise fail(f"its weight {name} is {tuple(shape)}, its model_args make it {tuple(want)}")
 
 
+def check_ranks(checkpoint: dict[str, Any], world_size: int) -> None:
+    """A UserError unless the checkpoint was saved by world_size ranks (it holds each rank's place in the data and
+    generators; nanoGPT's and one process's, one), checked before the ranks meet: under FSDP its loading is
+    collective, and a rank that exits just after a collective may abort at the interpreter's end."""
+    saved = len(checkpoint.get("ranks") or [None])
+    if saved != world_size:
+        raise UserError(f"the checkpoint was saved by {saved} ranks: resume it with {saved} (nproc_per_node)")
+
+
 def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
     """The checkpoint, when it holds what a run resumes from (ours or nanoGPT's: the iteration, the best val loss,
     the optimizer and the settings); else a UserError naming what it lacks."""

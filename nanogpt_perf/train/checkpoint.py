@@ -87,8 +87,7 @@ def restore_training(
     optimizer (sharded again under FSDP), the GradScaler, this rank's loader position; returns the iteration, the
     best val loss and this rank's random generators (to restore last, once everything that draws at start has)."""
     saved = checkpoint.get("ranks") or [None]
-    if len(saved) != ranks.world_size:  # before FSDP's loading, whose collectives a rank must not exit right after
-        raise UserError(f"the checkpoint was saved by {len(saved)} ranks: resume it with {len(saved)} (nproc_per_node)")
+    assert len(saved) == ranks.world_size, "the guard counts the ranks first (guard/checkpoint.py's check_ranks)"
     if optimizer in WITH_CODEC:  # a low-bit state: checked whole before any of it is loaded
         check_lowmem_state(optimizer, checkpoint["optimizer"])
     try:
