@@ -46,8 +46,9 @@ class TrainStep:
         self.model, self.optimizer, self.scaler, self.runtime = model, optimizer, scaler, runtime
         self.batches, self.accum, self.grad_clip = batches, gradient_accumulation_steps, grad_clip
         self.in_backward = in_backward
-        if in_backward is not None and (gradient_accumulation_steps != 1 or grad_clip > 0.0 or scaler.is_enabled()):
-            raise ValueError("in_backward takes one micro-batch, no grad_clip and no GradScaler")
+        assert in_backward is None or (
+            gradient_accumulation_steps == 1 and grad_clip == 0.0 and not scaler.is_enabled()
+        ), "in_backward takes one micro-batch, no grad_clip and no GradScaler (the guard: lowmem_rules)"
         self.ddp = isinstance(model, DistributedDataParallel)
         self.fsdp = is_fsdp(model)
         self.x = self.y = None  # the first batch is fetched by the first step (once a resume placed the loader)
