@@ -217,6 +217,13 @@ def run_case(case: Case, folder: Path, checkpoint: bytes, run=run_in_process) ->
     return run(case.script, *flags), before, contents(folder)
 
 
+def refuse_case(case: Case, folder: Path, checkpoint: bytes) -> None:
+    """run_case for a refused command: one error line naming what it must, every file of folder as it was."""
+    result, before, after = run_case(case, folder, checkpoint)
+    assert_one_line_error(result, *(n.replace("{dir}", str(folder)) for n in case.names))
+    assert after == before
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> bytes:
     from model import GPT, GPTConfig
@@ -549,9 +556,7 @@ def refuse_run_case(hostile: RunCase, variants, tmp_path: Path, monkeypatch) -> 
     if hostile.checkpoint:
         (tmp_path / "out").mkdir(exist_ok=True)
         (tmp_path / "out" / "ckpt.pt").write_bytes(made[hostile.checkpoint])
-    result, before, after = run_case(hostile.case, tmp_path, made["ours"])
-    assert_one_line_error(result, *(n.replace("{dir}", str(tmp_path)) for n in hostile.case.names))
-    assert after == before
+    refuse_case(hostile.case, tmp_path, made["ours"])
     assert not marker.exists()
 
 
