@@ -75,10 +75,9 @@ def resolve_settings(cfg: Config, cross: tuple) -> Settings:
         check_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only)
     seen = run_files(out_dir) if master else None
     checkpoint = resume_checkpoint(out_dir, cfg.resume_fallback) if resuming else None
-    if checkpoint is not None:
-        check_ranks(checkpoint, int(os.environ.get("WORLD_SIZE", 1)))
     merged = cfg.as_dict()
     if checkpoint is not None:
+        check_ranks(checkpoint, int(os.environ.get("WORLD_SIZE", 1)))
         merged, overrides = resume_settings(checkpoint, cfg)
         if master and overrides:
             print("resumed settings overridden: " + "; ".join(overrides), flush=True)
