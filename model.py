@@ -1,9 +1,7 @@
 """
-GPT-2 in one file, torch only: the model with the modern recipe's options (each off by default: with all of them off,
-it is GPT-2), its AdamW, MFU accounting, nanoGPT's generate and GPT-2's weights in and out. Copied anywhere, it runs:
-the project's fused losses (nanogpt_perf/kernels) are imported only when loss_impl asks for one.
-
-References: OpenAI's GPT-2 release and the transformers implementation (for the maths and the weight layout).
+GPT-2 in one file, torch only: the model with the modern recipe's options (all off: GPT-2), its AdamW, MFU, nanoGPT's
+generate and GPT-2's weights in and out (the maths and layout of OpenAI's release and transformers'). Copied anywhere,
+it runs: the project's chunked and fused losses (nanogpt_perf/kernels) are imported only when asked for.
 """
 
 import math
@@ -33,9 +31,8 @@ Rope = tuple[Tensor, Tensor]  # rotary's cos and sin
 
 
 def option(default: Any, kind: str, help: str = "", **valid: Any) -> Any:
-    """A GPTConfig field: its kind ('architecture': what the weights need, 'init', 'kernel' or 'training': free to
-    change between runs of the same weights), its help and what is valid (min, interval, note, choices) as metadata,
-    from which the settings of train.py and bench.py are made (a field without help is the code's to set)."""
+    """A GPTConfig field: its kind ('architecture': what the weights need; 'init', 'kernel', 'training': free to
+    change), its help and what is valid as metadata, the settings of train.py and bench.py (no help: the code's)."""
     return field(default=default, metadata=dict(kind=kind, help=help, **valid))
 
 
@@ -204,9 +201,8 @@ class CausalSelfAttention(nn.Module):
 
 
 class ReLUSquared(torch.autograd.Function):
-    """relu(h)^2 with its gradient 2 relu(h) g in two passes over h, where autograd's (square's, then relu's) takes
-    four, on a CPU where nothing fuses them (forward and backward at (1024, 512), one thread: about 2.5 ms to 1):
-    equal to F.relu(h).square() in value and gradient, bit for bit (tests/test_recipe_model.py)."""
+    """relu(h)^2 and its gradient 2 relu(h) g in two passes over h, not autograd's four (a CPU fuses nothing: 2.5 ms
+    to 1 at (1024, 512)), equal to F.relu(h).square() in value and gradient bit for bit (tests/test_recipe_model.py)."""
 
     @staticmethod
     def forward(ctx: Any, h: Tensor) -> Tensor:
@@ -304,12 +300,10 @@ class GPT(nn.Module):
         if targets is None:
             return self.head(x[:, [-1], :]), None
         cfg, weight = self.config, self.lm_head.weight
-        if cfg.loss_impl != "plain":  # the fused losses, imported only when asked for
+        if cfg.loss_impl != "plain" or cfg.loss_chunk:  # the chunked and fused losses, imported only when asked for
             from nanogpt_perf.kernels.losses import lm_head_loss
 
             return None, lm_head_loss(cfg.loss_impl, x, weight, targets, cfg.loss_chunk, cfg.logit_softcap)
-        if cfg.loss_chunk:
-            return None, chunked_cross_entropy(x, weight, targets, cfg.loss_chunk, cfg.logit_softcap)
         logits = self.head(x)
         return logits, F.cross_entropy(logits.flatten(0, 1).to(wide(logits.dtype)), targets.flatten(), ignore_index=-1)
 
@@ -369,9 +363,8 @@ class GPT(nn.Module):
         device_type: str | None = None,
         fused: bool = True,
     ) -> torch.optim.AdamW:
-        """AdamW with weight decay on matrices and embeddings only (decay_groups), fused (when asked) wherever the
-        device has the kernel, a CPU included (adamw). device_type is nanoGPT's argument, taken and not needed: the
-        parameters' own devices decide."""
+        """AdamW, weight decay on matrices and embeddings only, fused where asked and the device has the kernel
+        (device_type: nanoGPT's argument, not needed: the parameters' devices decide)."""
         return adamw(decay_groups(self.parameters(), weight_decay), betas, fused, lr=learning_rate)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
@@ -405,10 +398,9 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type: str, override_args: dict[str, Any] | None = None) -> "GPT":
-        """OpenAI's GPT-2 weights, as nanoGPT loads them: model_type is gpt2, gpt2-medium, gpt2-large or gpt2-xl
-        (the Hugging Face hub, with a network) or a local folder in transformers' format. Needs transformers (pip
-        install -e ".[hf]"). override_args: GPTConfig fields that leave the weights as they are (nanoGPT's
-        dropout; also the attention kernel, the loss and the memory savers)."""
+        """OpenAI's GPT-2 weights as nanoGPT loads them: gpt2, gpt2-medium, gpt2-large or gpt2-xl (the Hugging Face
+        hub) or a local folder in transformers' format (pip install -e ".[hf]"); override_args: GPTConfig fields
+        that leave the weights as they are (nanoGPT's dropout; also the kernels)."""
         from transformers import GPT2LMHeadModel
 
         override_args = override_args or {}
@@ -434,9 +426,8 @@ class GPT(nn.Module):
         vocab_size: int | None = None,
     ) -> Tensor:
         """nanoGPT's generate: idx (B, T) extended by max_new_tokens tokens, each drawn by sample after a forward
-        pass over the whole context (its last block_size tokens); vocab_size leaves a padded vocabulary's tail out.
-        Slow, the reference: nanogpt_perf/generate.py's cached decoding (which adds top_p) gives the same tokens
-        from the same generator (tests/test_generate.py), many times faster."""
+        pass over the last block_size tokens (vocab_size: a padded vocabulary's tail left out). The slow reference
+        of nanogpt_perf/generate.py's cached decoding: the same tokens from the same generator."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size :])
             idx = torch.cat((idx, sample(logits[:, -1, :vocab_size], temperature, top_k, generator)), dim=1)
@@ -483,26 +474,6 @@ def adamw(groups: list[dict[str, Any]], betas: tuple[float, float], fused: bool,
     if fused and {p.device.type for g in groups for p in g["params"]} <= set(fused_devices()):
         return torch.optim.AdamW(groups, betas=betas, fused=True, **kw)
     return torch.optim.AdamW(groups, betas=betas, **kw)
-
-
-def chunked_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, chunk: int, softcap: float = 0.0) -> Tensor:
-    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1; capped at softcap when > 0), chunk
-    rows of x at a time: each chunk's logits made, reduced to a summed loss and dropped, then made again in backward
-    (activation checkpointing), so that at most one (chunk, vocab) block of fp32 logits exists, not (B*T, vocab)."""
-    x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
-    total = sum(
-        checkpoint(_summed_cross_entropy, xc, weight, tc, softcap, use_reentrant=False)
-        for xc, tc in zip(x.split(chunk), targets.split(chunk), strict=True)
-    )
-    return total / (targets != -1).sum()
-
-
-def _summed_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, softcap: float) -> Tensor:
-    logits = F.linear(x, weight)
-    logits = logits.to(wide(logits.dtype))
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
 
 
 # transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's
