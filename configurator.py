@@ -3,16 +3,12 @@ Settings from config files and --key=value flags, in the order given:
 
     python train.py config/train_shakespeare_char.py --batch_size=32 --compile=false
 
-Each part of the code declares its own settings as a dataclass beside the code that uses them (the model's in
-model.py's GPTConfig, the optimizer's in nanogpt_perf/optim.py, a script's own at its top), each field with its
-help and what values are valid as metadata (nanogpt_perf/config.py's setting()). configure() flattens the parts
-into nanoGPT's flat names, applies the config files and flags, checks every value once and returns a Config: each
-part's typed object (cfg.model, cfg.optim, ...) and every setting by its flat name (cfg.learning_rate).
-
-A config file is Python: its top-level assignments are the overrides (names it imports, its functions and classes
-are ignored). A value converts to its setting's type only where that loses nothing (1e5 -> 100000 for an int,
-1 -> 1.0 for a float, false -> False for a bool). Every mistake is one error line, a config file that raises or
-exits included. This module imports no torch: the data preparers' worker processes import it.
+Each part of the code declares its settings as a dataclass beside the code that uses them (model.py's GPTConfig,
+nanogpt_perf/optim.py's OptimConfig, a script's own at its top), each field's help and valid values as metadata
+(nanogpt_perf/config.py). configure() flattens the parts into nanoGPT's flat names, applies the config files (Python:
+their top-level assignments) and flags, converting a value only where that loses nothing (1e5 -> 100000 for an int,
+false -> False), checks every value once and returns a Config: cfg.model, cfg.optim, ..., and cfg.learning_rate.
+Every mistake is one error line. This module imports no torch: the data preparers' worker processes import it.
 """
 
 import ast
@@ -81,8 +77,7 @@ def config_file_failure(path: str, error: BaseException) -> str:
     """The error line for what a config file raised: the last of its lines the traceback passes through, and what."""
     line, tb = None, error.__traceback__
     while tb is not None:
-        line = tb.tb_lineno if tb.tb_frame.f_code.co_filename == path else line
-        tb = tb.tb_next
+        line, tb = tb.tb_lineno if tb.tb_frame.f_code.co_filename == path else line, tb.tb_next
     where = f"config file {path}" + (f", line {line}" if line else "")
     if isinstance(error, SystemExit):
         return f"{where}: it exits (sys.exit({shown(error.code)})); a config file only sets settings"

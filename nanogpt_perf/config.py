@@ -12,29 +12,18 @@ from nanogpt_perf.errors import UserError
 INT64_MAX = 2**63 - 1
 EXACT_FLOAT = 2**53  # above it, not every integer is a float: an int setting takes no float beyond it
 Check = Callable[[Any], None]  # raises ValueError(what would be valid) for an invalid value
+RULES = ("min", "max", "above", "interval", "note", "choices", "words", "check", "inf")
 
 
-def setting(
-    default: Any,
-    help: str,
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    above: float | None = None,
-    interval: str | None = None,
-    note: str = "",
-    choices: Iterable[str] = (),
-    words: Iterable[str] = (),
-    check: Check | None = None,
-    inf: bool = False,
-) -> Any:
+def setting(default: Any, help: str, **valid: Any) -> Any:
     """A dataclass field declaring a setting: its default, its help and what is valid: min (>=), max (<=), above
     (>), interval ('[0, 1)'), note (said after the bound: ' (0 = off)'), choices, words it takes beside values of
-    its type ('auto'), check (raises ValueError saying what is valid; a path's: nanogpt_perf/guard/paths.py), inf (takes
-    float('inf'))."""
-    rule = dict(min=min, max=max, above=above, interval=interval, check=check)
-    rule = {k: v for k, v in rule.items() if v is not None}
-    meta = dict(help=help, note=note, choices=tuple(choices), words=tuple(words), inf=inf, **rule)
+    its type ('auto'), check (raises ValueError saying what is valid; a path's: nanogpt_perf/guard/paths.py), inf
+    (takes float('inf'))."""
+    if unknown := set(valid) - set(RULES):
+        raise TypeError(f"setting() takes no {', '.join(sorted(unknown))}")
+    meta = dict(help=help, note="", inf=False) | valid
+    meta["choices"], meta["words"] = tuple(valid.get("choices", ())), tuple(valid.get("words", ()))
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -79,44 +68,40 @@ def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> 
     raise UserError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
 
 
-def rule_problem(value: Any, meta: dict[str, Any]) -> str | None:
-    """What a setting's value must be when it is not valid ('>= 1', 'one of a, b'), else None."""
+def check_value(value: Any, meta: dict[str, Any]) -> None:
+    """Raises ValueError(what a setting's value must be: '>= 1', 'one of a, b') where value is not valid."""
     if value in meta.get("words", ()):
-        return None
-    if type(value) is float and not math.isfinite(value) and not (meta.get("inf") and value == math.inf):
-        return "a finite number, or inf (no limit)" if meta.get("inf") else "a finite number"
-    if type(value) is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
-        return "an integer within 64 bits (-2**63 to 2**63 - 1)"
-    valid = bound_problem(value, meta)
-    if valid is None and (check := meta.get("check")):
-        try:
+        return
+    try:
+        check_bounds(value, meta)
+        if check := meta.get("check"):
             check(value)
-        except ValueError as e:
-            valid = str(e)
-    if valid and meta.get("words"):
-        valid = " or ".join([*map(repr, meta["words"]), valid])
-    return valid
+    except ValueError as e:
+        raise ValueError(" or ".join([*map(repr, meta.get("words", ())), str(e)])) from None
 
 
-def bound_problem(value: Any, meta: dict[str, Any]) -> str | None:
-    if (choices := meta.get("choices")) and value not in choices:
-        return f"one of {', '.join(choices)}"
+def check_bounds(value: Any, meta: dict[str, Any]) -> None:
+    def must(holds: bool, valid: str) -> None:
+        if not holds:
+            raise ValueError(valid)
+
+    inf = meta.get("inf", False)
+    if type(value) is float and not math.isfinite(value):
+        must(inf and value == math.inf, "a finite number, or inf (no limit)" if inf else "a finite number")
+    if type(value) is int:
+        must(-INT64_MAX - 1 <= value <= INT64_MAX, "an integer within 64 bits (-2**63 to 2**63 - 1)")
+    if choices := meta.get("choices"):
+        must(value in choices, f"one of {', '.join(choices)}")
     if value == math.inf:  # inf passes every bound where a setting takes it
-        return None
-    note = meta.get("note", "")
-    if "min" in meta and value < meta["min"]:
-        return f">= {meta['min']}{note}"
-    if "above" in meta and value <= meta["above"]:
-        return f"> {meta['above']}{note}"
-    if "max" in meta and value > meta["max"]:
-        return f"<= {meta['max']}"
+        return
+    low, high, note = meta.get("min"), meta.get("max"), meta.get("note", "")
+    must(low is None or value >= low, f">= {low}{note}")
+    must("above" not in meta or value > meta["above"], f"> {meta.get('above')}{note}")
+    must(high is None or value <= high, f"<= {high}")
     if interval := meta.get("interval"):
-        low, high = (float(x) for x in interval[1:-1].split(","))
-        inside = (value > low if interval[0] == "(" else value >= low) and (
-            value < high if interval[-1] == ")" else value <= high
-        )
-        return None if inside else f"in {interval}"
-    return None
+        a, b = (float(x) for x in interval[1:-1].split(","))
+        above_a = value > a if interval[0] == "(" else value >= a
+        must(above_a and (value < b if interval[-1] == ")" else value <= b), f"in {interval}")
 
 
 class Config:
@@ -180,8 +165,10 @@ def build(
     raises ValueError with the whole line): the first mistake is a UserError."""
     meta = {k: f.metadata for part in parts.values() for k, f in declared(part).items()}
     for name, value in values.items():
-        if valid := rule_problem(value, meta[name]):
-            raise UserError(f"{name} must be {valid}, not {shown(value)}")
+        try:
+            check_value(value, meta[name])
+        except ValueError as e:
+            raise UserError(f"{name} must be {e}, not {shown(value)}") from None
     try:
         made = {k: part(**{f: values[f] for f in declared(part)}) for k, part in parts.items()}
         cfg = Config(made, given, cross, defaults)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch.distributed as dist
 
 from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig, fields_of_kind
-from nanogpt_perf.config import Config, convert, rule_problem
+from nanogpt_perf.config import Config, check_value, convert
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import UserError
@@ -151,8 +151,12 @@ def saved_value(key: str, value: Any, default: Any, meta: dict[str, Any]) -> Any
         value = convert(key, value, default, meta.get("words", ()))
     except UserError as e:
         raise UserError(f"the checkpoint's settings are not this train.py's: {e}") from None
-    if valid := rule_problem(value, meta):
-        raise UserError(f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it")
+    try:
+        check_value(value, meta)
+    except ValueError as valid:
+        raise UserError(
+            f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it"
+        ) from None
     return value
 
 
