@@ -93,8 +93,7 @@ def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     missing = {"model", "model_args"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model", "model_args"}
     if missing:
         raise UserError(f"checkpoint {path} is not a nanogpt-perf checkpoint (missing {', '.join(sorted(missing))})")
-    check_model(checkpoint["model_args"], checkpoint["model"], path)
-    checkpoint["model_args"] = ARCHITECTURE_DEFAULTS | checkpoint["model_args"]
+    checkpoint["model_args"] = check_model(checkpoint["model_args"], checkpoint["model"], path)
     return checkpoint
 
 
@@ -103,9 +102,9 @@ def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
 ARCHITECTURE_DEFAULTS = {k: GPTConfig.__dataclass_fields__[k].default for k in ARCHITECTURE}
 
 
-def check_model(model_args: Any, weights: Any, path: Path) -> None:
-    """A UserError unless model_args (nanoGPT's GPTConfig fields, GPTConfig's defaults for those missing) and the
-    weights are a model this code can build and load."""
+def check_model(model_args: Any, weights: Any, path: Path) -> dict[str, Any]:
+    """model_args with GPTConfig's defaults for those missing; a UserError unless they and the weights are a model
+    this code can build and load."""
     unfit = f"checkpoint {path} is not one this code can load: "
     if not isinstance(model_args, dict):
         raise UserError(f"{unfit}its model_args are a {type(model_args).__name__}, not a dict")
@@ -116,11 +115,7 @@ def check_model(model_args: Any, weights: Any, path: Path) -> None:
     missing = [k for k in ARCHITECTURE if k not in model_args and k not in RECIPE_ARCHITECTURE]
     took = f" (its model_args lack {', '.join(missing)}: GPTConfig's defaults were taken)" if missing else ""
     fail = lambda why: UserError(unfit + why + took)  # noqa: E731
-    check_model_args(ARCHITECTURE_DEFAULTS | model_args, fail)
-    check_weights(ARCHITECTURE_DEFAULTS | model_args, weights, fail)
-
-
-def check_model_args(model_args: dict[str, Any], fail: Callable[[str], UserError]) -> None:
+    model_args = ARCHITECTURE_DEFAULTS | model_args
     for key in ARCHITECTURE:
         value, kind = model_args[key], type(ARCHITECTURE_DEFAULTS[key])
         if kind is float and (type(value) not in (int, float) or not 0 <= value < float("inf")):
@@ -130,6 +125,8 @@ def check_model_args(model_args: dict[str, Any], fail: Callable[[str], UserError
     dropout = model_args.get("dropout", 0.0)
     if type(dropout) not in (int, float) or not 0 <= dropout < 1:
         raise fail(f"its model_args' dropout must be a number in [0, 1), not {dropout!r}")
+    check_weights(model_args, weights, fail)
+    return model_args
 
 
 def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str], UserError]) -> None:
@@ -142,9 +139,8 @@ def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str]
     if layers != set(range(model_args["n_layer"])):
         raise fail(f"its model_args say n_layer={model_args['n_layer']}, its weights hold {len(layers)} layers")
     try:  # every layer: which weights a layer has can depend on its place (value embeddings, U-net skips)
-        fields = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
-        with torch.device("meta"):
-            expected = {k: v.shape for k, v in GPT(GPTConfig(**fields)).state_dict().items()}
+        with torch.device("meta"):  # model_args name GPTConfig's fields only (check_model)
+            expected = {k: v.shape for k, v in GPT(GPTConfig(**model_args)).state_dict().items()}
     except (ValueError, TypeError) as e:
         raise fail(f"its model_args are inconsistent: {e}") from None
     if unknown := sorted(set(weights) - set(expected)):
