@@ -171,11 +171,8 @@ def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
     if not (type(best) in (int, float) or isinstance(best, torch.Tensor) and best.numel() == 1):
         raise fail(f"its best_val_loss must be a number, not {best!r}")
     optimizer = checkpoint.get("optimizer")
-    if not (
-        isinstance(optimizer, dict)
-        and isinstance(optimizer.get("state"), dict)
-        and isinstance(optimizer.get("param_groups"), list)
-    ):
+    optimizer = optimizer if isinstance(optimizer, dict) else {}
+    if not (isinstance(optimizer.get("state"), dict) and isinstance(optimizer.get("param_groups"), list)):
         raise fail("its optimizer is not an optimizer's state dict (state and param_groups)")
     if not isinstance(checkpoint.get("config"), dict):
         raise fail("its config (the settings it was trained with) is not a dict")
