@@ -17,10 +17,9 @@ def check_lowmem_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> Non
     scales (finite, >= 0), and no Tensor subclass anywhere (a foreign file's). Checked on the meta device: no
     memory. The checks below raise ValueError(what is wrong), said here with the parameter it is of."""
     fail = lambda why: UserError(f"the checkpoint's optimizer state {why}")  # noqa: E731
-    if not (isinstance(state_dict, dict) and isinstance(state_dict.get("state"), dict)):
-        raise fail("is not an optimizer's state dict (state and param_groups)")
-    groups = state_dict.get("param_groups")
-    if not isinstance(groups, list) or not all(isinstance(g, dict) and type(g.get("params")) is list for g in groups):
+    groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+    listed = isinstance(groups, list) and all(isinstance(g, dict) and type(g.get("params")) is list for g in groups)
+    if not (listed and isinstance(state_dict.get("state"), dict)):
         raise fail("is not an optimizer's state dict (state and param_groups)")
     saved = [len(g["params"]) for g in groups]
     mine = [len(g["params"]) for g in optimizer.param_groups]
@@ -50,7 +49,10 @@ def check_entries(entries: Any, expected: dict[str, torch.Tensor]) -> None:
                 f"keeps {key} in {have}, this run in {precision(want)} (resume with the same optimizer precision)"
             )
         try:
-            check_encoded(value, want) if isinstance(value, dict) else check_plain(value, want)
+            if isinstance(value, dict):
+                check_encoded(value, want)
+            elif value.shape != want.shape:
+                raise ValueError(f"of shape {tuple(value.shape)}, not {tuple(want.shape)}")
         except ValueError as e:
             raise ValueError(f"has {key} {e}") from None
 
@@ -75,8 +77,3 @@ def check_encoded(value: dict[str, Any], want: torch.Tensor) -> None:
             raise ValueError(f"{name} that are not {like.dtype} of shape {tuple(like.shape)}")
     if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
         raise ValueError("scales that are not finite and >= 0 (corrupt)")
-
-
-def check_plain(value: torch.Tensor, want: torch.Tensor) -> None:
-    if value.shape != want.shape:
-        raise ValueError(f"of shape {tuple(value.shape)}, not {tuple(want.shape)}")
