@@ -127,12 +127,6 @@ def scan_file(file: TokenFile) -> tuple[int, str]:
     return largest, digest.hexdigest()
 
 
-def file_key(path: Path) -> dict[str, int]:
-    """What says a file is unchanged since it was read: its size, modification and change times, and inode."""
-    stat = path.stat()
-    return dict(zip(STAT_KEYS, (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino), strict=True))
-
-
 def read_cache(path: Path) -> dict[str, Any]:
     """What path records of each file, by file name; {} when there is none or it is not one of ours (it is
     rebuilt, never trusted when malformed)."""
@@ -140,14 +134,9 @@ def read_cache(path: Path) -> dict[str, Any]:
         files = json.loads(path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    valid = lambda e: (
-        isinstance(e, dict)
-        and all(type(e.get(k)) is int for k in (*STAT_KEYS, "max_id"))
-        and (  # noqa: E731
-            isinstance(e.get("sha256"), str)
-        )
-    )
-    return {name: entry for name, entry in files.items() if valid(entry)} if isinstance(files, dict) else {}
+    ints = (*STAT_KEYS, "max_id")
+    valid = lambda e: all(type(e.get(k)) is int for k in ints) and isinstance(e.get("sha256"), str)  # noqa: E731
+    return {n: e for n, e in files.items() if isinstance(e, dict) and valid(e)} if isinstance(files, dict) else {}
 
 
 def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES) -> dict[str, str]:
@@ -159,7 +148,9 @@ def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CA
     cache_path = data_path / CACHE_NAME
     known, entries, scanned, t0 = read_cache(cache_path), {}, 0, time.perf_counter()
     for file in files:
-        key, entry = file_key(file.path), known.get(file.path.name)
+        stat = file.path.stat()  # what says a file is unchanged since it was read
+        key = dict(zip(STAT_KEYS, (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino), strict=True))
+        entry = known.get(file.path.name)
         if entry is None or {k: entry[k] for k in key} != key:
             largest, digest = scan_file(file)
             entry, scanned = key | {"max_id": largest, "sha256": digest}, scanned + key["bytes"]
