@@ -35,7 +35,8 @@ def run_checkpoints(out_dir: Path) -> list[Path]:
 
 
 def run_files(out_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
-    """What out_dir holds of a run, each file by name, size, modification time and inode."""
+    """What out_dir holds of a run (its checkpoints and RUN_RECORDS), each file by name, size, modification time
+    and inode."""
     paths = run_checkpoints(out_dir) + [out_dir / name for name in RUN_RECORDS if (out_dir / name).is_file()]
     stats = ((p.name, p.stat()) for p in paths)
     return tuple((name, s.st_size, s.st_mtime_ns, s.st_ino) for name, s in stats)
@@ -62,11 +63,8 @@ def check_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool
     try:  # a probe, removed at once
         os.rmdir(tempfile.mkdtemp(prefix=f".{LOCK_NAME}.probe-", dir=existing))
     except OSError as e:
-        reason = (
-            "is not writable"
-            if e.errno in (errno.EACCES, errno.EPERM)
-            else f"refuses it: {REASONS.get(e.errno, e.strerror)}"
-        )
+        denied = e.errno in (errno.EACCES, errno.EPERM)
+        reason = "is not writable" if denied else f"refuses it: {REASONS.get(e.errno, e.strerror)}"
         raise UserError(f"out_dir {out_dir} cannot be written ({existing} {reason}): choose another out_dir") from None
     if (out_dir / LOCK_NAME).exists():
         check_lock(out_dir, read_holder(out_dir / LOCK_NAME)[1])
@@ -92,8 +90,8 @@ def check_no_earlier_run(out_dir: Path, eval_only: bool) -> None:
 
 
 def remove_earlier_run(out_dir: Path) -> list[str]:
-    """overwrite=True: delete the earlier run's checkpoints and records; the names deleted."""
-    found = run_checkpoints(out_dir) + [out_dir / name for name in RUN_RECORDS if (out_dir / name).is_file()]
-    for path in found:
-        path.unlink()
-    return [p.name for p in found]
+    """overwrite=True: delete the earlier run's files (run_files); the names deleted."""
+    names = [name for name, *_ in run_files(out_dir)]
+    for name in names:
+        (out_dir / name).unlink()
+    return names
