@@ -6,6 +6,7 @@ readers (nanogpt_perf/data/) call it where they open such a file."""
 
 import json
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def check_meta(meta: Any, fail: Any) -> None:
+def check_meta(meta: Any, fail: Callable[[str], UserError]) -> None:
     """Raise fail(why) unless meta is consistent: vocab_size a positive int; a character vocabulary's itos mapping
     every id below vocab_size to its own string (a dict or a list), stoi (if any) its inverse."""
     if not isinstance(meta, dict) or "vocab_size" not in meta:
@@ -48,25 +49,16 @@ def check_meta(meta: Any, fail: Any) -> None:
         if stoi is not None:
             raise fail("stoi without itos (the id of each string, not the string of each id)")
         return
-    strings = id_strings(itos)
-    if strings is None:
-        raise fail("itos must give the string of each token id 0, 1, ... (a dict or a list of str)")
-    if len(strings) != vocab_size:
-        raise fail(f"vocab_size is {vocab_size} but itos has {len(strings)} tokens")
-    if len(set(strings)) != len(strings):
-        raise fail("itos gives two token ids the same string")
-    if stoi is not None and stoi != {s: i for i, s in enumerate(strings)}:
-        raise fail("stoi is not the inverse of itos")
-
-
-def id_strings(itos: Any) -> list[str] | None:
-    """itos as the list of each id's string, or None when it is not one: a list of str, or a dict from the ints
-    0..n-1 to str."""
     if isinstance(itos, dict) and all(type(k) is int for k in itos) and set(itos) == set(range(len(itos))):
-        itos = [itos[i] for i in range(len(itos))]
-    if isinstance(itos, list) and all(type(s) is str for s in itos):
-        return itos
-    return None
+        itos = [itos[i] for i in range(len(itos))]  # the ints 0..n-1 to str: as the list it is
+    if not isinstance(itos, list) or not all(type(s) is str for s in itos):
+        raise fail("itos must give the string of each token id 0, 1, ... (a dict or a list of str)")
+    if len(itos) != vocab_size:
+        raise fail(f"vocab_size is {vocab_size} but itos has {len(itos)} tokens")
+    if len(set(itos)) != len(itos):
+        raise fail("itos gives two token ids the same string")
+    if stoi is not None and stoi != {s: i for i, s in enumerate(itos)}:
+        raise fail("stoi is not the inverse of itos")
 
 
 def folder_tokenizer_spec(folder: Path) -> dict[str, Any]:
