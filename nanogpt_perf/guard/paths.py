@@ -109,13 +109,12 @@ def init_from_one_of(*choices: str) -> Check:
         if value in choices:
             return
         try:
-            check_path(value)
+            check_path(value)  # first: a ~ no shell expanded, a name too long, '' (which Path takes as '.')
+            folder = os.path.isdir(value)
         except ValueError:
-            pass
-        else:
-            if os.path.isdir(value):  # Path('') is the current folder: check_path refuses ''
-                return
-        raise ValueError(f"{', '.join(choices)} or a transformers folder")
+            folder = False
+        if not folder:
+            raise ValueError(f"{', '.join(choices)} or a transformers folder")
 
     choice_or_folder.choices = (*choices, "a transformers folder")  # type: ignore[attr-defined] (for --help)
     return path_rule(choice_or_folder)
