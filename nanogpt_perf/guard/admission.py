@@ -98,15 +98,13 @@ def resolve_settings(cfg: Config, cross: tuple) -> Settings:
 
 
 def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, Any], list[str]]:
-    """The checkpoint's settings (ours, or nanoGPT's, which has the same names), overridden by those given on this
-    command: the merged settings, and a line for each override that differs from the checkpoint and for each saved
-    setting that does not apply here. A UserError for an override that cannot apply to the checkpoint, or a saved
-    value that is not a valid value here."""
+    """The checkpoint's settings (ours, or nanoGPT's: the same names) overridden by this command's, and a line for
+    each override and each saved setting that does not apply here; a UserError for an override that cannot apply to
+    the checkpoint, or a saved value not valid here."""
     saved, identity, given, merged = checkpoint["config"], checkpoint.get("data_identity"), cfg.given, cfg.as_dict()
-    defaults = dict(merged)
-    for key, value in saved.items():
+    for key, value in saved.items():  # merged[key] is still this command's value when it is read
         if key in merged and key not in given and key not in PER_COMMAND:
-            merged[key] = saved_value(key, value, defaults[key], cfg.metadata(key))
+            merged[key] = saved_value(key, value, merged[key], cfg.metadata(key))
     changed = [k for k in sorted(given) if k in saved and k not in PER_COMMAND and merged[k] != saved[k]]
     was = lambda k: saved[k] if k in saved else cfg.defaults[k]  # noqa: E731 (a setting it predates: its default)
     fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
@@ -148,11 +146,10 @@ def check_moved_data(identity: dict[str, Any] | None, s: dict[str, Any], refused
 def saved_value(key: str, value: Any, default: Any, meta: dict[str, Any]) -> Any:
     """A checkpoint's setting as this train.py takes it (its type, within its rule), or a UserError naming it."""
     try:
-        value = convert(key, value, default, meta.get("words", ()))
+        value = convert(key, value, default, meta.get("words", ()))  # a UserError, never a ValueError
+        check_value(value, meta)
     except UserError as e:
         raise UserError(f"the checkpoint's settings are not this train.py's: {e}") from None
-    try:
-        check_value(value, meta)
     except ValueError as valid:
         raise UserError(
             f"the checkpoint's {key}={value!r} is not valid here ({valid}): give {key} to replace it"
