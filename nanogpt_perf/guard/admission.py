@@ -1,5 +1,4 @@
-"""The guard's entry for train.py: what a run checks before its first write, each refusal a UserError naming the
-problem and what would be valid. Three calls, in train.py's order:
+"""The guard's entry for train.py: what a run checks before its first write, in three calls in train.py's order:
 
 - resolve_settings, before torch.distributed starts (a refused command ends before torchrun's ranks meet, and the
   process group starts with this command's device and backend): torchrun's variables, the out_dir (one run each),
@@ -64,11 +63,8 @@ class Settings(NamedTuple):
 
 
 def resolve_settings(cfg: Config, cross: tuple) -> Settings:
-    """The settings this run goes by, and its checkpoint when it resumes: torchrun's variables checked, the out_dir
-    free for this run (refused while another holds it, and a new run where an earlier one left checkpoints unless
-    overwrite=True), and on resume the checkpoint's settings as the base, overridden by those given (each change
-    printed); its architecture, vocabulary and data fixed, iterations left to train. Then every rule between
-    settings (cross), once, on what was merged."""
+    """The settings this run goes by, and its checkpoint when it resumes (see the module's docstring); the rules
+    between settings (cross) checked once, on what was merged."""
     master = torchrun_rank(os.environ) == 0
     out_dir, resuming = Path(cfg.out_dir), cfg.init_from == "resume"
     if master:
@@ -176,8 +172,7 @@ class Plan(NamedTuple):
 
 
 def preflight(settings: Settings, ranks: Ranks, runtime: Runtime) -> Plan:
-    """Everything a run needs checked before it builds, given its settings, its ranks and its device: the data and
-    the shape of a step, the model, HellaSwag's examples and wandb (see the module's docstring)."""
+    """The Plan a run follows: everything it needs checked before it builds (see the module's docstring)."""
     cfg, checkpoint = settings.cfg, settings.checkpoint
     data = admit_data(cfg, ranks, runtime, checkpoint)
     cfg = cfg.replace(batch_size=data.batch_size, gradient_accumulation_steps=data.accumulation)
@@ -187,10 +182,9 @@ def preflight(settings: Settings, ranks: Ranks, runtime: Runtime) -> Plan:
 
 
 def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str, Any] | None) -> Data:
-    """The dataset, prepared on first use (rank 0, by this repository's own preparer unless run_data_preparer; the
-    others wait), its vocabulary, every token id inside it (rank 0 reads; its error ends every rank), the same files
-    as a resumed checkpoint's (every byte) unless allow_changed_data, and the shape of a step: the micro-batch as
-    set, or with tokens_per_iter the accumulation that makes that many tokens, at the largest that fits ('auto')."""
+    """The dataset (prepared on first use), its vocabulary, every token id inside it (rank 0 reads; its error
+    ends every rank), the same files as a resumed checkpoint's (every byte) unless allow_changed_data, and the
+    shape of a step (train/autobatch.py's step_shape)."""
     path = Path(cfg.data_dir) / cfg.dataset
     if ranks.master:
         prepare_if_missing(path, cfg.run_data_preparer)
@@ -224,10 +218,8 @@ def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str
 
 
 def initial_model(cfg: Config, vocab_size: int, checkpoint: dict[str, Any] | None) -> GPT:
-    """The model a run starts from: new (the vocabulary padded to a multiple of pad_vocab), the weights and
-    architecture of its checkpoint, or GPT-2's weights (a hub name or a transformers folder); cropped to block_size,
-    and refused when the data's vocabulary or block_size does not fit it, or a setting given disagrees with the
-    weights it starts from."""
+    """The model a run starts from: new, its checkpoint's, or GPT-2's weights (a hub name or a transformers
+    folder), cropped to block_size; refused where the data or a setting given does not fit the weights."""
     config = model_config(cfg, vocab_size)
     if cfg.init_from == "scratch":
         return GPT(config)
