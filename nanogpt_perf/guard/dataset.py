@@ -7,10 +7,8 @@ files. The same read hashes each token file whole (SHA-256), so that a resume on
 refused. Cost: one read of every token file, at the hash's speed (about 1.5 GB/s on one core with the CPU's SHA
 instructions; numpy's max in the same pass costs little): FineWeb-Edu's 20 GB in about 15 s, once. What was read is
 kept in DATASET/token_ids.json by each file's size, modification and change times and inode, so that later runs
-read no tokens, only a stat per file; a file changed in any way (its ctime cannot be set back) is read again. A
-dataset under 64 MiB is read every time (milliseconds) and gets no such file. The file is written atomically, by
-the one caller that checks (rank 0); where the folder cannot be written, every run reads. Delete it to have
-everything read again.
+read no tokens, only a stat per file; a file changed in any way (its ctime cannot be set back) is read again.
+Only rank 0 checks, and writes it. Delete it to have everything read again.
 
 An identity records each token file and meta.pkl by name, size, that whole-file hash (rank 0's) and a fingerprint
 (a hash of SAMPLES blocks of BLOCK bytes across the file, what checkpoints of earlier versions hold and are compared
@@ -35,11 +33,11 @@ META = "meta.pkl"
 CACHE_NAME = "token_ids.json"
 CACHE_FROM_BYTES = 64 * 2**20  # datasets smaller than this are read every time: faster than a file to keep
 CHUNK_TOKENS = 2**22  # 8 MB of uint16 a read: in cache, and no memory held
-STAT_KEYS = ("bytes", "mtime_ns", "ctime_ns", "inode")
+# what says a file is unchanged since it was read: its size, modification and change times, and inode
+STAT_FIELDS = {"bytes": "st_size", "mtime_ns": "st_mtime_ns", "ctime_ns": "st_ctime_ns", "inode": "st_ino"}
 
 
 def canonical_folder(path: Path | str) -> str:
-    """The one absolute name of a folder: ~ expanded, links resolved, '..' and '.' gone."""
     return os.path.realpath(os.path.expanduser(str(path)))
 
 
@@ -55,8 +53,7 @@ def same_folder(a: Path | str, b: Path | str) -> bool:
 
 
 def fingerprint(path: Path, size: int) -> str:
-    """A hash of SAMPLES blocks of BLOCK bytes at fixed places from the file's start to its end (all of a small
-    file)."""
+    """A hash of SAMPLES blocks of BLOCK bytes spread from the file's start to its end (all of a small file)."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         if size <= SAMPLES * BLOCK:
@@ -134,22 +131,20 @@ def read_cache(path: Path) -> dict[str, Any]:
         files = json.loads(path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    ints = (*STAT_KEYS, "max_id")
-    valid = lambda e: all(type(e.get(k)) is int for k in ints) and isinstance(e.get("sha256"), str)  # noqa: E731
-    return {n: e for n, e in files.items() if isinstance(e, dict) and valid(e)} if isinstance(files, dict) else {}
+    types = {k: int for k in STAT_FIELDS} | {"max_id": int, "sha256": str}
+    valid = lambda e: isinstance(e, dict) and all(type(e.get(k)) is t for k, t in types.items())  # noqa: E731
+    return {name: e for name, e in files.items() if valid(e)} if isinstance(files, dict) else {}
 
 
 def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES) -> dict[str, str]:
-    """One error line (and nothing written) when a token file of data_path holds an id >= vocab_size: the file, its
-    largest id and the vocabulary. Returns each token file's SHA-256 by name. What is read is recorded in
-    data_path/token_ids.json for a dataset of cache_from_bytes or more, and taken from there while a file is
-    unchanged."""
+    """Each token file's SHA-256 by name; one error line (nothing written) when one holds an id >= vocab_size.
+    What is read is kept in token_ids.json for a dataset of cache_from_bytes or more (the module's docstring)."""
     files = [*split_files(data_path, "train"), *split_files(data_path, "val")]
     cache_path = data_path / CACHE_NAME
     known, entries, scanned, t0 = read_cache(cache_path), {}, 0, time.perf_counter()
     for file in files:
-        stat = file.path.stat()  # what says a file is unchanged since it was read
-        key = dict(zip(STAT_KEYS, (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino), strict=True))
+        stat = file.path.stat()
+        key = {k: getattr(stat, field) for k, field in STAT_FIELDS.items()}
         entry = known.get(file.path.name)
         if entry is None or {k: entry[k] for k in key} != key:
             largest, digest = scan_file(file)
