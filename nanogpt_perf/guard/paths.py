@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 Check = Callable[[Any], None]
-
-
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: a name in a path, a whole path (Linux's and most file systems' limits)
 
 
@@ -83,8 +81,6 @@ def output_file(suffix: str, optional: bool = True) -> Check:
         path = Path(value)
         if optional and value == "":
             return
-        if "\0" in value:
-            raise ValueError(f"{what} (no NUL character)")
         if path.suffix.lower() != suffix:
             raise ValueError(what)
         if os.path.isdir(value) or value.endswith(("/", os.sep)):
