@@ -20,6 +20,7 @@ from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE
 from nanogpt_perf.memory import model_size_problem
 
 Fail = Callable[[str], UserError]
+Shapes = dict[str, tuple[int, ...]]  # a weight's shape by its name
 # what save_pretrained writes (the weights in shards when they are large) and the vocabulary: an export replaces
 # only these
 EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", VOCABULARY_FILE)
@@ -52,10 +53,8 @@ def check_export_target(folder: Path) -> None:
         return
     if not folder.is_dir():
         raise fail(f"not the file {folder}")
-    others = sorted(
-        p.name for p in folder.iterdir() if not (p.is_file() and any(fnmatch(p.name, f) for f in EXPORT_FILES))
-    )
-    if others:
+    exported = lambda p: p.is_file() and any(fnmatch(p.name, f) for f in EXPORT_FILES)  # noqa: E731
+    if others := sorted(p.name for p in folder.iterdir() if not exported(p)):
         raise fail(f"not {folder}, which holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}")
     if any(folder.iterdir()):
         check_hf_folder(folder, lambda why: fail(f"not {folder}: {why}"))
@@ -108,7 +107,7 @@ def check_config(config: dict[str, Any], fail: Fail) -> None:
         raise fail(size)
 
 
-def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def weight_shapes(path: Path) -> Shapes:
     """The name and shape of every tensor in a weights file, read without loading the weights (safetensors'
     header; a pytorch_model.bin mapped, not read)."""
     if path.suffix == ".safetensors":
@@ -125,7 +124,7 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
-def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: dict[str, Any]) -> Shapes:
     """Every weight of the GPT-2 config describes, by its transformers name (without 'transformer.'), and its
     shape (Conv1D weights are (in, out))."""
     d, inner = config["n_embd"], 4 * config["n_embd"]
@@ -141,7 +140,7 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes | {"ln_f.weight": (d,), "ln_f.bias": (d,)}
 
 
-def check_shapes(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], name: str, fail: Fail):
+def check_shapes(found: Shapes, expected: Shapes, name: str, fail: Fail) -> None:
     """Raise fail(why) for the first weight config.json asks for that the file lacks or holds in another shape."""
     found = {k.removeprefix("transformer."): v for k, v in found.items()}
     if "lm_head.weight" in found:  # tied to wte: the same shape
