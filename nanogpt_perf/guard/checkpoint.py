@@ -26,7 +26,7 @@ def saved_iterations(out_dir: Path) -> list[Path]:
 
 
 def whole_problem(path: Path) -> str | None:
-    """Why path is not a whole checkpoint ('missing', truncated, a record whose CRC fails); None when it is."""
+    """Why path is not a whole checkpoint ('missing', truncated, a record failing its CRC), or None."""
     if not path.is_file():
         return "missing"
     try:
@@ -67,7 +67,7 @@ def newest_whole(out_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """A checkpoint of ours, its CRCs checked, loaded as plain data (weights_only); one error line for anything
+    """A checkpoint of ours or nanoGPT's, its CRCs checked, loaded as plain data; one error line for anything
     else."""
     if not path.is_file():
         raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
@@ -103,8 +103,8 @@ ARCHITECTURE_DEFAULTS = {k: GPTConfig.__dataclass_fields__[k].default for k in A
 
 
 def check_model(model_args: Any, weights: Any, path: Path) -> dict[str, Any]:
-    """model_args with GPTConfig's defaults for those missing; a UserError unless they and the weights are a model
-    this code can build and load."""
+    """model_args with GPTConfig's defaults for those missing; a UserError unless they and the weights are a
+    model this code can build and load."""
     unfit = f"checkpoint {path} is not one this code can load: "
     if not isinstance(model_args, dict):
         raise UserError(f"{unfit}its model_args are a {type(model_args).__name__}, not a dict")
@@ -130,8 +130,7 @@ def check_model(model_args: Any, weights: Any, path: Path) -> dict[str, Any]:
 
 
 def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str], UserError]) -> None:
-    """Whether the weights are the model that model_args describe: the same names (a torch.compile prefix aside),
-    as many layers and the same shapes, checked against the model built on the meta device (no memory)."""
+    """fail(why) unless the weights are the model model_args describe, built on the meta device (no memory)."""
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise fail("its model is not a state dict (names to tensors)")
     weights = {str(k).removeprefix("_orig_mod."): v for k, v in weights.items()}

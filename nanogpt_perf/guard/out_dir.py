@@ -5,10 +5,9 @@ holds checkpoints is refused unless overwrite=True, which deletes the earlier ru
 they would mix with the new run's (keep_last keeps the highest iterations, whichever run wrote them, and ckpt.pt and
 ckpt-best.pt would point at either).
 
-check_out_dir runs before any work, and writes nothing but a probe it removes at once (the one sure test that a
-folder can be written: /proc, a read-only mount or a full quota pass os.access). claim runs after every other check
-has passed, so that a refused run writes nothing; it checks again under the lock, so that of two runs admitted
-into the same empty out_dir the second, which takes the lock once the first has ended, is refused too.
+check_out_dir writes nothing but a probe it removes at once (the one sure test that a folder can be written: /proc,
+a read-only mount or a full quota pass os.access); claim_out_dir (admission.py) checks again under the lock: of two
+runs admitted into the same empty out_dir, the second, which takes the lock once the first has ended, is refused.
 
 An out_dir that is a link to a folder elsewhere is taken as that folder (a link to a larger disk is common); the
 checkpoints in it are files of its own, never written through a link (train/checkpoint.py)."""
@@ -35,8 +34,7 @@ def run_checkpoints(out_dir: Path) -> list[Path]:
 
 
 def run_files(out_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
-    """What out_dir holds of a run (its checkpoints and RUN_RECORDS), each file by name, size, modification time
-    and inode."""
+    """What out_dir holds of a run (checkpoints, RUN_RECORDS), each file by name, size, mtime and inode."""
     paths = run_checkpoints(out_dir) + [out_dir / name for name in RUN_RECORDS if (out_dir / name).is_file()]
     stats = ((p.name, p.stat()) for p in paths)
     return tuple((name, s.st_size, s.st_mtime_ns, s.st_ino) for name, s in stats)
