@@ -1,4 +1,4 @@
-"""The guard's entry for train.py: what a run checks before its first write, in three calls in train.py's order:
+"""The guard's entry for train.py: what a run checks before its first write, in three calls (train.py's order):
 
 - resolve_settings, before torch.distributed starts (a refused command ends before torchrun's ranks meet, and the
   process group starts with this command's device and backend): torchrun's variables, the out_dir (one run each),
@@ -26,13 +26,7 @@ from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, tokenizer_sp
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.checkpoint import check_ranks, resume_checkpoint
 from nanogpt_perf.guard.dataset import check_token_ids, dataset_identity, identity_change
-from nanogpt_perf.guard.out_dir import (
-    check_no_earlier_run,
-    check_out_dir,
-    check_unchanged,
-    remove_earlier_run,
-    run_files,
-)
+from nanogpt_perf.guard.out_dir import admit_out_dir, check_no_earlier_run, check_unchanged, remove_earlier_run
 from nanogpt_perf.guard.vocabulary import check_same_vocabulary, folder_tokenizer_spec
 from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.hellaswag import download_val, read_examples
@@ -63,13 +57,11 @@ class Settings(NamedTuple):
 
 
 def resolve_settings(cfg: Config, cross: tuple) -> Settings:
-    """The settings this run goes by, and its checkpoint when it resumes (see the module's docstring); the rules
-    between settings (cross) checked once, on what was merged."""
+    """The settings this run goes by, and its checkpoint when it resumes (see the module's docstring); the
+    rules between settings (cross) checked once, on what was merged."""
     master = torchrun_rank(os.environ) == 0
     out_dir, resuming = Path(cfg.out_dir), cfg.init_from == "resume"
-    if master:
-        check_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only)
-    seen = run_files(out_dir) if master else None
+    seen = admit_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only) if master else None
     checkpoint = resume_checkpoint(out_dir, cfg.resume_fallback) if resuming else None
     merged = cfg.as_dict()
     if checkpoint is not None:
@@ -94,9 +86,9 @@ def resolve_settings(cfg: Config, cross: tuple) -> Settings:
 
 
 def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, Any], list[str]]:
-    """The checkpoint's settings (ours, or nanoGPT's: the same names) overridden by this command's, and a line for
-    each override and each saved setting that does not apply here; a UserError for an override that cannot apply to
-    the checkpoint, or a saved value not valid here."""
+    """The checkpoint's settings (ours, or nanoGPT's: the same names) overridden by this command's, and a line
+    for each override and each saved setting that does not apply here; a UserError for an override that cannot
+    apply to the checkpoint, or a saved value not valid here."""
     saved, identity, given, merged = checkpoint["config"], checkpoint.get("data_identity"), cfg.given, cfg.as_dict()
     for key, value in saved.items():  # merged[key] is still this command's value when it is read
         if key in merged and key not in given and key not in PER_COMMAND:

@@ -5,9 +5,10 @@ holds checkpoints is refused unless overwrite=True, which deletes the earlier ru
 they would mix with the new run's (keep_last keeps the highest iterations, whichever run wrote them, and ckpt.pt and
 ckpt-best.pt would point at either).
 
-check_out_dir writes nothing but a probe it removes at once (the one sure test that a folder can be written: /proc,
-a read-only mount or a full quota pass os.access); claim_out_dir (admission.py) checks again under the lock: of two
-runs admitted into the same empty out_dir, the second, which takes the lock once the first has ended, is refused.
+admit_out_dir writes nothing but a probe it removes at once (the one sure test that a folder can be written:
+/proc, a read-only mount or a full quota pass os.access); claim_out_dir (admission.py) checks again under the
+lock: of two runs admitted into the same empty out_dir, the second, which takes the lock once the first has
+ended, is refused.
 
 An out_dir that is a link to a folder elsewhere is taken as that folder (a link to a larger disk is common); the
 checkpoints in it are files of its own, never written through a link (train/checkpoint.py)."""
@@ -51,9 +52,10 @@ def check_unchanged(out_dir: Path, seen: tuple) -> None:
         )
 
 
-def check_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool) -> None:
-    """A UserError when this run cannot use out_dir, before any work: a file in its place, a folder it cannot
-    write, a live run holding it, or (scratch: not init_from=resume) an earlier run's checkpoints without
+def admit_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool) -> tuple:
+    """What out_dir holds of a run (run_files) as this run is admitted, for check_unchanged under the lock; a
+    UserError when this run cannot use it, before any work: a file in its place, a folder it cannot write, a
+    live run holding it, or (scratch: not init_from=resume) an earlier run's checkpoints without
     overwrite=True."""
     existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
@@ -68,6 +70,7 @@ def check_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool
         check_lock(out_dir, read_holder(out_dir / LOCK_NAME)[1])
     if scratch and not overwrite:
         check_no_earlier_run(out_dir, eval_only)
+    return run_files(out_dir)
 
 
 def check_no_earlier_run(out_dir: Path, eval_only: bool) -> None:
