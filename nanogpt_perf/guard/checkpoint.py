@@ -90,8 +90,7 @@ def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     except (RuntimeError, EOFError, ValueError) as e:  # torch's own words, less its request for feedback
         reason = str(e).splitlines()[0].split("  (Could this error message be improved?")[0]
         raise UserError(f"checkpoint {path} is corrupt or not a torch checkpoint: {reason}") from None
-    missing = {"model", "model_args"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model", "model_args"}
-    if missing:
+    if missing := {"model", "model_args"} - set(checkpoint if isinstance(checkpoint, dict) else ()):
         raise UserError(f"checkpoint {path} is not a nanogpt-perf checkpoint (missing {', '.join(sorted(missing))})")
     checkpoint["model_args"] = check_model(checkpoint["model_args"], checkpoint["model"], path)
     return checkpoint
@@ -130,7 +129,7 @@ def check_model(model_args: Any, weights: Any, path: Path) -> dict[str, Any]:
 
 
 def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str], UserError]) -> None:
-    """fail(why) unless the weights are the model model_args describe, built on the meta device (no memory)."""
+    """fail(why) unless the weights are the model of model_args, built on the meta device (no memory)."""
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise fail("its model is not a state dict (names to tensors)")
     weights = {str(k).removeprefix("_orig_mod."): v for k, v in weights.items()}
