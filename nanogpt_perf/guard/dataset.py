@@ -10,10 +10,9 @@ kept in DATASET/token_ids.json by each file's size, modification and change time
 read no tokens, only a stat per file; a file changed in any way (its ctime cannot be set back) is read again.
 Only rank 0 checks, and writes it. Delete it to have everything read again.
 
-An identity records each token file and meta.pkl by name, size, that whole-file hash (rank 0's) and a fingerprint
-(a hash of SAMPLES blocks of BLOCK bytes across the file, what checkpoints of earlier versions hold and are compared
-by). The folder is named by its canonical path, so that the same data named another way (relative or absolute, with
-~, through a link) is the same data, and a folder moved or copied elsewhere whole keeps its identity's files."""
+An identity also keeps each file's fingerprint, what checkpoints of earlier versions hold and are compared by;
+its folder is its canonical path: the same data named another way (relative, with ~, through a link) is the
+same data, and a folder moved or copied elsewhere whole keeps its identity's files."""
 
 import hashlib
 import json
@@ -53,7 +52,7 @@ def same_folder(a: Path | str, b: Path | str) -> bool:
 
 
 def fingerprint(path: Path, size: int) -> str:
-    """A hash of SAMPLES blocks of BLOCK bytes spread from the file's start to its end (all of a small file)."""
+    """A hash of SAMPLES blocks of BLOCK bytes spread from its start to its end (all of a small file)."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         if size <= SAMPLES * BLOCK:
@@ -87,9 +86,8 @@ def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     first few), or None when they are the same (by every hash both record). The folder's name is not compared:
     see same_folder."""
     before, after = saved.get("files"), now["files"]
-    if not isinstance(before, dict) or not all(
-        isinstance(v, dict) and type(v.get("bytes")) is int for v in before.values()
-    ):
+    recorded = lambda v: isinstance(v, dict) and type(v.get("bytes")) is int  # noqa: E731
+    if not isinstance(before, dict) or not all(map(recorded, before.values())):
         return "the saved record of its files is not one (not written by this suite?)"
     changes = []
     for name in sorted(set(before) | set(after)):
@@ -138,11 +136,10 @@ def read_cache(path: Path) -> dict[str, Any]:
 
 def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES) -> dict[str, str]:
     """Each token file's SHA-256 by name; one error line (nothing written) when one holds an id >= vocab_size.
-    What is read is kept in token_ids.json for a dataset of cache_from_bytes or more (the module's docstring)."""
-    files = [*split_files(data_path, "train"), *split_files(data_path, "val")]
+    What is read is kept in token_ids.json for a dataset of cache_from_bytes or more (see the module)."""
     cache_path = data_path / CACHE_NAME
     known, entries, scanned, t0 = read_cache(cache_path), {}, 0, time.perf_counter()
-    for file in files:
+    for file in [*split_files(data_path, "train"), *split_files(data_path, "val")]:
         stat = file.path.stat()
         key = {k: getattr(stat, field) for k, field in STAT_FIELDS.items()}
         entry = known.get(file.path.name)
@@ -157,8 +154,7 @@ def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CA
                 f"({whose}): the tokens and the vocabulary do not belong together; prepare the dataset again"
             )
         entries[file.path.name] = entry
-    total = sum(entry["bytes"] for entry in entries.values())
-    if scanned and total >= cache_from_bytes:
+    if scanned and sum(entry["bytes"] for entry in entries.values()) >= cache_from_bytes:
         print(
             f"token ids checked: {scanned / 1e6:,.0f} MB read in {time.perf_counter() - t0:.2f} s, every id below "
             f"{vocab_size}; kept in {cache_path} for the next runs",
