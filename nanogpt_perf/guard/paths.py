@@ -50,7 +50,6 @@ a_path = path_rule(check_path)
 
 @path_rule
 def optional_path(value: str) -> None:
-    """'' (none) or a path."""
     try:
         check_path(value) if value != "" else None
     except ValueError as e:
