@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from configurator import configure  # noqa: E402
 from nanogpt_perf.config import setting  # noqa: E402
-from nanogpt_perf.guard.checkpoint import whole_problem  # noqa: E402
+from nanogpt_perf.guard.checkpoint import NotWhole, check_whole  # noqa: E402
 
 
 # -----------------------------------------------------------------------------
@@ -50,7 +50,13 @@ TRAIN = [
 
 def unreadable(out: Path) -> list[str]:
     """The checkpoints in out that could not be loaded now (temporary files of an interrupted write aside)."""
-    return [f"{path.name}: {why}" for path in sorted(out.glob("ckpt*.pt")) if (why := whole_problem(path))]
+    found = []
+    for path in sorted(out.glob("ckpt*.pt")):
+        try:
+            check_whole(path)
+        except NotWhole as e:
+            found.append(f"{path.name}: {e.reason}")
+    return found
 
 
 def run_killed(out: Path, delay: float) -> bool:

@@ -25,24 +25,44 @@ def saved_iterations(out_dir: Path) -> list[Path]:
     return sorted(found, reverse=True)
 
 
-def whole_problem(path: Path) -> str | None:
-    """Why path is not a whole checkpoint ('missing', truncated, a record failing its CRC), or None."""
+class NotWhole(UserError):
+    """A checkpoint file that is missing, truncated or corrupt: reason says which ('missing', ...)."""
+
+    def __init__(self, path: Path, reason: str):
+        self.reason = reason
+        super().__init__(f"checkpoint {path} is {reason}")
+
+
+def check_whole(path: Path) -> None:
+    """NotWhole when path is not a whole checkpoint (missing, truncated, a record whose CRC fails)."""
     if not path.is_file():
-        return "missing"
+        raise NotWhole(path, "missing")
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()  # torch.load alone would load a flipped byte in a tensor without a word
     except (zipfile.BadZipFile, OSError) as e:
-        return f"truncated or not a checkpoint ({e})"
-    return f"corrupt: record {bad} fails its CRC" if bad else None
+        raise NotWhole(path, f"truncated or not a checkpoint ({e})") from None
+    if bad:
+        raise NotWhole(path, f"corrupt: record {bad} fails its CRC")
+
+
+def is_whole(path: Path) -> bool:
+    try:
+        check_whole(path)
+    except NotWhole:
+        return False
+    return True
 
 
 def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
     """out_dir/ckpt.pt when whole; else, when fallback, the newest whole one of ckpt-best.pt and the
     ckpt-NNNNNNN.pt; else one line naming it. Each file's CRCs are checked once, here, before it is loaded."""
     path = out_dir / "ckpt.pt"
-    if (problem := whole_problem(path)) is None:
+    try:
+        check_whole(path)
         return resumable(read_checkpoint(path), path)
+    except NotWhole as e:
+        problem = e.reason
     good = newest_whole(out_dir)
     if problem == "missing" and good is None:
         raise UserError(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
@@ -59,9 +79,9 @@ def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
 def newest_whole(out_dir: Path) -> Path | None:
     """The newest whole checkpoint of the ckpt-NNNNNNN.pt and ckpt-best.pt (which outlives the iterations that
     keep_last deletes, and is a link to or a copy of the iteration it was saved at); None when none is whole."""
-    newest = next((p for p in saved_iterations(out_dir) if whole_problem(p) is None), None)
+    newest = next((p for p in saved_iterations(out_dir) if is_whole(p)), None)
     best = out_dir / "ckpt-best.pt"
-    if whole_problem(best) is None and (newest is None or best.stat().st_mtime_ns > newest.stat().st_mtime_ns):
+    if is_whole(best) and (newest is None or best.stat().st_mtime_ns > newest.stat().st_mtime_ns):
         return best
     return newest
 
@@ -71,8 +91,7 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     else."""
     if not path.is_file():
         raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
-    if problem := whole_problem(path):
-        raise UserError(f"checkpoint {path} is {problem}")
+    check_whole(path)
     return read_checkpoint(path, map_location)
 
 
