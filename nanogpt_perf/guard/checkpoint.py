@@ -48,10 +48,9 @@ def check_whole(path: Path) -> None:
 
 def is_whole(path: Path) -> bool:
     try:
-        check_whole(path)
+        return check_whole(path) is None
     except NotWhole:
         return False
-    return True
 
 
 def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
