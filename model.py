@@ -1,7 +1,7 @@
 """
 GPT-2 in one file, torch only: the model with the modern recipe's options (all off: GPT-2), its AdamW, MFU, nanoGPT's
 generate and GPT-2's weights in and out (the maths and layout of OpenAI's release and transformers'). Copied anywhere,
-it runs: the project's chunked and fused losses (nanogpt_perf/kernels) are imported only when asked for.
+it runs: the project's fused losses (nanogpt_perf/kernels) are imported only when loss_impl asks for one.
 """
 
 import math
@@ -300,10 +300,12 @@ class GPT(nn.Module):
         if targets is None:
             return self.head(x[:, [-1], :]), None
         cfg, weight = self.config, self.lm_head.weight
-        if cfg.loss_impl != "plain" or cfg.loss_chunk:  # the chunked and fused losses, imported only when asked for
+        if cfg.loss_impl != "plain":  # the fused losses, imported only when asked for
             from nanogpt_perf.kernels.losses import lm_head_loss
 
             return None, lm_head_loss(cfg.loss_impl, x, weight, targets, cfg.loss_chunk, cfg.logit_softcap)
+        if cfg.loss_chunk:
+            return None, chunked_cross_entropy(x, weight, targets, cfg.loss_chunk, cfg.logit_softcap)
         logits = self.head(x)
         return logits, F.cross_entropy(logits.flatten(0, 1).to(wide(logits.dtype)), targets.flatten(), ignore_index=-1)
 
@@ -474,6 +476,26 @@ def adamw(groups: list[dict[str, Any]], betas: tuple[float, float], fused: bool,
     if fused and {p.device.type for g in groups for p in g["params"]} <= set(fused_devices()):
         return torch.optim.AdamW(groups, betas=betas, fused=True, **kw)
     return torch.optim.AdamW(groups, betas=betas, **kw)
+
+
+def chunked_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, chunk: int, softcap: float = 0.0) -> Tensor:
+    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1; capped at softcap when > 0), chunk
+    rows of x at a time: each chunk's logits made, reduced to a summed loss and dropped, then made again in backward
+    (activation checkpointing), so that at most one (chunk, vocab) block of fp32 logits exists, not (B*T, vocab)."""
+    x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+    total = sum(
+        checkpoint(_summed_cross_entropy, xc, weight, tc, softcap, use_reentrant=False)
+        for xc, tc in zip(x.split(chunk), targets.split(chunk), strict=True)
+    )
+    return total / (targets != -1).sum()
+
+
+def _summed_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, softcap: float) -> Tensor:
+    logits = F.linear(x, weight)
+    logits = logits.to(wide(logits.dtype))
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
 
 
 # transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's

@@ -33,12 +33,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+import model
 from configurator import configure
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.paths import comma_separated
 from nanogpt_perf.kernels import triton_problem
-from nanogpt_perf.kernels.losses import chunked_cross_entropy, fused_cross_entropy
+from nanogpt_perf.kernels.losses import fused_cross_entropy
 from nanogpt_perf.memory import peak_memory_bytes, reset_peak_memory
 from nanogpt_perf.runtime import DeviceConfig, PrecisionConfig, SeedConfig, resolve_runtime
 
@@ -100,7 +101,7 @@ def loss_ways(names: list[str]) -> dict[str, Callable]:
     old = branch_point_fused() if "old_fused" in names else None
     table = {
         "plain": lambda x, w, t: F.cross_entropy(F.linear(x, w).float(), t, ignore_index=-1),
-        "chunked": lambda x, w, t: chunked_cross_entropy(x, w, t, cfg.chunked_rows),
+        "chunked": lambda x, w, t: model.chunked_cross_entropy(x, w, t, cfg.chunked_rows),
         "old_fused": lambda x, w, t: old(x, w, t),
         "fused": lambda x, w, t: fused_cross_entropy(x, w, t, cfg.fused_rows),
         "triton": lambda x, w, t: fused_cross_entropy(x, w, t, cfg.fused_rows, use_triton=True),

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import ROOT
-from model import GPT, GPTConfig
-from nanogpt_perf.kernels.losses import chunk_rows, chunked_cross_entropy, fused_cross_entropy
+from model import GPT, GPTConfig, chunked_cross_entropy
+from nanogpt_perf.kernels.losses import chunk_rows, fused_cross_entropy
 
 SMALL = GPTConfig(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 BRANCH_POINT = "ff38d87"  # the commit this fused loss replaced

@@ -1,14 +1,12 @@
-"""The losses that never make all the logits of lm_head at once, below model.py: the plain chunked one (the slow
-reference), the fused lm_head + cross-entropy as one operator (torch.library.custom_op: torch.compile neither unrolls
-its chunks nor keeps a partial per chunk), its softmax in torch or in a Triton kernel (classifier.py), and
-liger-kernel's. They import torch, and nothing of the project; model.py's GPT.forward imports this module only when
-GPTConfig.loss_impl or loss_chunk asks for one (lm_head_loss)."""
+"""The losses that never make all the logits of lm_head at once, below model.py: the fused lm_head + cross-entropy as
+one operator (torch.library.custom_op: torch.compile neither unrolls its chunks nor keeps a partial per chunk), its
+softmax in torch or in a Triton kernel (classifier.py), and liger-kernel's. They import torch, and nothing of the
+project; model.py's GPT.forward imports this module only when GPTConfig.loss_impl asks for one (lm_head_loss)."""
 
 from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
@@ -152,34 +150,10 @@ def lm_head_loss(
 ) -> torch.Tensor:
     """The mean cross-entropy of the logits x @ weight.T (targets of -1 ignored, capped at softcap when > 0) by the
     loss GPTConfig.loss_impl names: 'fused' or 'triton' (fused_cross_entropy, chunk rows at a time, its softmax in
-    torch or Triton), 'liger', or 'plain' with a chunk (chunked_cross_entropy, their slow reference)."""
-    if impl == "plain":
-        return chunked_cross_entropy(x, weight, targets, chunk, softcap)
+    torch or Triton) or 'liger'."""
     if impl == "liger":
         return liger_cross_entropy(x, weight, targets, softcap)
     return fused_cross_entropy(x, weight, targets, chunk, softcap, use_triton=impl == "triton")
-
-
-def chunked_cross_entropy(
-    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, softcap: float = 0.0
-) -> torch.Tensor:
-    """The mean cross-entropy of the logits x @ weight.T (ignoring targets of -1; capped at softcap when > 0), chunk
-    rows of x at a time, in plain torch: each chunk's logits made, reduced to a summed loss and dropped, then made
-    again in backward (activation checkpointing), so that at most one (chunk, vocab) block of fp32 logits exists."""
-    x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
-    total = sum(
-        checkpoint(_summed_cross_entropy, xc, weight, tc, softcap, use_reentrant=False)
-        for xc, tc in zip(x.split(chunk), targets.split(chunk), strict=True)
-    )
-    return total / (targets != -1).sum()
-
-
-def _summed_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float) -> torch.Tensor:
-    logits = F.linear(x, weight)
-    logits = logits.to(wide(logits.dtype))
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
 
 
 def fused_cross_entropy(
