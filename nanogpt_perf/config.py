@@ -94,9 +94,9 @@ def check_bounds(value: Any, meta: dict[str, Any]) -> None:
         must(value in choices, f"one of {', '.join(choices)}")
     if value == math.inf:  # inf passes every bound where a setting takes it
         return
-    low, high, note = meta.get("min"), meta.get("max"), meta.get("note", "")
+    low, above, high, note = meta.get("min"), meta.get("above"), meta.get("max"), meta.get("note", "")
     must(low is None or value >= low, f">= {low}{note}")
-    must("above" not in meta or value > meta["above"], f"> {meta.get('above')}{note}")
+    must(above is None or value > above, f"> {above}{note}")
     must(high is None or value <= high, f"<= {high}")
     if interval := meta.get("interval"):
         a, b = (float(x) for x in interval[1:-1].split(","))

@@ -48,9 +48,10 @@ def check_whole(path: Path) -> None:
 
 def is_whole(path: Path) -> bool:
     try:
-        return check_whole(path) is None
+        check_whole(path)
     except NotWhole:
         return False
+    return True
 
 
 def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:

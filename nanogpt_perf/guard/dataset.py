@@ -8,7 +8,8 @@ refused. Cost: one read of every token file, at the hash's speed (about 1.5 GB/s
 instructions; numpy's max in the same pass costs little): FineWeb-Edu's 20 GB in about 15 s, once. What was read is
 kept in DATASET/token_ids.json by each file's size, modification and change times and inode, so that later runs
 read no tokens, only a stat per file; a file changed in any way (its ctime cannot be set back) is read again.
-Only rank 0 checks, and writes it. Delete it to have everything read again.
+Only rank 0 checks, and writes it atomically; where the folder cannot be written, every run reads. Delete it to
+have everything read again.
 
 An identity also keeps each file's fingerprint, what checkpoints of earlier versions hold and are compared by;
 its folder is its canonical path: the same data named another way (relative, with ~, through a link) is the

@@ -13,12 +13,14 @@ from nanogpt_perf.lowmem_state import ENCODED_KEYS, LOWBIT, expected_state, save
 
 def check_lowmem_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
     """One UserError line when state_dict is not a state this optimizer keeps: each parameter's entries
-    against expected_state (names, precision, shapes, dtypes), built on the meta device (no memory); the
-    checks below raise ValueError(what is wrong), said here with the parameter it is of."""
+    against expected_state (names, precision, shapes, dtypes), built on the meta device (no memory), each low-bit
+    entry's scales finite and >= 0, and no Tensor subclass (a foreign file's); the checks below raise
+    ValueError(what is wrong), said here with the parameter it is of."""
     fail = lambda why: UserError(f"the checkpoint's optimizer state {why}")  # noqa: E731
     group = lambda g: isinstance(g, dict) and type(g.get("params")) is list  # noqa: E731
-    groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
-    if not (isinstance(groups, list) and all(map(group, groups)) and isinstance(state_dict.get("state"), dict)):
+    state_dict = state_dict if isinstance(state_dict, dict) else {}
+    groups = state_dict.get("param_groups")
+    if not (isinstance(state_dict.get("state"), dict) and isinstance(groups, list) and all(map(group, groups))):
         raise fail("is not an optimizer's state dict (state and param_groups)")
     saved = [len(g["params"]) for g in groups]
     mine = [len(g["params"]) for g in optimizer.param_groups]

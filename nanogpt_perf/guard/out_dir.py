@@ -34,10 +34,14 @@ def run_checkpoints(out_dir: Path) -> list[Path]:
     return links + saved_iterations(out_dir)
 
 
+def run_paths(out_dir: Path) -> list[Path]:
+    """What out_dir holds of a run: its checkpoints and RUN_RECORDS."""
+    return run_checkpoints(out_dir) + [out_dir / name for name in RUN_RECORDS if (out_dir / name).is_file()]
+
+
 def run_files(out_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
-    """What out_dir holds of a run (checkpoints, RUN_RECORDS), each file by name, size, mtime and inode."""
-    paths = run_checkpoints(out_dir) + [out_dir / name for name in RUN_RECORDS if (out_dir / name).is_file()]
-    stats = ((p.name, p.stat()) for p in paths)
+    """run_paths(out_dir), each file by name, size, mtime and inode."""
+    stats = ((p.name, p.stat()) for p in run_paths(out_dir))
     return tuple((name, s.st_size, s.st_mtime_ns, s.st_ino) for name, s in stats)
 
 
@@ -91,8 +95,8 @@ def check_no_earlier_run(out_dir: Path, eval_only: bool) -> None:
 
 
 def remove_earlier_run(out_dir: Path) -> list[str]:
-    """overwrite=True: delete the earlier run's files (run_files); the names deleted."""
-    names = [name for name, *_ in run_files(out_dir)]
-    for name in names:
-        (out_dir / name).unlink()
-    return names
+    """overwrite=True: delete the earlier run's files (run_paths); the names deleted."""
+    found = run_paths(out_dir)
+    for path in found:
+        path.unlink()
+    return [p.name for p in found]
