@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.config import EXACT_FLOAT, Config, build, convert, declared, flat_defaults, shown
-from nanogpt_perf.errors import UserError, report_errors
+from nanogpt_perf.config import EXACT_FLOAT, Config, build, convert, declared, flat_defaults
+from nanogpt_perf.errors import UserError, report_errors, shown
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, shown
 
 INT64_MAX = 2**63 - 1
 EXACT_FLOAT = 2**53  # above it, not every integer is a float: an int setting takes no float beyond it
@@ -31,18 +31,6 @@ def declared(part: type) -> dict[str, dataclasses.Field]:
     """A part's settings: its dataclass fields that have a help (a field without one, GPTConfig's vocab_size, is
     set by the code, not by the user)."""
     return {f.name: f for f in dataclasses.fields(part) if f.metadata.get("help")}
-
-
-def shown(value: Any) -> str:
-    """repr(value) for an error line: a huge int by its size, a long text cut, an object by its type."""
-    if type(value) is int and value.bit_length() > 128:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
-    if type(value) in (bool, int, float):
-        return repr(value)
-    if type(value) is str:
-        return repr(value) if len(value) <= 80 else repr(value[:80]) + f"... ({len(value):,} characters)"
-    kind = type(value)
-    return f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}"
 
 
 def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:

@@ -5,12 +5,14 @@ too (a KeyboardInterrupt's message, if any, says what to do next), with the stat
 (130). Everything else keeps Python's traceback: it is a bug."""
 
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 
 class UserError(Exception):
@@ -27,7 +29,7 @@ def one_line(kind: type[BaseException], error: BaseException, traceback: Traceba
     if issubclass(kind, UserError):
         print(f"error: {error}", file=sys.stderr, flush=True)
     elif issubclass(kind, ValueError) and torch_refused_its_logs(traceback):
-        logs = shown_env("TORCH_LOGS")
+        logs = shown(os.environ.get("TORCH_LOGS", ""))
         print(
             f"error: TORCH_LOGS={logs} is not what torch takes: comma-separated names of its logs, modules or "
             "artifacts, each with an optional + or - (TORCH_LOGS=help lists them)",
@@ -50,9 +52,16 @@ def torch_refused_its_logs(traceback: TracebackType | None) -> bool:
     return False
 
 
-def shown_env(name: str) -> str:
-    value = os.environ.get(name, "")
-    return repr(value if len(value) <= 80 else value[:80] + "...")
+def shown(value: Any) -> str:
+    """repr(value) for an error line: a huge int by its size, a long text cut, an object by its type."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
+    if type(value) in (bool, int, float):
+        return repr(value)
+    if type(value) is str:
+        return repr(value) if len(value) <= 80 else repr(value[:80]) + f"... ({len(value):,} characters)"
+    kind = type(value)
+    return f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}"
 
 
 def first_line(error: BaseException) -> str:

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.config import shown
 from nanogpt_perf.data.shards import has_tokens
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, shown
 from nanogpt_perf.guard.paths import check_path
 from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE, read_meta
 

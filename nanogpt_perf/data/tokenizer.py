@@ -5,8 +5,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.config import shown
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, shown
 from nanogpt_perf.guard.vocabulary import check_vocabulary, folder_tokenizer_spec, read_meta
 
 GPT2_VOCAB_SIZE = 50257  # GPT-2's BPE: for a dataset with no meta.pkl, and for synthetic tokens

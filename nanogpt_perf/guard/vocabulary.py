@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.config import shown
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, shown
 
 VOCABULARY_FILE = "vocabulary.json"  # beside an exported model of a character vocabulary (export.py)
 

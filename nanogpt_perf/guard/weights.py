@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from model import GPT, GPTConfig
-from nanogpt_perf.config import shown
-from nanogpt_perf.errors import UserError, first_line
+from nanogpt_perf.errors import UserError, first_line, shown
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, from_pretrained
 from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE
 from nanogpt_perf.memory import model_size_problem
