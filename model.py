@@ -1,8 +1,6 @@
-"""
-GPT-2 in one file, torch only: the model with the modern recipe's options (all off: GPT-2), its AdamW, MFU, nanoGPT's
-generate and GPT-2's weights in and out (the maths and layout of OpenAI's release and transformers'). Copied anywhere,
-it runs: the project's fused losses (nanogpt_perf/kernels) are imported only when loss_impl asks for one.
-"""
+"""GPT-2 in one file, torch only: the model with the modern recipe's options (all off: GPT-2), its AdamW, MFU,
+nanoGPT's generate and GPT-2's weights in and out. Copied anywhere, it runs: the project's fused losses
+(nanogpt_perf/kernels) are imported only when loss_impl asks for one."""
 
 import math
 from collections.abc import Callable, Iterable
@@ -67,16 +65,16 @@ class GPTConfig:
     unet_skips: bool = option(False, "architecture", "each block of the second half takes one of the first's outputs")
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # the fields' own rules, for a config made in code or read from a checkpoint
+            value, valid = getattr(self, f.name), f.metadata
+            if value not in valid.get("choices", (value,)):
+                raise ValueError(f"{f.name} must be one of {', '.join(valid['choices'])}, not {value!r}")
+            if "min" in valid and not valid["min"] <= value < math.inf:
+                raise ValueError(
+                    f"{f.name} must be a finite number >= {valid['min']}{valid.get('note', '')}, not {value}"
+                )
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if self.loss_chunk < 0:
-            raise ValueError(f"loss_chunk must be >= 0 (0 = unchunked), not {self.loss_chunk}")
-        if self.loss_impl not in LOSS_IMPLS:
-            raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, not {self.loss_impl!r}")
-        if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {self.attention!r}")
-        if not 0 <= self.logit_softcap < math.inf:
-            raise ValueError(f"logit_softcap must be a finite number >= 0 (0 = off), not {self.logit_softcap}")
         self.logit_softcap = float(self.logit_softcap)
         if self.logit_softcap and self.loss_impl == "liger":
             raise ValueError("logit_softcap is not liger-kernel's: loss_impl 'plain', 'fused' or 'triton' caps logits")
@@ -156,11 +154,7 @@ class CausalSelfAttention(nn.Module):
         values. cache: this layer's KV cache (nanogpt_perf/generate.py), which takes k, v (B, nh, T, hs) and the SDPA
         kernels chosen here and gives back the keys, values, additive mask (None: causal) and kernels to attend with."""
         B, T, C = x.size()
-        if self.qk_norm or rope is not None:
-            q, k, v = self.normed_and_turned(x, rope)
-        else:
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        q, k, v = self.qkv(x, rope)
         if ve is not None:
             v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view(B, T, self.n_head, -1).transpose(1, 2).to(v.dtype)
         mask, kernels = None, SDPA_BACKENDS.get(self.attention)  # mask None: causal over the T positions of x
@@ -170,7 +164,7 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def normed_and_turned(self, x: Tensor, rope: Rope | None) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, x: Tensor, rope: Rope | None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v (B, nh, T, hs) of x, q and k RMS-normalised per head (qk_norm) and turned by rope: the two side
         by side in one tensor, so that each is one op for both (on a CPU, where nothing fuses them, a tenth of the
         step). Before rotary or after is the same: a rotation keeps the norm."""

@@ -43,6 +43,7 @@ IN_BACKWARD = ["--in_backward=True", "--grad_clip=0.0"]  # the step inside backw
 LOWMEM = {
     "adamw": [],
     "8bit": ["--state_bits=8"],
+    "4bit": ["--state_bits=4"],
     "bf16": ["--weights_dtype=bfloat16"],
     "low_memory": ["config/low_memory.py"],
     "adamw-noclip": ["--grad_clip=0.0"],  # in_backward's own baseline: the same run unclipped
@@ -50,6 +51,7 @@ LOWMEM = {
     "muon": SPEEDRUN,
     "muon-low_memory": [*SPEEDRUN, "config/low_memory.py"],
     "muon-8bit-momentum": [*SPEEDRUN, "--muon_momentum_dtype=8bit", "--state_bits=8"],
+    "muon-bf16-momentum": [*SPEEDRUN, "--muon_momentum_dtype=bfloat16"],
 }
 
 SETS = {
