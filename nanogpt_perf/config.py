@@ -4,14 +4,13 @@ this module imports no torch (the data preparers' worker processes import it).""
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from nanogpt_perf.errors import UserError, shown
 
 INT64_MAX = 2**63 - 1
 EXACT_FLOAT = 2**53  # above it, not every integer is a float: an int setting takes no float beyond it
-Check = Callable[[Any], None]  # raises ValueError(what would be valid) for an invalid value
 RULES = ("min", "max", "above", "interval", "note", "choices", "words", "check", "inf")
 
 
@@ -37,59 +36,52 @@ def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> 
     """value as the type of default (or one of the setting's words), or a UserError where that would lose or invent
     information. Only plain bool, int, float and str are taken (a subclass of one is refused, not asked)."""
     kind, given = type(default), type(value)
-    if given is str and value in words:
+    if given is kind or (given is str and value in words):
         return value
-    if kind is bool and given in (bool, int) and value in (0, 1):
+    if kind is bool and given is int and value in (0, 1):
         return bool(value)
-    if kind is int and given is int:
-        return value
     if kind is int and given is float and value.is_integer() and abs(value) < EXACT_FLOAT:  # 1e5
         return int(value)
-    if kind is float and given in (int, float):
+    if kind is float and given is int:
         try:
             return float(value)
         except OverflowError:
             raise UserError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
-    if kind is str and given is str:
-        return value
     also = "".join(f" or {w!r}" for w in words)
     raise UserError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
 
 
 def check_value(value: Any, meta: dict[str, Any]) -> None:
-    """Raises ValueError(what a setting's value must be: '>= 1', 'one of a, b') where value is not valid."""
-    if value in meta.get("words", ()):
-        return
-    try:
-        check_bounds(value, meta)
-        if check := meta.get("check"):
-            check(value)
-    except ValueError as e:
-        raise ValueError(" or ".join([*map(repr, meta.get("words", ())), str(e)])) from None
+    """Raises ValueError(what a setting's value must be: '>= 1', 'one of a, b') where value is not valid; the
+    setting's words ('auto') are valid too, and said first."""
+    words, inf, note = meta.get("words", ()), meta.get("inf", False), meta.get("note", "")
 
-
-def check_bounds(value: Any, meta: dict[str, Any]) -> None:
     def must(holds: bool, valid: str) -> None:
         if not holds:
-            raise ValueError(valid)
+            raise ValueError(" or ".join([*map(repr, words), valid]))
 
-    inf = meta.get("inf", False)
+    if value in words:
+        return
     if type(value) is float and not math.isfinite(value):
         must(inf and value == math.inf, "a finite number, or inf (no limit)" if inf else "a finite number")
     if type(value) is int:
         must(-INT64_MAX - 1 <= value <= INT64_MAX, "an integer within 64 bits (-2**63 to 2**63 - 1)")
     if choices := meta.get("choices"):
         must(value in choices, f"one of {', '.join(choices)}")
-    if value == math.inf:  # inf passes every bound where a setting takes it
-        return
-    low, above, high, note = meta.get("min"), meta.get("above"), meta.get("max"), meta.get("note", "")
-    must(low is None or value >= low, f">= {low}{note}")
-    must(above is None or value > above, f"> {above}{note}")
-    must(high is None or value <= high, f"<= {high}")
-    if interval := meta.get("interval"):
-        a, b = (float(x) for x in interval[1:-1].split(","))
-        above_a = value > a if interval[0] == "(" else value >= a
-        must(above_a and (value < b if interval[-1] == ")" else value <= b), f"in {interval}")
+    if value != math.inf:  # inf passes every bound where a setting takes it
+        low, above, high = meta.get("min"), meta.get("above"), meta.get("max")
+        must(low is None or value >= low, f">= {low}{note}")
+        must(above is None or value > above, f"> {above}{note}")
+        must(high is None or value <= high, f"<= {high}")
+        if interval := meta.get("interval"):
+            a, b = (float(x) for x in interval[1:-1].split(","))
+            above_a = value > a if interval[0] == "(" else value >= a
+            must(above_a and (value < b if interval[-1] == ")" else value <= b), f"in {interval}")
+    if check := meta.get("check"):
+        try:
+            check(value)
+        except ValueError as e:
+            must(False, str(e))
 
 
 class Config:
