@@ -89,15 +89,9 @@ class Config:
     its flat name (cfg.learning_rate); given: the settings the command's config files and flags set; defaults:
     every setting's default as the script declares it; cross: the rules between settings it was checked with."""
 
-    def __init__(
-        self, parts: dict[str, Any], given: Iterable[str] = (), cross: tuple = (), defaults: dict | None = None
-    ):
+    def __init__(self, parts: dict[str, Any], given: Iterable[str], cross: tuple, defaults: dict[str, Any]):
         owner = {k: part for part in parts.values() for k in declared(type(part))}
-        reserved = {"given", "cross", "defaults", *dir(Config)}
-        if clash := (set(owner) | set(parts)) & reserved | set(owner) & set(parts):
-            raise TypeError(f"a setting or part named {', '.join(sorted(clash))} would hide Config's or another's")
-        defaults = {k: declared(type(p))[k].default for k, p in owner.items()} | (defaults or {})
-        self.__dict__.update(_parts=parts, given=frozenset(given), cross=tuple(cross), defaults=defaults, _owner=owner)
+        self.__dict__.update(_parts=parts, _owner=owner, given=frozenset(given), cross=tuple(cross), defaults=defaults)
 
     def __getattr__(self, name: str) -> Any:
         if name in self.__dict__["_parts"]:
@@ -120,17 +114,14 @@ class Config:
         """A setting's declaration: its help and what is valid."""
         return dict(declared(type(self._owner[name]))[name].metadata)
 
-    def with_values(self, values: dict[str, Any], cross: tuple | None = None) -> "Config":
-        """A Config of the same parts holding values (every setting), checked as configure checks them: each
-        against its declaration, then the rules between them (cross, else this config's)."""
-        types = {name: type(part) for name, part in self._parts.items()}
-        return build(types, values, self.given, self.cross if cross is None else cross, self.defaults)
-
-    def replace(self, **changes: Any) -> "Config":
-        """This config with some settings changed, checked as configure checks them."""
+    def replace(self, cross: tuple | None = None, **changes: Any) -> "Config":
+        """This config with some settings changed, checked as configure checks them: each against its declaration,
+        then the rules between them (cross, else this config's)."""
         if unknown := set(changes) - set(self._owner):
             raise TypeError(f"no setting {', '.join(sorted(unknown))}")
-        return self.with_values(self.as_dict() | changes)
+        types = {name: type(part) for name, part in self._parts.items()}
+        cross = self.cross if cross is None else cross
+        return build(types, self.as_dict() | changes, self.given, cross, self.defaults)
 
 
 def build(
@@ -151,7 +142,7 @@ def build(
             raise UserError(f"{name} must be {e}, not {shown(value)}") from None
     try:
         made = {k: part(**{f: values[f] for f in declared(part)}) for k, part in parts.items()}
-        cfg = Config(made, given, cross, defaults)
+        cfg = Config(made, given, cross, flat_defaults(parts, defaults))
         for rule in cross:
             rule(cfg)
     except ValueError as e:
@@ -160,12 +151,14 @@ def build(
 
 
 def flat_defaults(parts: dict[str, type], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every setting of the parts by its flat name and default (a script's overrides of a part's defaults win); a
-    name declared by two parts is a mistake of the code's."""
+    """Every setting of the parts by its flat name and default (a script's overrides of a part's defaults win). A
+    name declared by two parts, or one that would hide a part or Config's own, is a mistake of the code's."""
     found: dict[str, Any] = {}
     for part in parts.values():
         for name, f in declared(part).items():
             if name in found:
                 raise TypeError(f"the setting {name} is declared twice ({part.__name__} and another part)")
             found[name] = f.default
+    if clash := (set(found) | set(parts)) & {"given", "cross", "defaults", *dir(Config)} | set(found) & set(parts):
+        raise TypeError(f"a setting or part named {', '.join(sorted(clash))} would hide Config's or another's")
     return found | (overrides or {})

@@ -75,7 +75,7 @@ def resolve_settings(cfg: Config, cross: tuple) -> Settings:
         if master:
             print(f"resumed settings: dtype={dtype!r} not applied (not on {device}): auto", flush=True)
         merged["dtype"] = "auto"
-    cfg = cfg.with_values(merged, cross)
+    cfg = cfg.replace(cross, **merged)
     if checkpoint is not None and not cfg.eval_only and cfg.max_iters <= checkpoint["iter_num"]:
         raise UserError(
             f"the checkpoint in {out_dir} is at iter {checkpoint['iter_num']} and max_iters={cfg.max_iters}: "
