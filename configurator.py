@@ -3,12 +3,10 @@ Settings from config files and --key=value flags, in the order given:
 
     python train.py config/train_shakespeare_char.py --batch_size=32 --compile=false
 
-Each part of the code declares its settings as a dataclass beside the code that uses them (model.py's GPTConfig,
-nanogpt_perf/optim.py's OptimConfig, a script's own at its top), each field's help and valid values as metadata
-(nanogpt_perf/config.py). configure() flattens the parts into nanoGPT's flat names, applies the config files (Python:
-their top-level assignments) and flags, converting a value only where that loses nothing (1e5 -> 100000 for an int,
-false -> False), checks every value once and returns a Config: cfg.model, cfg.optim, ..., and cfg.learning_rate.
-Every mistake is one error line. This module imports no torch: the data preparers' worker processes import it.
+configure() flattens the parts' settings (dataclasses beside the code that uses them: nanogpt_perf/config.py) into
+nanoGPT's flat names, applies the config files (their top-level assignments) and flags, converting a value only where
+that loses nothing (1e5 -> 100000 for an int, false -> False), checks every value once and returns a Config. Every
+mistake is one error line. This module imports no torch: the data preparers' worker processes import it.
 """
 
 import ast
@@ -16,6 +14,7 @@ import decimal
 import difflib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -75,10 +74,8 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 def config_file_failure(path: str, error: BaseException) -> str:
     """The error line for what a config file raised: the last of its lines the traceback passes through, and what."""
-    line, tb = None, error.__traceback__
-    while tb is not None:
-        line, tb = tb.tb_lineno if tb.tb_frame.f_code.co_filename == path else line, tb.tb_next
-    where = f"config file {path}" + (f", line {line}" if line else "")
+    lines = [n for frame, n in traceback.walk_tb(error.__traceback__) if frame.f_code.co_filename == path]
+    where = f"config file {path}" + (f", line {lines[-1]}" if lines else "")
     if isinstance(error, SystemExit):
         return f"{where}: it exits (sys.exit({shown(error.code)})); a config file only sets settings"
     if isinstance(error, KeyboardInterrupt):
@@ -95,18 +92,17 @@ def read_overrides(known: dict[str, Any], words: dict[str, tuple], argv: list[st
     to its setting's type."""
     given: dict[str, Any] = {}
     for arg in argv:
-        if arg.startswith("--"):
-            key, sep, raw = arg[2:].partition("=")  # the value may itself contain '='
-            if not sep:
-                raise UserError(f"flag {arg!r} has no value; write --{key}=VALUE")
-            if key not in known:
-                raise unknown_key(key, known, "flags")
-            given[key] = convert(key, parse_flag(raw, known[key]), known[key], words.get(key, ()))
+        if not arg.startswith("--"):
+            pairs, where = read_config_file(arg), arg
+        elif "=" in arg:
+            key, _, raw = arg[2:].partition("=")  # the value may itself contain '='
+            pairs, where = {key: parse_flag(raw, known.get(key))}, "flags"
         else:
-            for key, value in read_config_file(arg).items():
-                if key not in known:
-                    raise unknown_key(key, known, arg)
-                given[key] = convert(key, value, known[key], words.get(key, ()))
+            raise UserError(f"flag {arg!r} has no value; write --{arg[2:]}=VALUE")
+        for key, value in pairs.items():
+            if key not in known:
+                raise unknown_key(key, known, where)
+            given[key] = convert(key, value, known[key], words.get(key, ()))
     return given
 
 
