@@ -123,7 +123,10 @@ def configure(
         print_help(parts, known, markdown="--markdown" in argv)
     meta = {k: f.metadata for p in parts.values() for k, f in declared(p).items()}
     given = read_overrides(known, {k: m.get("words", ()) for k, m in meta.items()}, argv)
-    values = {k: expand_home(v, meta[k]) for k, v in (known | given).items()}
+    values = known | given
+    for k, m in meta.items():  # a path's leading ~, which no shell expands inside a flag (--out_dir=~/x)
+        if getattr(m.get("check"), "is_path", False) and type(values[k]) is str:
+            values[k] = os.path.expanduser(values[k])
     cfg = build(parts, values, given, tuple(cross), known)
     if os.environ.get("RANK", "0") == "0":
         print("settings: " + ", ".join(f"{k}={v!r}" for k, v in cfg.as_dict().items()))
@@ -132,15 +135,10 @@ def configure(
     return cfg
 
 
-def expand_home(value: Any, meta: dict[str, Any]) -> Any:
-    """A path setting's leading ~ expanded: no shell expands it inside a flag (--out_dir=~/x)."""
-    path = getattr(meta.get("check"), "is_path", False)
-    return os.path.expanduser(value) if path and type(value) is str else value
-
-
-def help_lines(parts: dict[str, type], known: dict[str, Any], markdown: bool) -> list[str]:
-    """Every setting, part by part (its docstring's first line, where it is declared): its flag, type, default and
-    help with its choices; as Markdown tables for docs/."""
+def print_help(parts: dict[str, type], known: dict[str, Any], markdown: bool) -> None:
+    """Print every setting, part by part (its docstring's first line, where it is declared): its flag, type, default
+    and help with its choices, as Markdown tables for docs/ where asked; exit 0, quietly when the reader stops early
+    (python train.py --help | head -1)."""
     lines = [] if markdown else [f"usage: python {Path(sys.argv[0]).name} [config_file.py ...] [--key=value ...]"]
     width = max(map(len, known))
     for part in parts.values():
@@ -154,9 +152,13 @@ def help_lines(parts: dict[str, type], known: dict[str, Any], markdown: bool) ->
             if choices := f.metadata.get("choices") or getattr(f.metadata.get("check"), "choices", ()):
                 text = f"{text} (one of {', '.join(choices)})".strip()
             text += bounds_text(f.metadata)
-            row = f"| `{key}` | {kind} | `{default}` | {text} |" if markdown else f"  --{key:<{width}} {kind:<5}"
-            lines.append(row if markdown else f"{row} default {default:<10} {text}".rstrip())
-    return lines[1:] if markdown else lines
+            plain = f"  --{key:<{width}} {kind:<5} default {default:<10} {text}".rstrip()
+            lines.append(f"| `{key}` | {kind} | `{default}` | {text} |" if markdown else plain)
+    try:
+        print("\n".join(lines[1:] if markdown else lines), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+    sys.exit(0)
 
 
 def bounds_text(meta: dict[str, Any]) -> str:
@@ -165,15 +167,6 @@ def bounds_text(meta: dict[str, Any]) -> str:
     bounds = [f"{op} {said[k]}" for k, op in (("min", ">="), ("above", ">"), ("max", "<=")) if k in said]
     bounds += [f"in {meta['interval']}"] if "interval" in meta else []
     return f" [{', '.join(bounds)}{meta.get('note', '')}]" if bounds else ""
-
-
-def print_help(parts: dict[str, type], known: dict[str, Any], markdown: bool) -> None:
-    """Print the help and exit 0, quietly when the reader stops early (python train.py --help | head -1)."""
-    try:
-        print("\n".join(help_lines(parts, known, markdown)), flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
-    sys.exit(0)
 
 
 def sweep_values(cfg: Config, text: str, fixed: Iterable[str] = ()) -> tuple[str, list[Any]]:
