@@ -88,8 +88,7 @@ def config_file_failure(path: str, error: BaseException) -> str:
 
 
 def read_overrides(known: dict[str, Any], words: dict[str, tuple], argv: list[str]) -> dict[str, Any]:
-    """What the config files and --key=value flags in argv set, in order (a later one wins), each value converted
-    to its setting's type."""
+    """What argv's config files and --key=value flags set, in order (a later one wins), each value converted."""
     given: dict[str, Any] = {}
     for arg in argv:
         if not arg.startswith("--"):

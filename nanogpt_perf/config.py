@@ -9,7 +9,6 @@ from typing import Any
 
 from nanogpt_perf.errors import UserError, shown
 
-INT64_MAX = 2**63 - 1
 EXACT_FLOAT = 2**53  # above it, not every integer is a float: an int setting takes no float beyond it
 RULES = ("min", "max", "above", "interval", "note", "choices", "words", "check", "inf")
 
@@ -21,8 +20,7 @@ def setting(default: Any, help: str, **valid: Any) -> Any:
     (takes float('inf'))."""
     if unknown := set(valid) - set(RULES):
         raise TypeError(f"setting() takes no {', '.join(sorted(unknown))}")
-    meta = dict(help=help, note="", inf=False) | valid
-    meta["choices"], meta["words"] = tuple(valid.get("choices", ())), tuple(valid.get("words", ()))
+    meta = dict(help=help, note="", inf=False, choices=(), words=()) | valid
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -65,7 +63,7 @@ def check_value(value: Any, meta: dict[str, Any]) -> None:
     if type(value) is float and not math.isfinite(value):
         must(inf and value == math.inf, "a finite number, or inf (no limit)" if inf else "a finite number")
     if type(value) is int:
-        must(-INT64_MAX - 1 <= value <= INT64_MAX, "an integer within 64 bits (-2**63 to 2**63 - 1)")
+        must(-(2**63) <= value < 2**63, "an integer within 64 bits (-2**63 to 2**63 - 1)")
     if choices := meta.get("choices"):
         must(value in choices, f"one of {', '.join(choices)}")
     if value != math.inf:  # inf passes every bound where a setting takes it
