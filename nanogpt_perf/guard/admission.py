@@ -46,6 +46,7 @@ DATA_NAMES = ("dataset", "data_dir")
 PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "overwrite", "allow_changed_data")
 PER_COMMAND += ("run_data_preparer",)
 UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of these is no news
+AS_IT_IS = "; resume on it as it is with --allow_changed_data=True"  # the way past a refusal of changed data
 # the GPTConfig fields that leave GPT-2's weights as they are: a run from GPT-2 takes them from its settings
 FREE_OF_WEIGHTS = fields_of_kind("kernel", "training")
 
@@ -98,8 +99,15 @@ def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, 
     fixed = [k for k in sorted(given) if k in FIXED_ON_RESUME and merged[k] != was(k)]
     moved = [k for k in changed if k in DATA_NAMES]  # another folder: only for the same files (or when asked)
     what = lambda keys: ", ".join(f"{k}={merged[k]!r} (checkpoint: {was(k)!r})" for k in keys)  # noqa: E731
+    here = Path(merged["data_dir"]) / merged["dataset"]
     if moved and not merged["allow_changed_data"]:
-        check_moved_data(identity, merged, f"cannot resume with {what(moved)}")
+        refused = f"cannot resume with {what(moved)}"
+        if identity is None:
+            raise UserError(f"{refused}: the checkpoint records no data to compare it with{AS_IT_IS}")
+        if not here.is_dir():
+            raise UserError(f"{refused}: no dataset there yet{AS_IT_IS}")
+        if change := identity_change(identity, dataset_identity(here)):
+            raise UserError(f"{refused}: not the checkpoint's data ({change}){AS_IT_IS}")
     if fixed:
         raise UserError(
             f"cannot resume with {what(fixed)}: the checkpoint's architecture, vocabulary, data and optimizer are fixed"
@@ -110,25 +118,11 @@ def resume_settings(checkpoint: dict[str, Any], cfg: Config) -> tuple[dict[str, 
     lines += [
         f"{k}={saved[k]!r} not applied (this command's {merged[k]!r})" for k in per_command if saved[k] != merged[k]
     ]
-    here = Path(merged["data_dir"]) / merged["dataset"]
     if identity and not set(DATA_NAMES) & given and not here.exists():  # resumed from elsewhere: where it read
         where = Path(identity["folder"])
         merged |= {"data_dir": str(where.parent), "dataset": where.name}
         lines.append(f"the data read from where the run found it, {where}")
     return merged, lines
-
-
-def check_moved_data(identity: dict[str, Any] | None, s: dict[str, Any], refused: str) -> None:
-    """A UserError (refused: its start) unless the dataset the settings s name is the files a checkpoint's data
-    identity records."""
-    path = Path(s["data_dir"]) / s["dataset"]
-    tail = "; resume on it as it is with --allow_changed_data=True"
-    if identity is None:
-        raise UserError(f"{refused}: the checkpoint records no data to compare it with{tail}")
-    if not path.is_dir():
-        raise UserError(f"{refused}: no dataset there yet{tail}")
-    if change := identity_change(identity, dataset_identity(path)):
-        raise UserError(f"{refused}: not the checkpoint's data ({change}){tail}")
 
 
 def saved_value(key: str, value: Any, default: Any, meta: dict[str, Any]) -> Any:
@@ -188,15 +182,10 @@ def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str
     if ranks.master:
         identity = dataset_identity(path, check_token_ids(path, vocab_size))
         if saved and (change := identity_change(saved, identity)):
+            changed = f"dataset {cfg.dataset} changed since the checkpoint was saved"
             if not cfg.allow_changed_data:
-                raise UserError(
-                    f"dataset {cfg.dataset} changed since the checkpoint was saved: {change}; resume on it as it "
-                    "is with --allow_changed_data=True"
-                )
-            say(
-                f"dataset {cfg.dataset} changed since the checkpoint was saved ({change}): resuming on it as it is, "
-                "as allow_changed_data=True asks"
-            )
+                raise UserError(f"{changed}: {change}{AS_IT_IS}")
+            say(f"{changed} ({change}): resuming on it as it is, as allow_changed_data=True asks")
     choose = lambda rows: micro_batch(rows, cfg, vocab_size, runtime, say)  # noqa: E731
     batch_size, accumulation = step_shape(cfg, ranks.world_size, choose)
     if accumulation % ranks.world_size:
