@@ -62,17 +62,15 @@ def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
         check_whole(path)
         return resumable(read_checkpoint(path), path)
     except NotWhole as e:
-        problem = e.reason
+        missing, problem = e.reason == "missing", str(e)  # "checkpoint {path} is {its reason}"
     good = newest_whole(out_dir)
-    if problem == "missing" and good is None:
+    if missing and good is None:
         raise UserError(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
     if good is None:
-        raise UserError(f"checkpoint {path} is {problem}, and no older checkpoint in {out_dir} is whole")
+        raise UserError(f"{problem}, and no older checkpoint in {out_dir} is whole")
     if not fallback:
-        raise UserError(
-            f"checkpoint {path} is {problem}; the newest whole one is {good}: resume_fallback=True resumes from it"
-        )
-    print(f"checkpoint {path} is {problem}: resuming from {good}, the newest whole one", flush=True)
+        raise UserError(f"{problem}; the newest whole one is {good}: resume_fallback=True resumes from it")
+    print(f"{problem}: resuming from {good}, the newest whole one", flush=True)
     return resumable(read_checkpoint(good), good)
 
 
@@ -87,8 +85,7 @@ def newest_whole(out_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """A checkpoint of ours or nanoGPT's, its CRCs checked, loaded as plain data; one error line for anything
-    else."""
+    """A checkpoint of ours or nanoGPT's, its CRCs checked, as plain data; one error line for anything else."""
     if not path.is_file():
         raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
     check_whole(path)
