@@ -73,10 +73,19 @@ def check_hf_folder(folder: Path, fail: Fail) -> None:
     if weights is None:
         raise fail("neither model.safetensors nor pytorch_model.bin")
     try:
-        shapes = weight_shapes(weights)
+        found = {k.removeprefix("transformer."): v for k, v in weight_shapes(weights).items()}
     except Exception as e:  # truncated, not the format its name says
         raise fail(f"{weights.name} cannot be read ({type(e).__name__}: {first_line(e).split('. ')[0]})") from None
-    check_shapes(shapes, expected_shapes(config), weights.name, fail)
+    expected = expected_shapes(config)
+    if "lm_head.weight" in found:  # tied to wte: the same shape
+        expected["lm_head.weight"] = expected["wte.weight"]
+    if missing := [k for k in expected if k not in found]:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise fail(f"{weights.name} has no {missing[0]}{more}, a weight config.json asks for")
+    if wrong := next((k for k in expected if found[k] != expected[k]), None):
+        raise fail(
+            f"{weights.name} holds {wrong} as {list(found[wrong])}, config.json makes it {list(expected[wrong])}"
+        )
 
 
 def check_config(config: dict[str, Any], fail: Fail) -> None:
@@ -137,15 +146,3 @@ def expected_shapes(config: dict[str, Any]) -> Shapes:
     shapes = {"wte.weight": (config["vocab_size"], d), "wpe.weight": (config["n_positions"], d)}
     shapes |= {f"h.{i}.{name}": shape for i in range(config["n_layer"]) for name, shape in block.items()}
     return shapes | {"ln_f.weight": (d,), "ln_f.bias": (d,)}
-
-
-def check_shapes(found: Shapes, expected: Shapes, name: str, fail: Fail) -> None:
-    """Raise fail(why) for the first weight config.json asks for that the file lacks or holds in another shape."""
-    found = {k.removeprefix("transformer."): v for k, v in found.items()}
-    if "lm_head.weight" in found:  # tied to wte: the same shape
-        expected = expected | {"lm_head.weight": expected["wte.weight"]}
-    if missing := [k for k in expected if k not in found]:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise fail(f"{name} has no {missing[0]}{more}, a weight config.json asks for")
-    if wrong := next((k for k in expected if found[k] != expected[k]), None):
-        raise fail(f"{name} holds {wrong} as {list(found[wrong])}, config.json makes it {list(expected[wrong])}")
