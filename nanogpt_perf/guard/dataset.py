@@ -44,12 +44,10 @@ def canonical_folder(path: Path | str) -> str:
 def same_folder(a: Path | str, b: Path | str) -> bool:
     """Whether a and b name the same folder (one of them relative, with ~, through a link, or both the same file
     system object by two paths, as a bind mount)."""
-    if canonical_folder(a) == canonical_folder(b):
-        return True
     try:
         return os.path.samefile(os.path.expanduser(str(a)), os.path.expanduser(str(b)))
-    except OSError:  # one of them is not there
-        return False
+    except OSError:  # one of them is not there: the same path, once resolved
+        return canonical_folder(a) == canonical_folder(b)
 
 
 def fingerprint(path: Path, size: int) -> str:
@@ -101,10 +99,8 @@ def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
             changes.append(f"{name} has {new['bytes']:,} bytes, not {old['bytes']:,}")
         elif any(old[k] != new[k] for k in ("fingerprint", "sha256") if k in old and k in new):
             changes.append(f"{name} has other contents (the same {new['bytes']:,} bytes)")
-    if not changes:
-        return None
     more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
-    return "; ".join(changes[:3]) + more
+    return "; ".join(changes[:3]) + more if changes else None
 
 
 def scan_file(file: TokenFile) -> tuple[int, str]:
