@@ -20,9 +20,8 @@ ITERATION_FILE = re.compile(r"ckpt-(\d{7})\.pt")
 
 
 def saved_iterations(out_dir: Path) -> list[Path]:
-    """The ckpt-NNNNNNN.pt files in out_dir, newest first."""
-    found = [p for p in out_dir.glob("ckpt-*.pt") if ITERATION_FILE.fullmatch(p.name)] if out_dir.is_dir() else []
-    return sorted(found, reverse=True)
+    """The ckpt-NNNNNNN.pt files in out_dir, newest first (none where out_dir is no folder: glob finds none)."""
+    return sorted((p for p in out_dir.glob("ckpt-*.pt") if ITERATION_FILE.fullmatch(p.name)), reverse=True)
 
 
 class NotWhole(UserError):
