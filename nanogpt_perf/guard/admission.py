@@ -26,7 +26,7 @@ from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, tokenizer_sp
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.checkpoint import check_ranks, resume_checkpoint
 from nanogpt_perf.guard.dataset import check_token_ids, dataset_identity, identity_change
-from nanogpt_perf.guard.out_dir import admit_out_dir, check_no_earlier_run, check_unchanged, remove_earlier_run
+from nanogpt_perf.guard.out_dir import admit_out_dir, check_no_earlier_run, check_unchanged, run_paths
 from nanogpt_perf.guard.vocabulary import check_same_vocabulary, folder_tokenizer_spec
 from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.hellaswag import download_val, read_examples
@@ -257,8 +257,11 @@ def claim_out_dir(plan: Plan, ranks: Ranks) -> OutDirLock | None:
         except UserError as e:
             lock.release()
             problem = str(e)
-        if problem is None and replace_earlier and (removed := remove_earlier_run(out_dir)):
-            print(f"overwrite=True: deleted the earlier run's {', '.join(removed)} from {out_dir}", flush=True)
+        if problem is None and replace_earlier and (earlier := run_paths(out_dir)):
+            for path in earlier:
+                path.unlink()
+            names = ", ".join(p.name for p in earlier)
+            print(f"overwrite=True: deleted the earlier run's {names} from {out_dir}", flush=True)
     if ranks.distributed:
         said = [problem]
         dist.broadcast_object_list(said, src=0)

@@ -58,9 +58,8 @@ def check_unchanged(out_dir: Path, seen: tuple) -> None:
 
 def admit_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool) -> tuple:
     """What out_dir holds of a run (run_files) as this run is admitted, for check_unchanged under the lock; a
-    UserError when this run cannot use it, before any work: a file in its place, a folder it cannot write, a
-    live run holding it, or (scratch: not init_from=resume) an earlier run's checkpoints without
-    overwrite=True."""
+    UserError, before any work, when this run cannot use it: a file in its place, a folder it cannot write,
+    a live run holding it, or (scratch) an earlier run's checkpoints without overwrite=True."""
     existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"out_dir {out_dir} cannot be made: {existing} is a file, not a folder")
@@ -92,11 +91,3 @@ def check_no_earlier_run(out_dir: Path, eval_only: bool) -> None:
         f"out_dir {out_dir} holds an earlier run's checkpoints ({names}): init_from=resume continues that run, "
         "overwrite=True replaces it (deleting its checkpoints and log), or choose another out_dir"
     )
-
-
-def remove_earlier_run(out_dir: Path) -> list[str]:
-    """overwrite=True: delete the earlier run's files (run_paths); the names deleted."""
-    found = run_paths(out_dir)
-    for path in found:
-        path.unlink()
-    return [p.name for p in found]
