@@ -58,8 +58,7 @@ class Settings(NamedTuple):
 
 
 def resolve_settings(cfg: Config, cross: tuple) -> Settings:
-    """The settings this run goes by, and its checkpoint when it resumes (see the module's docstring); the
-    rules between settings (cross) checked once, on what was merged."""
+    """This run's settings (merged with a resumed checkpoint's, then checked by cross) and its checkpoint."""
     master = torchrun_rank(os.environ) == 0
     out_dir, resuming = Path(cfg.out_dir), cfg.init_from == "resume"
     seen = admit_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only) if master else None
@@ -168,9 +167,8 @@ def preflight(settings: Settings, ranks: Ranks, runtime: Runtime) -> Plan:
 
 
 def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str, Any] | None) -> Data:
-    """The dataset (prepared on first use), its vocabulary, every token id inside it (rank 0 reads; its error
-    ends every rank), the same files as a resumed checkpoint's (every byte) unless allow_changed_data, and the
-    shape of a step (train/autobatch.py's step_shape)."""
+    """The dataset, prepared on first use and checked (rank 0 reads every token id and every byte against a
+    resumed checkpoint's; its error ends every rank), and the shape of a step (autobatch.step_shape)."""
     path = Path(cfg.data_dir) / cfg.dataset
     if ranks.master:
         prepare_if_missing(path, cfg.run_data_preparer)
@@ -274,8 +272,7 @@ def claim_out_dir(plan: Plan, ranks: Ranks) -> OutDirLock | None:
 
 
 def hellaswag_task(cfg: Config, data_path: Path, ranks: Ranks) -> tuple[list, Callable] | None:
-    """HellaSwag's examples and the encoder that scores them, when hellaswag_interval asks for them: GPT-2's
-    tokens and no FSDP; the official file downloaded once (rank 0) unless hellaswag_file names a copy."""
+    """HellaSwag's examples and their encoder, when hellaswag_interval asks (GPT-2's tokens, no FSDP)."""
     if not cfg.hellaswag_interval:
         return None
     tokenizer = Tokenizer.for_dataset(data_path)

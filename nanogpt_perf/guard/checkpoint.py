@@ -1,8 +1,7 @@
 """Forensics on checkpoint files, and the choice of the file a run resumes from: whether a file is a whole
-checkpoint (every record's CRC), and whether what it holds is a model this code can build (ours, or nanoGPT's:
-model_args of the right types whose weights have the names and shapes they describe, checked on the meta device
-without memory) and a training state that can be resumed. Everything else, a pickled class that loading would run
-included, is one UserError naming the file; nothing of a foreign file is run or trusted before these checks pass."""
+checkpoint (every record's CRC), and whether what it holds is a model this code can build (ours or nanoGPT's)
+and a training state that can be resumed. Everything else, a pickled class that loading would run included, is
+one UserError naming the file; nothing of a foreign file is run or trusted before these checks pass."""
 
 import pickle
 import re
@@ -190,8 +189,7 @@ def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
     if not isinstance(checkpoint.get("config"), dict):
         raise fail("its config (the settings it was trained with) is not a dict")
     ranks = checkpoint.get("ranks") or []
-    if not isinstance(ranks, list) or not all(
-        r is None or isinstance(r, dict) and {"rng", "data"} <= set(r) for r in ranks
-    ):
+    rank = lambda r: r is None or isinstance(r, dict) and {"rng", "data"} <= set(r)  # noqa: E731
+    if not (isinstance(ranks, list) and all(map(rank, ranks))):
         raise fail("its ranks (each rank's generators and place in the data) are not a list of dicts")
     return checkpoint

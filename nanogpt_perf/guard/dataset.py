@@ -81,9 +81,8 @@ def dataset_identity(data_path: Path, digests: dict[str, str] | None = None) -> 
 
 
 def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """What changed in a dataset's files from identity saved to identity now, in words naming the files (the
-    first few), or None when they are the same (by every hash both record). The folder's name is not compared:
-    see same_folder."""
+    """What changed in a dataset's files from identity saved to identity now, in words naming the first few,
+    or None (by every hash both record); the folder is not compared (see same_folder)."""
     before, after = saved.get("files"), now["files"]
     recorded = lambda v: isinstance(v, dict) and type(v.get("bytes")) is int  # noqa: E731
     if not isinstance(before, dict) or not all(map(recorded, before.values())):
@@ -120,8 +119,7 @@ def scan_file(file: TokenFile) -> tuple[int, str]:
 
 
 def read_cache(path: Path) -> dict[str, Any]:
-    """What path records of each file, by file name; {} when there is none or it is not one of ours (it is
-    rebuilt, never trusted when malformed)."""
+    """Each file's record in path, by name, malformed ones left out (rebuilt, never trusted); {} for none."""
     try:
         files = json.loads(path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):

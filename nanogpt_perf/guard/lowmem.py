@@ -12,10 +12,9 @@ from nanogpt_perf.lowmem_state import ENCODED_KEYS, LOWBIT, expected_state, save
 
 
 def check_lowmem_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
-    """One UserError line when state_dict is not a state this optimizer keeps: each parameter's entries
-    against expected_state (names, precision, shapes, dtypes), built on the meta device (no memory), each low-bit
-    entry's scales finite and >= 0, and no Tensor subclass (a foreign file's); the checks below raise
-    ValueError(what is wrong), said here with the parameter it is of."""
+    """A UserError unless state_dict is a state this optimizer keeps: each parameter's entries against
+    expected_state on the meta device (names, precision, shapes, dtypes), low-bit scales finite and >= 0, no
+    Tensor subclass (a foreign file's); the checks below raise ValueError, said here with its parameter."""
     fail = lambda why: UserError(f"the checkpoint's optimizer state {why}")  # noqa: E731
     group = lambda g: isinstance(g, dict) and type(g.get("params")) is list  # noqa: E731
     state_dict = state_dict if isinstance(state_dict, dict) else {}

@@ -46,8 +46,7 @@ def run_files(out_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
 
 
 def check_unchanged(out_dir: Path, seen: tuple) -> None:
-    """A UserError when out_dir's run files are not those that admission saw (seen: run_files then): another run
-    wrote there while this one was starting."""
+    """A UserError when out_dir's run files are not seen, run_files(out_dir) as admission found them."""
     if (now := run_files(out_dir)) != seen:
         changed = sorted({f[0] for f in set(now) ^ set(seen)})
         raise UserError(

@@ -20,15 +20,13 @@ from nanogpt_perf.memory import model_size_problem
 
 Fail = Callable[[str], UserError]
 Shapes = dict[str, tuple[int, ...]]  # a weight's shape by its name
-# what save_pretrained writes (the weights in shards when they are large) and the vocabulary: an export replaces
-# only these
+# what save_pretrained writes (large weights in shards) and the vocabulary: all that an export replaces
 EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", VOCABULARY_FILE)
 
 
 def load_gpt2(name_or_path: str, **overrides: Any) -> GPT:
-    """GPT.from_pretrained, with one line (a UserError) for what can go wrong: a name that is neither a folder nor
-    a GPT-2 on the hub, a folder that is not a transformers GPT-2 this model can be, no transformers, no network.
-    overrides: GPTConfig fields that leave the weights as they are (dropout, attention, the loss, the savers)."""
+    """GPT.from_pretrained, one UserError line for what goes wrong (no such folder or hub name, a folder this
+    model cannot be, no transformers or network); overrides: GPTConfig fields the weights leave free."""
     folder = Path(name_or_path)
     if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
         raise UserError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
