@@ -226,9 +226,8 @@ def initial_model(cfg: Config, vocab_size: int, checkpoint: dict[str, Any] | Non
 
 
 def check_fits_weights(cfg: Config, weights: GPTConfig, source: str) -> None:
-    """A UserError for a model setting given on the command that the weights loaded from source do not have (an
-    architecture field; block_size aside, which crops) or that loading does not do (an initialisation): the run
-    would train one model and record another."""
+    """A UserError for a setting given that the weights do not have (their architecture; block_size crops) or
+    that loading does not do (an initialisation): the run would train one model and record another."""
     shape = [k for k in ARCHITECTURE if k in cfg.given and k != "block_size" and getattr(cfg, k) != getattr(weights, k)]
     init = [k for k in fields_of_kind("init") if k in cfg.given and getattr(cfg, k) != getattr(weights, k)]
     if shape or init:

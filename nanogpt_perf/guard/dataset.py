@@ -33,7 +33,6 @@ META = "meta.pkl"
 CACHE_NAME = "token_ids.json"
 CACHE_FROM_BYTES = 64 * 2**20  # datasets smaller than this are read every time: faster than a file to keep
 CHUNK_TOKENS = 2**22  # 8 MB of uint16 a read: in cache, and no memory held
-# what says a file is unchanged since it was read: its size, modification and change times, and inode
 STAT_FIELDS = {"bytes": "st_size", "mtime_ns": "st_mtime_ns", "ctime_ns": "st_ctime_ns", "inode": "st_ino"}
 
 

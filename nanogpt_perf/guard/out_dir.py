@@ -7,8 +7,7 @@ ckpt-best.pt would point at either).
 
 admit_out_dir writes nothing but a probe it removes at once (the one sure test that a folder can be written:
 /proc, a read-only mount or a full quota pass os.access); claim_out_dir (admission.py) checks again under the
-lock: of two runs admitted into the same empty out_dir, the second, which takes the lock once the first has
-ended, is refused.
+lock, where a run admitted beside another that has since used the out_dir is refused.
 
 An out_dir that is a link to a folder elsewhere is taken as that folder (a link to a larger disk is common); the
 checkpoints in it are files of its own, never written through a link (train/checkpoint.py)."""

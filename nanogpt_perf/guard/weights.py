@@ -58,8 +58,7 @@ def check_export_target(folder: Path) -> None:
 
 
 def check_hf_folder(folder: Path, fail: Fail) -> None:
-    """Raise fail(why) unless folder is a GPT-2 in transformers' format that this model can load as it is: a
-    config.json of GPT-2's shape (the sizes, GPT-2's computation) and a weights file with every weight of it."""
+    """Raise fail(why) unless folder is a transformers GPT-2 this model can load as it is (see the module)."""
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -87,8 +86,7 @@ def check_hf_folder(folder: Path, fail: Fail) -> None:
 
 
 def check_config(config: dict[str, Any], fail: Fail) -> None:
-    """Raise fail(why) for what in a GPT-2 config.json this model cannot be: sizes that are not positive ints (or too
-    large to build here), and the options that change GPT-2's computation."""
+    """Raise fail(why) for what in a GPT-2 config.json this model cannot be: sizes, or another computation."""
     for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
         if type(config.get(key)) is not int or config[key] < 1:
             raise fail(f"{key} must be a positive int, not {shown(config.get(key))}")
