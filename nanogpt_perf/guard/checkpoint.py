@@ -1,6 +1,6 @@
-"""Forensics on checkpoint files, and the choice of the file a run resumes from: whether a file is a whole
-checkpoint (every record's CRC), and whether what it holds is a model this code can build (ours or nanoGPT's)
-and a training state that can be resumed. Everything else, a pickled class that loading would run included, is
+"""Forensics on checkpoint files, and the choice of the file a run resumes from: whether a file is whole
+(every record's CRC), and whether it holds a model this code can build (ours or nanoGPT's) and a
+training state that can be resumed. Everything else, a pickled class that loading would run included, is
 one UserError naming the file; nothing of a foreign file is run or trusted before these checks pass."""
 
 import pickle
@@ -15,12 +15,10 @@ import torch
 from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
 from nanogpt_perf.errors import UserError
 
-ITERATION_FILE = re.compile(r"ckpt-(\d{7})\.pt")
-
 
 def saved_iterations(out_dir: Path) -> list[Path]:
-    """The ckpt-NNNNNNN.pt files in out_dir, newest first (none where out_dir is no folder: glob finds none)."""
-    return sorted((p for p in out_dir.glob("ckpt-*.pt") if ITERATION_FILE.fullmatch(p.name)), reverse=True)
+    """The ckpt-NNNNNNN.pt files in out_dir, newest first (none where out_dir is no folder)."""
+    return sorted(out_dir.glob("ckpt-" + "[0-9]" * 7 + ".pt"), reverse=True)
 
 
 class NotWhole(UserError):
@@ -60,15 +58,15 @@ def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
         check_whole(path)
         return resumable(read_checkpoint(path), path)
     except NotWhole as e:
-        missing, problem = e.reason == "missing", str(e)  # "checkpoint {path} is {its reason}"
+        missing, bad = e.reason == "missing", str(e)  # "checkpoint {path} is {why it is not whole}"
     good = newest_whole(out_dir)
     if missing and good is None:
         raise UserError(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
     if good is None:
-        raise UserError(f"{problem}, and no older checkpoint in {out_dir} is whole")
+        raise UserError(f"{bad}, and no older checkpoint in {out_dir} is whole")
     if not fallback:
-        raise UserError(f"{problem}; the newest whole one is {good}: resume_fallback=True resumes from it")
-    print(f"{problem}: resuming from {good}, the newest whole one", flush=True)
+        raise UserError(f"{bad}; the newest whole one is {good}: resume_fallback=True resumes from it")
+    print(f"{bad}: resuming from {good}, the newest whole one", flush=True)
     return resumable(read_checkpoint(good), good)
 
 
@@ -83,7 +81,7 @@ def newest_whole(out_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """A checkpoint of ours or nanoGPT's, its CRCs checked, as plain data; one error line for anything else."""
+    """Our checkpoint or nanoGPT's, its CRCs checked, as plain data; one error line for anything else."""
     if not path.is_file():
         raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
     check_whole(path)

@@ -55,9 +55,9 @@ def check_unchanged(out_dir: Path, seen: tuple) -> None:
 
 
 def admit_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool) -> tuple:
-    """What out_dir holds of a run (run_files) as this run is admitted, for check_unchanged under the lock; a
-    UserError, before any work, when this run cannot use it: a file in its place, a folder it cannot write,
-    a live run holding it, or (scratch) an earlier run's checkpoints without overwrite=True."""
+    """What out_dir holds of a run (run_files) as this run is admitted, for check_unchanged under the
+    lock; a UserError, before any work, where this run cannot use it: a file in its place, a folder it
+    cannot write, a live run's lock, or (scratch) an earlier run's checkpoints without overwrite=True."""
     existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"out_dir {out_dir} cannot be made: {existing} is a file, not a folder")
@@ -76,8 +76,7 @@ def admit_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool
 
 def check_no_earlier_run(out_dir: Path, eval_only: bool) -> None:
     """A UserError when out_dir holds an earlier run's checkpoints, which a new run would mix with its own."""
-    found = run_checkpoints(out_dir)
-    if not found:
+    if not (found := run_checkpoints(out_dir)):
         return
     names = ", ".join(p.name for p in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
     if eval_only:  # its records would join that run's; overwrite=True would delete that run to evaluate others
