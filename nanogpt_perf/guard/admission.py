@@ -46,7 +46,7 @@ DATA_NAMES = ("dataset", "data_dir")
 PER_COMMAND = ("init_from", "resume_fallback", "out_dir", "device", "backend", "overwrite", "allow_changed_data")
 PER_COMMAND += ("run_data_preparer",)
 UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of these is no news
-AS_IT_IS = "; resume on it as it is with --allow_changed_data=True"  # the way past a refusal of changed data
+AS_IT_IS = "; resume on it as it is with --allow_changed_data=True"  # how a changed-data refusal ends
 # the GPTConfig fields that leave GPT-2's weights as they are: a run from GPT-2 takes them from its settings
 FREE_OF_WEIGHTS = fields_of_kind("kernel", "training")
 
@@ -58,7 +58,7 @@ class Settings(NamedTuple):
 
 
 def resolve_settings(cfg: Config, cross: tuple) -> Settings:
-    """This run's settings (merged with a resumed checkpoint's, then checked by cross) and its checkpoint."""
+    """The settings (a resumed checkpoint's merged in, then checked by cross) and the checkpoint."""
     master = torchrun_rank(os.environ) == 0
     out_dir, resuming = Path(cfg.out_dir), cfg.init_from == "resume"
     seen = admit_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only) if master else None
@@ -167,8 +167,8 @@ def preflight(settings: Settings, ranks: Ranks, runtime: Runtime) -> Plan:
 
 
 def admit_data(cfg: Config, ranks: Ranks, runtime: Runtime, checkpoint: dict[str, Any] | None) -> Data:
-    """The dataset, prepared on first use and checked (rank 0 reads every token id and every byte against a
-    resumed checkpoint's; its error ends every rank), and the shape of a step (autobatch.step_shape)."""
+    """The dataset, prepared and checked as the module's docstring says (rank 0 reads; its error ends
+    every rank), and the shape of a step (train/autobatch.py's step_shape)."""
     path = Path(cfg.data_dir) / cfg.dataset
     if ranks.master:
         prepare_if_missing(path, cfg.run_data_preparer)
@@ -226,8 +226,8 @@ def initial_model(cfg: Config, vocab_size: int, checkpoint: dict[str, Any] | Non
 
 
 def check_fits_weights(cfg: Config, weights: GPTConfig, source: str) -> None:
-    """A UserError for a setting given that the weights do not have (their architecture; block_size crops) or
-    that loading does not do (an initialisation): the run would train one model and record another."""
+    """A UserError for a setting given that the weights lack (architecture; block_size crops) or loading
+    skips (an initialisation): the run would train one model and record another."""
     shape = [k for k in ARCHITECTURE if k in cfg.given and k != "block_size" and getattr(cfg, k) != getattr(weights, k)]
     init = [k for k in fields_of_kind("init") if k in cfg.given and getattr(cfg, k) != getattr(weights, k)]
     if shape or init:
@@ -271,7 +271,7 @@ def claim_out_dir(plan: Plan, ranks: Ranks) -> OutDirLock | None:
 
 
 def hellaswag_task(cfg: Config, data_path: Path, ranks: Ranks) -> tuple[list, Callable] | None:
-    """HellaSwag's examples and their encoder, when hellaswag_interval asks (GPT-2's tokens, no FSDP)."""
+    """HellaSwag's examples and encoder, when hellaswag_interval asks (GPT-2's tokens, no FSDP)."""
     if not cfg.hellaswag_interval:
         return None
     tokenizer = Tokenizer.for_dataset(data_path)

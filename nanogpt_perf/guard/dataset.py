@@ -80,8 +80,8 @@ def dataset_identity(data_path: Path, digests: dict[str, str] | None = None) -> 
 
 
 def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """What changed in a dataset's files from identity saved to identity now, in words naming the first few,
-    or None (by every hash both record); the folder is not compared (see same_folder)."""
+    """What changed in a dataset's files from identity saved to identity now, in words naming the first
+    few, or None (by every hash both record); the folder is not compared (see same_folder)."""
     before, after = saved.get("files"), now["files"]
     recorded = lambda v: isinstance(v, dict) and type(v.get("bytes")) is int  # noqa: E731
     if not isinstance(before, dict) or not all(map(recorded, before.values())):
@@ -118,7 +118,7 @@ def scan_file(file: TokenFile) -> tuple[int, str]:
 
 
 def read_cache(path: Path) -> dict[str, Any]:
-    """Each file's record in path, by name, malformed ones left out (rebuilt, never trusted); {} for none."""
+    """Each file's record in path, by name, malformed ones left out (rebuilt, never trusted)."""
     try:
         files = json.loads(path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):

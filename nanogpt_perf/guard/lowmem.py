@@ -13,8 +13,8 @@ from nanogpt_perf.lowmem_state import ENCODED_KEYS, LOWBIT, expected_state, save
 
 def check_lowmem_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
     """A UserError unless state_dict is a state this optimizer keeps: each parameter's entries against
-    expected_state on the meta device (names, precision, shapes, dtypes), low-bit scales finite and >= 0, no
-    Tensor subclass (a foreign file's); the checks below raise ValueError, said here with its parameter."""
+    expected_state on the meta device (names, precision, shapes, dtypes), low-bit scales finite and >= 0,
+    no Tensor subclass (a foreign file's); the checks below raise ValueError, told with the parameter."""
     fail = lambda why: UserError(f"the checkpoint's optimizer state {why}")  # noqa: E731
     group = lambda g: isinstance(g, dict) and type(g.get("params")) is list  # noqa: E731
     state_dict = state_dict if isinstance(state_dict, dict) else {}

@@ -25,7 +25,7 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", 
 
 
 def load_gpt2(name_or_path: str, **overrides: Any) -> GPT:
-    """GPT.from_pretrained, one UserError line for what goes wrong (no such folder or hub name, a folder this
+    """GPT.from_pretrained, one UserError line for what fails (no such folder or hub name, a folder this
     model cannot be, no transformers or network); overrides: GPTConfig fields the weights leave free."""
     folder = Path(name_or_path)
     if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
@@ -58,7 +58,7 @@ def check_export_target(folder: Path) -> None:
 
 
 def check_hf_folder(folder: Path, fail: Fail) -> None:
-    """Raise fail(why) unless folder is a transformers GPT-2 this model can load as it is (see the module)."""
+    """Raise fail(why) unless folder is a transformers GPT-2 this model loads as is (see the module)."""
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -86,7 +86,7 @@ def check_hf_folder(folder: Path, fail: Fail) -> None:
 
 
 def check_config(config: dict[str, Any], fail: Fail) -> None:
-    """Raise fail(why) for what in a GPT-2 config.json this model cannot be: sizes, or another computation."""
+    """Raise fail(why) where a GPT-2 config.json has sizes or a computation this model cannot take."""
     for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
         if type(config.get(key)) is not int or config[key] < 1:
             raise fail(f"{key} must be a positive int, not {shown(config.get(key))}")
