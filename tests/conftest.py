@@ -530,6 +530,8 @@ def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
         "config_type": variant(base, lambda c: c["config"].update(max_iters="ten")),
         "config_range": variant(base, lambda c: c["config"].update(eval_interval=0)),
         "ranks_str": variant(base, top("ranks", "rank 0")),
+        "identity_str": variant(base, top("data_identity", "files")),
+        "identity_no_folder": variant(base, top("data_identity", {"files": {}})),
         "unknown_option": variant(base, args("rotary_v2", True)),
         "relu2": variant(base, args("relu2", True)),
         "other_data": variant(base, top("data_identity", identity | {"files": files | {"train.bin": other}})),

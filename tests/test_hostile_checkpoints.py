@@ -134,6 +134,8 @@ CHECKPOINTS = {
         checkpoint="config_range",
     ),
     "ranks_not_a_list": train_case(RESUME, "its ranks", "are not a list of dicts", checkpoint="ranks_str"),
+    "data_identity_a_string": train_case(RESUME, "its data_identity", checkpoint="identity_str"),
+    "data_identity_no_folder": train_case(RESUME, "its data_identity", checkpoint="identity_no_folder"),
     "model_args_an_unknown_option": train_case(
         RESUME, "its model_args name rotary_v2: an option this code does not know", checkpoint="unknown_option"
     ),

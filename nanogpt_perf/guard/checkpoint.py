@@ -190,4 +190,7 @@ def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
     rank = lambda r: r is None or isinstance(r, dict) and {"rng", "data"} <= set(r)  # noqa: E731
     if not (isinstance(ranks, list) and all(map(rank, ranks))):
         raise fail("its ranks (each rank's generators and place in the data) are not a list of dicts")
+    identity = checkpoint.get("data_identity")
+    if identity is not None and not (isinstance(identity, dict) and type(identity.get("folder")) is str):
+        raise fail("its data_identity (the dataset's folder and files) is not this suite's record of them")
     return checkpoint
