@@ -40,15 +40,6 @@ def canonical_folder(path: Path | str) -> str:
     return os.path.realpath(os.path.expanduser(str(path)))
 
 
-def same_folder(a: Path | str, b: Path | str) -> bool:
-    """Whether a and b name the same folder (one of them relative, with ~, through a link, or both the same file
-    system object by two paths, as a bind mount)."""
-    try:
-        return os.path.samefile(os.path.expanduser(str(a)), os.path.expanduser(str(b)))
-    except OSError:  # one of them is not there: the same path, once resolved
-        return canonical_folder(a) == canonical_folder(b)
-
-
 def fingerprint(path: Path, size: int) -> str:
     """A hash of SAMPLES blocks of BLOCK bytes spread from its start to its end (all of a small file)."""
     digest = hashlib.blake2b(digest_size=16)
@@ -81,7 +72,7 @@ def dataset_identity(data_path: Path, digests: dict[str, str] | None = None) -> 
 
 def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     """What changed in a dataset's files from identity saved to identity now, in words naming the first
-    few, or None (by every hash both record); the folder is not compared (see same_folder)."""
+    few, or None (by every hash both record); not the folder: the same files elsewhere are the same data."""
     before, after = saved.get("files"), now["files"]
     recorded = lambda v: isinstance(v, dict) and type(v.get("bytes")) is int  # noqa: E731
     if not isinstance(before, dict) or not all(map(recorded, before.values())):
