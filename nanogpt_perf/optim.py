@@ -41,6 +41,8 @@ class OptimConfig:
     weight_decay: float = setting(1e-1, "AdamW's, on matrices and embeddings only", min=0)
     beta1: float = setting(0.9, "AdamW's first moment's decay", interval="[0, 1)")
     beta2: float = setting(0.95, "AdamW's second moment's decay", interval="[0, 1)")
+    adam_eps: float = setting(1e-8, "AdamW's epsilon, added to the root of its second moment (torch's default)",
+                              min=0)  # fmt: skip
     grad_clip: float = setting(1.0, "clip the gradient norm to this; 0.0 = off", min=0, note=" (0 = off)")
     fused_adamw: bool = setting(True, "AdamW's fused kernel, where the device has one")
     muon_lr: float = setting(0.02, "Muon's peak learning rate (the schedule scales it as it scales learning_rate)",
@@ -65,14 +67,20 @@ def build_optimizer(
     inner_adamw: MuonAdamW's (nanogpt_perf/lowmem.py chooses them; the defaults are today's Muon)."""
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
-        return model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
+        optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
+        for group in optimizer.param_groups:  # nanoGPT's call takes no epsilon; AdamW reads it at each step
+            group["eps"] = cfg.adam_eps
+        return optimizer
     if is_sharded(model):
         raise ValueError(MUON_ON_SHARDS)
     muon, rest = split_parameters(model)
     groups = [
         {"params": list(muon.values()), "muon": True, "lr": cfg.muon_lr, "weight_decay": cfg.muon_weight_decay}
         | {"ns_steps": cfg.muon_ns_steps},
-        *(group | {"muon": False, "lr": cfg.learning_rate} for group in decay_groups(rest, cfg.weight_decay)),
+        *(
+            group | {"muon": False, "lr": cfg.learning_rate, "eps": cfg.adam_eps}
+            for group in decay_groups(rest, cfg.weight_decay)
+        ),
     ]
     return MuonAdamW(groups, momentum=cfg.muon_momentum, betas=betas, fused=cfg.fused_adamw, ns_dtype=ns_dtype,
                      momentum_dtype=momentum_dtype, inner_adamw=inner_adamw)  # fmt: skip

@@ -478,6 +478,27 @@ def test_no_saver_is_todays_optimizer_bit_for_bit():
         assert same(today.state_dict(), saver.state_dict())
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_adam_eps_reaches_torchaos_adamw(optimizer, bits):
+    """torchao's AdamW, alone or inside Muon, takes adam_eps: it trains as it does given that eps in its groups,
+    and not as it does with the default's 1e-8."""
+    spec, data = LowMemConfig(state_bits=bits), batches(2)
+    runs = []
+    for eps, given in ((1e-2, True), (1e-2, False), (1e-8, False)):
+        model = tiny()
+        cast_weights(model, spec)
+        cfg = OptimConfig(optimizer=optimizer, **HYPER | ({"adam_eps": eps} if given else {}))
+        built = build_lowmem_optimizer(model, cfg, spec)
+        if not given:  # the reference: today's build, its AdamW groups given the eps by hand
+            for group in built.param_groups:
+                group["eps"] = group["eps"] if group.get("muon") else eps
+        assert {g["eps"] for g in built.param_groups if not g.get("muon")} == {eps}
+        train(model, built, data)
+        runs.append(model.state_dict())
+    assert same(runs[0], runs[1]) and not same(runs[0], runs[2])
+
+
 def test_the_training_state_is_counted_once_per_storage_by_part():
     """A tied weight counted once; a float32 AdamW's state 8 bytes per parameter plus its step counters; torchao's
     8-bit state counted by its codes, scales and maps, about 2 bytes per parameter; bfloat16 weights 2 + 2."""

@@ -17,6 +17,7 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.optim import (
     BASE_LR,
     NS_COEFFICIENTS,
+    NS_EPS,
     MuonAdamW,
     OptimConfig,
     adamw_is_fused,
@@ -241,6 +242,21 @@ def test_adamw_is_configure_optimizers_bit_for_bit():
     assert type(built) is torch.optim.AdamW and built.state_dict() == plain.state_dict()
     assert train(a, built, data) == train(b, plain, data)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_adam_eps_is_torch_adamw_built_with_that_epsilon():
+    """adam_eps reaches configure_optimizers' AdamW, which trains as torch.optim.AdamW given that eps (and not as
+    the default's 1e-8), and Muon's AdamW groups; the Muon group keeps Newton-Schulz's own eps."""
+    data = batches(4)
+    a, b, c = tiny(), tiny(), tiny()
+    built = build_optimizer(a, optim("adamw", adam_eps=1e-3))
+    groups = decay_groups(b.parameters(), HYPER["weight_decay"])
+    plain = torch.optim.AdamW(groups, lr=HYPER["learning_rate"], betas=(0.9, 0.95), eps=1e-3, fused=True)
+    default = build_optimizer(c, optim("adamw"))
+    assert [g["eps"] for g in default.param_groups] == [1e-8, 1e-8]  # torch's default: today's runs as they were
+    assert train(a, built, data) == train(b, plain, data) != train(c, default, data)
+    muon = build_optimizer(tiny(), optim("muon", adam_eps=1e-3))
+    assert [g["eps"] for g in muon.param_groups] == [NS_EPS, 1e-3, 1e-3]
 
 
 def test_adamw_is_fused_where_the_device_has_the_kernel_and_plain_elsewhere():
