@@ -261,14 +261,14 @@ def test_a_resume_trains_with_the_adamw_settings_it_gives(tiny_data, tmp_path):
     assert first.returncode == 0, first.stderr
     before = optimizer_groups(out)
     assert {g["weight_decay"] for g in before} == {0.1, 0.0} and {tuple(g["betas"]) for g in before} == {(0.9, 0.95)}
-    assert all(g["fused"] for g in before)
-    changed = ("--weight_decay=0.05", "--beta1=0.8", "--beta2=0.9", "--fused_adamw=False")
+    assert all(g["fused"] for g in before) and {g["eps"] for g in before} == {1e-8}
+    changed = ("--weight_decay=0.05", "--beta1=0.8", "--beta2=0.9", "--fused_adamw=False", "--adam_eps=1e-6")
     resumed = run_train(tiny_data, out, *SHORT, "--init_from=resume", "--max_iters=4", *changed)
     assert resumed.returncode == 0, resumed.stderr
     groups = optimizer_groups(out)
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 4
     assert {g["weight_decay"] for g in groups} == {0.05, 0.0}  # the decayed group's, the other's none
-    assert {tuple(g["betas"]) for g in groups} == {(0.8, 0.9)}
+    assert {tuple(g["betas"]) for g in groups} == {(0.8, 0.9)} and {g["eps"] for g in groups} == {1e-6}
     assert not any(g["fused"] for g in groups)
 
 
@@ -280,13 +280,14 @@ def test_a_resume_trains_with_the_muon_settings_it_gives(tiny_data, tmp_path):
     assert (muon_group["momentum"], muon_group["ns_steps"], muon_group["weight_decay"]) == (0.95, 5, 0.0)
     assert muon_group["base_lr"] == 0.02
     changed = ("--muon_momentum=0.8", "--muon_ns_steps=3", "--muon_weight_decay=0.01", "--muon_lr=0.01")
-    changed += ("--learning_rate=2e-3", "--weight_decay=0.05", "--beta1=0.8", "--beta2=0.9")
+    changed += ("--learning_rate=2e-3", "--weight_decay=0.05", "--beta1=0.8", "--beta2=0.9", "--adam_eps=1e-6")
     resumed = run_train(tiny_data, out, *SHORT, *muon, "--init_from=resume", "--max_iters=4", *changed)
     assert resumed.returncode == 0, resumed.stderr
     groups = optimizer_groups(out)
     (muon_group,) = [g for g in groups if g["muon"]]
     assert (muon_group["momentum"], muon_group["ns_steps"], muon_group["weight_decay"]) == (0.8, 3, 0.01)
-    assert muon_group["base_lr"] == 0.01
+    assert muon_group["base_lr"] == 0.01 and muon_group["eps"] == 1e-7  # Newton-Schulz's, not adam_eps
+    assert {g["eps"] for g in groups if not g["muon"]} == {1e-6}
     adamw = [g for g in groups if not g["muon"]]
     assert {g["base_lr"] for g in adamw} == {2e-3} and {tuple(g["betas"]) for g in adamw} == {(0.8, 0.9)}
     assert {g["weight_decay"] for g in adamw} == {0.05, 0.0}
