@@ -15,7 +15,8 @@ TASKS = {
     "kjv_char": [*DEMO, CHAR_LR, "--dataset=kjv_char"],  # the King James Bible, by characters: text never tuned on
     # GPT-2 tokens on a small model (the same 4 x 128 shape, batch 8 x 64 = 512 tokens/it): its 50,304 x 128
     # embedding, tied to the head, is most of its 7.2M parameters and the head most of the step
-    # (AdamW's learning rate: 3e-3 beat 1e-3 at 300 iterations, docs/time-to-loss.md)
+    # (AdamW's learning rate: 3e-3 beat 1e-3 at 300 iterations, docs/time-to-loss.md; its epsilon is torch's 1e-8,
+    # which 1e-6 beats: --train_args=--adam_eps=1e-6, docs/lowmem.md)
     "bpe": [*DEMO, "--dataset=shakespeare", "--batch_size=8", "--learning_rate=3e-3", "--min_lr=1e-4"],
     "kjv_bpe": [*DEMO, "--dataset=kjv_bpe", "--batch_size=8", "--learning_rate=3e-3", "--min_lr=1e-4"],
     # the GPU scale: GPT-2 (124M) on FineWeb-Edu shards (data/fineweb/prepare.py), 524,288 tokens a step, compiled;
