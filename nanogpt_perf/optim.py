@@ -60,15 +60,16 @@ def build_optimizer(
     momentum_dtype: str = "float32",
     inner_adamw: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None = None,
 ) -> torch.optim.Optimizer:
-    """'adamw': exactly model.configure_optimizers' AdamW. 'muon': a MuonAdamW whose Muon group (lr muon_lr,
-    decoupled decay muon_weight_decay) holds the 2-D weights of transformer.h, and whose two AdamW groups
-    (learning_rate, betas) hold the rest, split as configure_optimizers splits them (model.decay_groups). ns_dtype:
-    the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32 elsewhere. momentum_dtype and
-    inner_adamw: MuonAdamW's (nanogpt_perf/lowmem.py chooses them; the defaults are today's Muon)."""
+    """'adamw': exactly model.configure_optimizers' AdamW, its epsilon adam_eps. 'muon': a MuonAdamW whose Muon
+    group (lr muon_lr, decoupled decay muon_weight_decay) holds the 2-D weights of transformer.h, and whose two AdamW
+    groups (learning_rate, betas, adam_eps) hold the rest, split as configure_optimizers splits them
+    (model.decay_groups). ns_dtype: the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32
+    elsewhere. momentum_dtype and inner_adamw: MuonAdamW's (nanogpt_perf/lowmem.py chooses them; the defaults are
+    today's Muon)."""
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
         optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
-        for group in optimizer.param_groups:  # nanoGPT's call takes no epsilon; AdamW reads it at each step
+        for group in [*optimizer.param_groups, optimizer.defaults]:  # nanoGPT's call takes no epsilon
             group["eps"] = cfg.adam_eps
         return optimizer
     if is_sharded(model):

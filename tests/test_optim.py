@@ -254,6 +254,7 @@ def test_adam_eps_is_torch_adamw_built_with_that_epsilon():
     plain = torch.optim.AdamW(groups, lr=HYPER["learning_rate"], betas=(0.9, 0.95), eps=1e-3, fused=True)
     default = build_optimizer(c, optim("adamw"))
     assert [g["eps"] for g in default.param_groups] == [1e-8, 1e-8]  # torch's default: today's runs as they were
+    assert built.defaults["eps"] == 1e-3 and default.defaults["eps"] == 1e-8  # a group added later takes it too
     assert train(a, built, data) == train(b, plain, data) != train(c, default, data)
     muon = build_optimizer(tiny(), optim("muon", adam_eps=1e-3))
     assert [g["eps"] for g in muon.param_groups] == [NS_EPS, 1e-3, 1e-3]
