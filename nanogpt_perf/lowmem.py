@@ -160,7 +160,7 @@ def build_lowmem_optimizer(
         raise ValueError(f"weights_dtype={spec.weights_dtype!r}, but {stray[0]} is not: cast_weights(model, spec)")
     betas = (cfg.beta1, cfg.beta2)
     if spec.offload:
-        return offloaded_adamw(model, spec, cfg.learning_rate, cfg.weight_decay, betas, cfg.adam_eps)
+        return offloaded_adamw(model, spec, cfg)
     if cfg.optimizer == "muon":
         inner = None
         if spec.torchao_adamw:  # the AdamW groups' moments as state_bits asks, their weights' update rounded as due
@@ -182,14 +182,7 @@ def torchao_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: An
     return kind(groups, bf16_stochastic_round=spec.weights_dtype == "bfloat16", **kwargs)
 
 
-def offloaded_adamw(
-    model: nn.Module,
-    spec: LowMemConfig,
-    learning_rate: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    eps: float,
-) -> torch.optim.Optimizer:
+def offloaded_adamw(model: nn.Module, spec: LowMemConfig, cfg: OptimConfig) -> torch.optim.Optimizer:
     """torchao's CPUOffloadOptimizer over configure_optimizers' groups: each weight keeps a host copy, its gradient
     goes to the host as backward makes it, torch's fused CPU AdamW steps there (torchao's _AdamW with stochastic
     rounding for bfloat16 weights) and the weight comes back. CUDA only (lowmem_rules says so in one line)."""
@@ -197,8 +190,9 @@ def offloaded_adamw(
 
     kind = _AdamW if spec.weights_dtype == "bfloat16" else torch.optim.AdamW
     extra = {"bf16_stochastic_round": True} if kind is _AdamW else {}
-    groups = decay_groups(model.parameters(), weight_decay)
-    return CPUOffloadOptimizer(groups, kind, offload_gradients=False, lr=learning_rate, betas=betas, eps=eps, **extra)
+    groups = decay_groups(model.parameters(), cfg.weight_decay)
+    hyper = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+    return CPUOffloadOptimizer(groups, kind, offload_gradients=False, **hyper, **extra)
 
 
 def state_arithmetic(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig) -> dict[str, int]:

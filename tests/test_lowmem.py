@@ -492,7 +492,8 @@ def test_adam_eps_reaches_torchaos_adamw(optimizer, bits):
         built = build_lowmem_optimizer(model, cfg, spec)
         if not given:  # the reference: today's build, its AdamW groups given the eps by hand
             for group in built.param_groups:
-                group["eps"] = group["eps"] if group.get("muon") else eps
+                if not group.get("muon"):
+                    group["eps"] = eps
         assert {g["eps"] for g in built.param_groups if not g.get("muon")} == {eps}
         train(model, built, data)
         runs.append(model.state_dict())
