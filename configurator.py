@@ -3,10 +3,8 @@ Settings from config files and --key=value flags, in the order given:
 
     python train.py config/train_shakespeare_char.py --batch_size=32 --compile=false
 
-configure() flattens the parts' settings (dataclasses beside the code that uses them: nanogpt_perf/config.py) into
-nanoGPT's flat names, applies the config files (their top-level assignments) and flags, converting a value only where
-that loses nothing (1e5 -> 100000 for an int, false -> False), checks every value once and returns a Config. Every
-mistake is one error line. This module imports no torch: the data preparers' worker processes import it.
+A value converts only where that loses nothing (1e5 -> 100000 for an int, false -> False); every mistake is one
+error line. This module imports no torch: the data preparers' worker processes import it.
 """
 
 import ast
@@ -111,10 +109,10 @@ def configure(
     defaults: dict[str, Any] | None = None,
     **parts: type,
 ) -> Config:
-    """The settings of the parts (name=dataclass: train=TrainConfig, model=GPTConfig, ...) after sys.argv's config
-    files and flags (or argv's), each checked against its declaration, then the rules between them (cross).
-    defaults: this script's own defaults for some of the parts' settings. --help prints every setting and exits
-    (--help --markdown: as tables). Prints the settings once (rank 0)."""
+    """The Config of the parts (name=dataclass: train=TrainConfig, model=GPTConfig, ...; their settings by nanoGPT's
+    flat names) after sys.argv's (or argv's) config files' top-level assignments and flags, each value checked against
+    its declaration, then the rules between settings (cross). defaults: this script's own defaults for some settings.
+    --help prints every setting and exits (--help --markdown: as tables). Prints the settings once (rank 0)."""
     report_errors()  # this script's one handler: a UserError is one line, 'error: ...', and exit status 1
     argv = sys.argv[1:] if argv is None else argv
     known = flat_defaults(parts, defaults)
@@ -135,9 +133,8 @@ def configure(
 
 
 def print_help(parts: dict[str, type], known: dict[str, Any], markdown: bool) -> None:
-    """Print every setting, part by part (its docstring's first line, where it is declared): its flag, type, default
-    and help with its choices, as Markdown tables for docs/ where asked; exit 0, quietly when the reader stops early
-    (python train.py --help | head -1)."""
+    """Print every setting part by part, as Markdown tables for docs/ where asked, and exit 0: quietly where the reader
+    stops early (python train.py --help | head -1)."""
     lines = [] if markdown else [f"usage: python {Path(sys.argv[0]).name} [config_file.py ...] [--key=value ...]"]
     width = max(map(len, known))
     for part in parts.values():
