@@ -113,8 +113,7 @@ class Config:
         return dict(declared(type(self._owner[name]))[name].metadata)
 
     def replace(self, cross: tuple | None = None, **changes: Any) -> "Config":
-        """This config with some settings changed, checked as configure checks them: each against its declaration,
-        then the rules between them (cross, else this config's)."""
+        """This config with some settings changed, checked as build checks them (cross: else this config's rules)."""
         if unknown := set(changes) - set(self._owner):
             raise TypeError(f"no setting {', '.join(sorted(unknown))}")
         types = {name: type(part) for name, part in self._parts.items()}
