@@ -37,7 +37,10 @@ def parse_flag(raw: str, default: Any) -> Any:
     except Exception:  # not a literal: the text, which convert refuses with the setting's type
         return raw
     if type(default) is int and type(value) is float and abs(value) >= EXACT_FLOAT:
-        exact = decimal.Decimal(raw.strip())
+        try:
+            exact = decimal.Decimal(raw.strip())
+        except decimal.InvalidOperation:  # a literal that is no decimal, '(1e20)': the float, which convert refuses
+            return value
         return int(exact) if exact == exact.to_integral_value() else value
     return value
 
