@@ -150,48 +150,37 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: Tensor, rope: Rope | None = None, ve: Tensor | None = None, cache: Callable | None = None
     ) -> Tensor:
-        """Causal self-attention over x (B, T, C); q and k turned by rope = (cos, sin), ve (B, T, C) mixed into the
-        values. cache: this layer's KV cache (nanogpt_perf/generate.py), which takes k, v (B, nh, T, hs) and the SDPA
-        kernels chosen here and gives back the keys, values, additive mask (None: causal) and kernels to attend with."""
-        B, T, C = x.size()
-        q, k, v = self.qkv(x, rope)
-        if ve is not None:
-            v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view(B, T, self.n_head, -1).transpose(1, 2).to(v.dtype)
-        mask, kernels = None, SDPA_BACKENDS.get(self.attention)  # mask None: causal over the T positions of x
-        if cache is not None:
-            k, v, mask, kernels = cache(k, v, kernels)
-        y = self.attend(q, k, v, mask, kernels)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
-
-    def qkv(self, x: Tensor, rope: Rope | None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v (B, nh, T, hs) of x, q and k RMS-normalised per head (qk_norm) and turned by rope: the two side
-        by side in one tensor, so that each is one op for both (on a CPU, where nothing fuses them, a tenth of the
-        step). Before rotary or after is the same: a rotation keeps the norm."""
+        """Causal self-attention over x (B, T, C): softmax(q k^T / sqrt(hs) + mask) v, q and k turned by rope = (cos,
+        sin), ve (B, T, C) mixed into the values. cache: this layer's KV cache (nanogpt_perf/generate.py), which takes
+        k, v (B, nh, T, hs) and the SDPA kernels chosen here and gives back the keys, values, additive mask (0 or -inf;
+        None: causal) and kernels (one SDPBackend or a list) to attend with."""
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
-        qk, v = qkv[:, :, :2], qkv[:, :, 2]
+        # q and k side by side in one tensor, so that qk_norm and rotary are one op for both (on a CPU, where nothing
+        # fuses them, a tenth of the step); normalising before rotary is the same as after: a rotation keeps the norm
+        qk, v = qkv[:, :, :2], qkv[:, :, 2].transpose(1, 2)
         if self.qk_norm:
             qk = F.rms_norm(qk, (qk.size(-1),)).to(qk.dtype)
         if rope is not None:
             cos, sin = (t[:, None, None] for t in rope)  # (T, 1, 1, hs / 2): over q and k and every head
             qk = rotate(qk, cos, sin)
-        q, k = qk.unbind(2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, kernels: Any = None) -> Tensor:
-        """softmax(q k^T / sqrt(hs) + mask) v: causal when mask is None, else mask is added (0 or -inf); SDPA
-        held to kernels (one SDPBackend or a list) when given."""
-        dropout_p = self.dropout if self.training else 0.0
-        if self.attention != "manual":
+        q, k = (t.transpose(1, 2) for t in qk.unbind(2))
+        if ve is not None:
+            v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view(B, T, self.n_head, -1).transpose(1, 2).to(v.dtype)
+        mask, kernels = None, SDPA_BACKENDS.get(self.attention)  # mask None: causal over the T positions of x
+        if cache is not None:
+            k, v, mask, kernels = cache(k, v, kernels)
+        if self.attention == "manual":
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            if mask is None:  # causal: -inf above the diagonal
+                mask = torch.full((T, k.size(2)), float("-inf"), dtype=att.dtype, device=q.device).triu(1)
+            y = self.attn_dropout((att + mask).softmax(dim=-1)) @ v
+        else:
+            dropout_p = self.dropout if self.training else 0.0
             with sdpa_kernel(kernels) if kernels else nullcontext():
-                if mask is None:
-                    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-        if mask is None:  # causal: -inf above the diagonal
-            mask = torch.full((q.size(2), k.size(2)), float("-inf"), dtype=att.dtype, device=q.device).triu(1)
-        return self.attn_dropout((att + mask).softmax(dim=-1)) @ v
+                y = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal=mask is None)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # the heads' outputs side by side
+        return self.resid_dropout(self.c_proj(y))
 
 
 class ReLUSquared(torch.autograd.Function):
