@@ -99,6 +99,11 @@ def wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def softcapped(logits: Tensor, cap: float) -> Tensor:
+    """cap * tanh(logits / cap), in float32 at least; the logits as they are when cap is 0 (off)."""
+    return cap * torch.tanh(logits.to(wide(logits.dtype)) / cap) if cap else logits
+
+
 def norm(config: GPTConfig) -> nn.Module:
     """GPT-2's LayerNorm, or an RMSNorm without a weight: a per-channel gain before a Linear is one that the Linear
     can learn itself (and one parameter tensor fewer for the optimizer and the kernels)."""
@@ -293,11 +298,8 @@ class GPT(nn.Module):
         return logits, F.cross_entropy(logits.flatten(0, 1).to(wide(logits.dtype)), targets.flatten(), ignore_index=-1)
 
     def head(self, x: Tensor) -> Tensor:
-        """lm_head's logits of the hidden states x; with logit_softcap c, c * tanh(logits / c), in float32 at least."""
-        logits = self.lm_head(x)
-        if c := self.config.logit_softcap:
-            logits = c * torch.tanh(logits.to(wide(logits.dtype)) / c)
-        return logits
+        """lm_head's logits of the hidden states x, softcapped by logit_softcap."""
+        return softcapped(self.lm_head(x), self.config.logit_softcap)
 
     def hidden_states(self, idx: Tensor) -> Tensor:
         """The trunk: (B, T, n_embd) after the last LayerNorm, which lm_head turns into logits."""
@@ -474,11 +476,8 @@ def chunked_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, chunk: int
 
 
 def _summed_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, softcap: float) -> Tensor:
-    logits = F.linear(x, weight)
-    logits = logits.to(wide(logits.dtype))
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
+    logits = softcapped(F.linear(x, weight), softcap)
+    return F.cross_entropy(logits.to(wide(logits.dtype)), targets, ignore_index=-1, reduction="sum")
 
 
 # transformers stores these as Conv1D weights, (in, out): the transpose of nn.Linear's
