@@ -128,16 +128,6 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
-def value_embed_tables(n_layer: int) -> list[int | None]:
-    """Which value-embedding table each layer mixes into its values, or None: with n = min(3, n_layer // 2) tables
-    (at least one), table i serves layer i and layer n_layer - n + i, the layers in between have none."""
-    n = max(1, min(3, n_layer // 2))
-    tables: list[int | None] = [None] * n_layer
-    for i in range(n):
-        tables[i] = tables[n_layer - n + i] = i
-    return tables
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
@@ -239,7 +229,12 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.ve_tables = value_embed_tables(config.n_layer) if config.value_embeds else [None] * config.n_layer
+        # the value-embedding table each layer mixes into its values, or None: of n_ve tables
+        # (min(3, n_layer // 2), at least one), table i serves layer i and layer n_layer - n_ve + i
+        n_ve = max(1, min(3, config.n_layer // 2)) if config.value_embeds else 0
+        self.ve_tables: list[int | None] = [None] * config.n_layer
+        for i in range(n_ve):
+            self.ve_tables[i] = self.ve_tables[config.n_layer - n_ve + i] = i
         modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
         if not config.rotary:
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
@@ -247,8 +242,7 @@ class GPT(nn.Module):
         modules["h"] = nn.ModuleList([Block(config, t is not None) for t in self.ve_tables])
         modules["ln_f"] = norm(config)
         if config.value_embeds:
-            tables = max(t for t in self.ve_tables if t is not None) + 1
-            modules["ve"] = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd) for _ in range(tables)])
+            modules["ve"] = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd) for _ in range(n_ve)])
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if not config.untied_head:
