@@ -70,9 +70,8 @@ class GPTConfig:
             if value not in valid.get("choices", (value,)):
                 raise ValueError(f"{f.name} must be one of {', '.join(valid['choices'])}, not {value!r}")
             if "min" in valid and not valid["min"] <= value < math.inf:
-                raise ValueError(
-                    f"{f.name} must be a finite number >= {valid['min']}{valid.get('note', '')}, not {value}"
-                )
+                bound = f"a finite number >= {valid['min']}{valid.get('note', '')}"
+                raise ValueError(f"{f.name} must be {bound}, not {value}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         self.logit_softcap = float(self.logit_softcap)
@@ -258,12 +257,10 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; non_embedding leaves out the embeddings that are only looked up (wpe, the value
