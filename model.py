@@ -135,7 +135,6 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head = config.n_head
-        self.dropout = config.dropout
         self.attention = config.attention
         self.qk_norm = config.qk_norm
         if value_embed:  # the weights of v and of the token's value embedding in the values
@@ -170,7 +169,7 @@ class CausalSelfAttention(nn.Module):
                 mask = torch.full((T, k.size(2)), float("-inf"), dtype=att.dtype, device=q.device).triu(1)
             y = self.attn_dropout((att + mask).softmax(dim=-1)) @ v
         else:
-            dropout_p = self.dropout if self.training else 0.0
+            dropout_p = self.attn_dropout.p if self.training else 0.0
             with sdpa_kernel(kernels) if kernels else nullcontext():
                 y = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal=mask is None)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # the heads' outputs side by side
