@@ -18,7 +18,6 @@ from torch.utils.checkpoint import checkpoint
 # SDPA held to one kernel (a kernel the device lacks is an error when it runs), by its name in the settings
 SDPA_BACKENDS = dict(flash=SDPBackend.FLASH_ATTENTION, efficient=SDPBackend.EFFICIENT_ATTENTION,
                      cudnn=SDPBackend.CUDNN_ATTENTION, math=SDPBackend.MATH)  # fmt: skip
-# the masked-softmax reference, SDPA choosing its kernel, or SDPA held to one
 ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
 # lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0); the fused ones of
 # nanogpt_perf/kernels, their softmax in torch or in a Triton kernel (CUDA; pip install -e ".[triton]"); liger-kernel's
@@ -143,10 +142,9 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: Tensor, rope: Rope | None = None, ve: Tensor | None = None, cache: Callable | None = None
     ) -> Tensor:
-        """Causal self-attention over x (B, T, C): softmax(q k^T / sqrt(hs) + mask) v, q and k turned by rope = (cos,
-        sin), ve (B, T, C) mixed into the values. cache: this layer's KV cache (nanogpt_perf/generate.py), which takes
-        k, v (B, nh, T, hs) and the SDPA kernels chosen here and gives back the keys, values, additive mask (0 or -inf;
-        None: causal) and kernels (one SDPBackend or a list) to attend with."""
+        """Causal self-attention over x (B, T, C); q and k turned by rope = (cos, sin), ve (B, T, C) mixed into the
+        values. cache: this layer's KV cache (nanogpt_perf/generate.py), which takes k, v (B, nh, T, hs) and the SDPA
+        kernels chosen here and gives back the keys, values, additive mask (None: causal) and kernels to attend with."""
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
         # q and k side by side in one tensor, so that qk_norm and rotary are one op for both (on a CPU, where nothing
@@ -271,9 +269,8 @@ class GPT(nn.Module):
         return n
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
-        """Logits for every position and the mean cross-entropy when targets are given, else logits for the last
-        position only (all that generation needs). The chunked and fused losses give None for the logits: they
-        never make them all at once."""
+        """With targets, the logits of every position (None from the chunked and fused losses, which never make them
+        all) and the mean cross-entropy; without, the last position's logits only (all that generation needs)."""
         x = self.hidden_states(idx)
         if targets is None:
             return self.head(x[:, [-1], :]), None
@@ -354,9 +351,8 @@ class GPT(nn.Module):
     def estimate_mfu(
         self, fwdbwd_per_iter: int, dt: float, peak_flops: float = A100_BF16_PEAK_FLOPS, seq_len: int | None = None
     ) -> float:
-        """Model FLOPs utilisation: the FLOP/s achieved by fwdbwd_per_iter sequences an iteration of dt seconds,
-        over peak_flops (FLOP/s). The default is nanoGPT's yardstick, an A100's bf16 peak, whatever the device:
-        nanogpt_perf.peak_flops.mfu passes the peak of the device actually used, or says it is unknown."""
+        """Model FLOPs utilisation: the FLOP/s of fwdbwd_per_iter sequences an iteration of dt seconds over peak_flops:
+        an A100's bf16 peak unless given (nanoGPT's yardstick); nanogpt_perf.peak_flops.mfu passes the device's."""
         T = seq_len or self.config.block_size
         return self.flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
 
@@ -375,9 +371,8 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type: str, override_args: dict[str, Any] | None = None) -> "GPT":
-        """OpenAI's GPT-2 weights as nanoGPT loads them: gpt2, gpt2-medium, gpt2-large or gpt2-xl (the Hugging Face
-        hub) or a local folder in transformers' format (pip install -e ".[hf]"); override_args: GPTConfig fields
-        that leave the weights as they are (nanoGPT's dropout; also the kernels)."""
+        """OpenAI's GPT-2: gpt2, gpt2-medium, gpt2-large or gpt2-xl from the Hugging Face hub, or a transformers folder
+        (pip install -e ".[hf]"); override_args: fields the weights leave free (nanoGPT's dropout, the kernels)."""
         from transformers import GPT2LMHeadModel
 
         override_args = override_args or {}
@@ -488,9 +483,8 @@ def from_hf_state_dict(hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def to_hf_state_dict(model: GPT, vocab_size: int) -> dict[str, Tensor]:
-    """from_hf_state_dict's inverse: model's weights in transformers' GPT2LMHeadModel layout, on the CPU, the
-    vocabulary cut to vocab_size (no padding); biases of zero where the model has none (the same function:
-    transformers' GPT-2 always has them)."""
+    """from_hf_state_dict's inverse: model's weights as GPT2LMHeadModel's, on the CPU, the vocabulary cut to
+    vocab_size; zero biases where the model has none (the same function: transformers' GPT-2 always has them)."""
     state = {n: (p.t() if n.endswith(HF_TRANSPOSED) else p).detach().cpu().contiguous()
              for n, p in model.state_dict().items()}  # fmt: skip
     if not model.config.bias:
