@@ -19,8 +19,7 @@ from torch.utils.checkpoint import checkpoint
 SDPA_BACKENDS = dict(flash=SDPBackend.FLASH_ATTENTION, efficient=SDPBackend.EFFICIENT_ATTENTION,
                      cudnn=SDPBackend.CUDNN_ATTENTION, math=SDPBackend.MATH)  # fmt: skip
 ATTENTION = ("manual", "sdpa", *SDPA_BACKENDS)
-# lm_head + cross-entropy: logits then the loss (chunked by loss_chunk when > 0); the fused ones of
-# nanogpt_perf/kernels, their softmax in torch or in a Triton kernel (CUDA; pip install -e ".[triton]"); liger-kernel's
+# besides plain, the fused losses: nanogpt_perf/kernels' (softmax in torch, or in Triton) and liger-kernel's
 LOSS_IMPLS = ("plain", "fused", "triton", "liger")
 A100_BF16_PEAK_FLOPS = 312e12  # nanoGPT's MFU yardstick
 ROTARY_BASE = 10000.0
@@ -93,7 +92,7 @@ RECIPE_ARCHITECTURE = tuple(k for k in ARCHITECTURE if k not in NANOGPT_FIELDS)
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the softmax over the logits: float32, or float64 for float64 work."""
+    """float32, or float64 for float64 work: the dtype of the logits' softmax and of rotary's angles."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -358,9 +357,8 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict[str, Any], config: GPTConfig | None = None) -> "GPT":
-        """The model saved in a checkpoint, ours or nanoGPT's (its model_args and model, whose names may carry
-        torch.compile's _orig_mod. prefix): with config, that config but for the architecture, which is the
-        checkpoint's (the kernels, dropout and memory savers are free to change)."""
+        """The model in a checkpoint, ours or nanoGPT's (model_args; model, its names maybe under torch.compile's
+        _orig_mod.): with config, that config but for the architecture, which is the checkpoint's (the rest is free)."""
         fields = GPTConfig.__dataclass_fields__
         saved = {k: v for k, v in checkpoint["model_args"].items() if k in fields}
         saved = {k: fields[k].default for k in ARCHITECTURE} | saved  # a field newer than the checkpoint: its default
