@@ -8,6 +8,7 @@ error line. This module imports no torch: the data preparers' worker processes i
 """
 
 import ast
+import contextlib
 import decimal
 import difflib
 import os
@@ -17,32 +18,29 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.config import EXACT_FLOAT, Config, build, convert, declared, flat_defaults
-from nanogpt_perf.errors import UserError, report_errors, shown
+from nanogpt_perf.config import Config, build, convert, declared, flat_defaults
+from nanogpt_perf.errors import UserError, first_line, report_errors, shown
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
 def parse_flag(raw: str, default: Any) -> Any:
-    """The value a flag's text stands for: the text itself for a str setting, else a boolean word or a Python
-    literal; a number past float's exact integers, as an int setting, read exactly (9007199254740993.0)."""
+    """The value a flag's text stands for: the text itself for a str setting, else a boolean word, a number read
+    exactly as the setting's type (1e5 and 9007199254740993.0 as an int, inf as a float) or a Python literal."""
     if isinstance(default, str):
         return raw
     if isinstance(default, bool) and raw.lower() in BOOL_WORDS:
         return BOOL_WORDS[raw.lower()]
-    if isinstance(default, float) and raw.strip().lower().lstrip("+-") in ("inf", "infinity", "nan"):
-        return float(raw)
+    with contextlib.suppress(ValueError, ArithmeticError):  # no such number ('0x10', '1.5' as an int): a literal
+        if type(default) is float:
+            return float(raw)
+        if type(default) is int and (exact := decimal.Decimal(raw)) == exact.to_integral_value():
+            if exact.adjusted() < 4300:  # no longer than Python reads an int: 1e999999999 is never built
+                return int(exact)
     try:
-        value = ast.literal_eval(raw)
+        return ast.literal_eval(raw)
     except Exception:  # not a literal: the text, which convert refuses with the setting's type
         return raw
-    if type(default) is int and type(value) is float and abs(value) >= EXACT_FLOAT:
-        try:
-            exact = decimal.Decimal(raw.strip())
-        except decimal.InvalidOperation:  # a literal that is no decimal, '(1e20)': the float, which convert refuses
-            return value
-        return int(exact) if exact == exact.to_integral_value() else value
-    return value
 
 
 def unknown_key(key: str, known: Iterable[str], where: str) -> UserError:
@@ -81,10 +79,7 @@ def config_file_failure(path: str, error: BaseException) -> str:
         return f"{where}: it exits (sys.exit({shown(error.code)})); a config file only sets settings"
     if isinstance(error, KeyboardInterrupt):
         return f"{where}: interrupted (KeyboardInterrupt) while it ran"
-    try:
-        text = (str(error).strip().splitlines() or [""])[0]
-    except Exception:  # an exception whose message itself fails
-        text = "(its message cannot be shown)"
+    text = first_line(error)
     return f"{where}: {type(error).__name__}" + (f": {text[:200]}" if text else "")
 
 

@@ -66,7 +66,11 @@ def shown(value: Any) -> str:
 
 def first_line(error: BaseException) -> str:
     """An error's message in one line: its first, and the next where the first only announces it ('...:')."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
+    try:
+        text = str(error)
+    except Exception:  # an exception whose message itself fails (a config file's own class may)
+        text = "(its message cannot be shown)"
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()] or [""]
     return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
 
 

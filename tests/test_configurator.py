@@ -47,6 +47,9 @@ def overrides(argv: list[str]) -> dict:
         ("--wandb_run_name=123", "wandb_run_name", "123"),
         ("--seed=9007199254740993.0", "seed", 9007199254740993),  # past float's exact integers: read exactly
         ("--seed=1e20", "seed", 10**20),
+        ("--seed=0x10", "seed", 16),
+        ("--seed=1_000", "seed", 1000),
+        ("--learning_rate=1_0.5", "learning_rate", 10.5),
     ],
 )
 def test_flags_convert_to_the_setting_type(flag, key, expected):
@@ -57,7 +60,8 @@ def test_flags_convert_to_the_setting_type(flag, key, expected):
 @pytest.mark.parametrize(
     "flag",
     ["--max_iters=1.5", "--max_iters=abc", "--learning_rate=fast", "--compile=maybe", "--compile=2",
-     "--max_iters=True", "--seed=9007199254740993.5", "--seed=(1e20)", "--seed=-(1e20)"],
+     "--max_iters=True", "--seed=9007199254740993.5", "--seed=(1e20)", "--seed=-(1e20)", "--seed=1e999999999",
+     "--seed=inf", "--seed=sNaN", "--learning_rate=0x1p3"],
 )  # fmt: skip
 def test_lossy_or_wrong_values_are_refused(flag):
     with pytest.raises(UserError, match=flag[2:].split("=")[0]):

@@ -125,6 +125,7 @@ CASES = {
     "train-seed=2**64": Case(T, "--seed=18446744073709551616", ("seed must be an integer within 64 bits",)),
     "train-seed=-1": Case(T, "--seed=-1", ("seed must be >= 0, not -1",)),
     "train-max_iters=1e30": Case(T, "--max_iters=1e30", ("max_iters must be an integer within 64 bits",)),
+    "train-seed=1e999999999": Case(T, "--seed=1e999999999", ("seed must be int",)),  # read, never built: no hang
     "train-max_iters=10**30": Case(T, "--max_iters=10**30", ("max_iters must be int", "'10**30'")),
     "train-max_iters=10**5000_in_config": Case(
         T, "{dir}/cfg.py", ("max_iters", "about 5,001 digits"), {"cfg.py": "max_iters = 10**5000"}
