@@ -21,6 +21,7 @@ from typing import Any
 from nanogpt_perf.config import Config, build, convert, declared, flat_defaults
 from nanogpt_perf.errors import UserError, first_line, report_errors, shown
 
+ASSIGNMENTS = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)  # what sets a setting in a config file
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
@@ -31,12 +32,13 @@ def parse_flag(raw: str, default: Any) -> Any:
         return raw
     if isinstance(default, bool) and raw.lower() in BOOL_WORDS:
         return BOOL_WORDS[raw.lower()]
-    with contextlib.suppress(ValueError, ArithmeticError):  # no such number ('0x10', '1.5' as an int): a literal
+    with contextlib.suppress(ValueError, ArithmeticError):  # no decimal number ('0x10'): a Python literal, below
         if type(default) is float:
             return float(raw)
-        if type(default) is int and (exact := decimal.Decimal(raw)) == exact.to_integral_value():
-            if exact.adjusted() < 4300:  # no longer than Python reads an int: 1e999999999 is never built
-                return int(exact)
+        if type(default) is int:  # exactly or not at all: 0.99999999999999999 is no int; 1e999999999 is never built
+            exact = decimal.Decimal(raw)
+            whole = exact.is_finite() and exact == exact.to_integral_value() and exact.adjusted() < 4300
+            return int(exact) if whole else raw
     try:
         return ast.literal_eval(raw)
     except Exception:  # not a literal: the text, which convert refuses with the setting's type
@@ -46,27 +48,28 @@ def parse_flag(raw: str, default: Any) -> Any:
 def unknown_key(key: str, known: Iterable[str], where: str) -> UserError:
     close = difflib.get_close_matches(key, list(known), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else "; --help lists the settings"
-    return UserError(f"unknown setting {key!r} in {where}{hint}")
+    return UserError(f"unknown setting {shown(key)} in {where}{hint}")
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """The top-level assignments of a Python config file (not the names it imports, nor its functions and classes).
-    Whatever it raises, SystemExit and KeyboardInterrupt included, is a UserError naming the file and the line."""
-    if not Path(path).is_file():
-        raise UserError(f"config file {path} not found")
+    """What a Python config file assigns (=, :=, +=) at module scope, in an if or a try too; not the names it imports,
+    nor its functions and classes. Whatever it raises, SystemExit and KeyboardInterrupt included, is a UserError
+    naming the file and the line."""
     try:
+        if not Path(path).is_file():
+            raise UserError(f"config file {path} {'is not a file' if Path(path).exists() else 'not found'}")
         tree = ast.parse(Path(path).read_bytes(), path)
         code = compile(tree, path, "exec")
     except SyntaxError as e:
         raise UserError(f"config file {path}{f', line {e.lineno}' if e.lineno else ''}: SyntaxError: {e.msg}") from None
-    except (OSError, ValueError) as e:  # unreadable; NUL bytes in it
+    except (OSError, ValueError, RecursionError, MemoryError) as e:  # unreadable; NUL bytes; nested past the parser
         raise UserError(f"config file {path} cannot be read as Python: {type(e).__name__}: {e}") from None
     namespace: dict[str, Any] = {}
     try:
         exec(code, namespace)
     except BaseException as e:  # a broken config file is the user's to fix: say where, not a traceback
         raise UserError(config_file_failure(path, e)) from None
-    assigned = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+    assigned = {t.id for node in ast.walk(tree) if isinstance(node, ASSIGNMENTS)
                 for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}  # fmt: skip
     return {k: v for k, v in namespace.items() if k in assigned and not k.startswith("_")}
 
@@ -92,6 +95,8 @@ def read_overrides(known: dict[str, Any], words: dict[str, tuple], argv: list[st
         elif "=" in arg:
             key, _, raw = arg[2:].partition("=")  # the value may itself contain '='
             pairs, where = {key: parse_flag(raw, known.get(key))}, "flags"
+        elif arg[2:] not in known:
+            raise unknown_key(arg[2:], known, "flags")
         else:
             raise UserError(f"flag {arg!r} has no value; write --{arg[2:]}=VALUE")
         for key, value in pairs.items():
@@ -121,7 +126,8 @@ def configure(
     values = known | given
     for k, m in meta.items():  # a path's leading ~, which no shell expands inside a flag (--out_dir=~/x)
         if getattr(m.get("check"), "is_path", False) and type(values[k]) is str:
-            values[k] = os.path.expanduser(values[k])
+            with contextlib.suppress(ValueError):  # a NUL in it, which the path's check refuses
+                values[k] = os.path.expanduser(values[k])
     cfg = build(parts, values, given, tuple(cross), known)
     if os.environ.get("RANK", "0") == "0":
         print("settings: " + ", ".join(f"{k}={v!r}" for k, v in cfg.as_dict().items()))
@@ -150,8 +156,10 @@ def print_help(parts: dict[str, type], known: dict[str, Any], markdown: bool) ->
             lines.append(f"| `{key}` | {kind} | `{default}` | {text} |" if markdown else plain)
     try:
         print("\n".join(lines[1:] if markdown else lines), flush=True)
-    except BrokenPipeError:
+    except OSError as e:  # a closed pipe: quietly; a full disk: one line
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        if not isinstance(e, BrokenPipeError):
+            raise UserError(f"cannot print the help: {e.strerror}") from None
     sys.exit(0)
 
 

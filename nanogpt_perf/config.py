@@ -89,10 +89,11 @@ class Config:
         self.__dict__.update(_parts=parts, _owner=owner, given=frozenset(given), cross=tuple(cross), defaults=defaults)
 
     def __getattr__(self, name: str) -> Any:
-        if name in self.__dict__["_parts"]:
-            return self.__dict__["_parts"][name]
-        if name in self.__dict__["_owner"]:
-            return getattr(self.__dict__["_owner"][name], name)
+        parts, owner = self.__dict__.get("_parts", {}), self.__dict__.get("_owner", {})  # none yet: copy, pickle
+        if name in parts:
+            return parts[name]
+        if name in owner:
+            return getattr(owner[name], name)
         raise AttributeError(f"no setting {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

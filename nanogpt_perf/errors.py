@@ -26,8 +26,9 @@ def report_errors() -> None:
 
 def one_line(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
     """sys.excepthook: Python then exits with status 1, or by SIGINT after a KeyboardInterrupt (atexit runs)."""
-    if issubclass(kind, UserError):
-        print(f"error: {error}", file=sys.stderr, flush=True)
+    if issubclass(kind, UserError):  # one line, whatever a path or a name in it holds ('\n' as its escape)
+        text = str(error)
+        print(f"error: {text if text.isprintable() else repr(text)[1:-1]}", file=sys.stderr, flush=True)
     elif issubclass(kind, ValueError) and torch_refused_its_logs(traceback):
         logs = shown(os.environ.get("TORCH_LOGS", ""))
         print(
@@ -61,7 +62,8 @@ def shown(value: Any) -> str:
     if type(value) is str:
         return repr(value) if len(value) <= 80 else repr(value[:80]) + f"... ({len(value):,} characters)"
     kind = type(value)
-    return f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}"
+    module = getattr(kind, "__module__", "builtins")  # a class type() made in a config file may have none
+    return f"a {kind.__qualname__ if module == 'builtins' else f'{module}.{kind.__qualname__}'}"
 
 
 def first_line(error: BaseException) -> str:

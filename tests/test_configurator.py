@@ -1,16 +1,19 @@
 """Settings: flags and config files convert to each setting's type only where nothing is lost, every value is checked
 against its declaration once, and every script's declarations are whole (each number bounded, each default valid)."""
 
+import copy
+import pickle
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from configurator import configure, read_overrides, sweep_values
 from conftest import ROOT, declarations
 from nanogpt_perf.config import build, declared, flat_defaults, setting
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, one_line
 
 
 @dataclass
@@ -61,7 +64,8 @@ def test_flags_convert_to_the_setting_type(flag, key, expected):
     "flag",
     ["--max_iters=1.5", "--max_iters=abc", "--learning_rate=fast", "--compile=maybe", "--compile=2",
      "--max_iters=True", "--seed=9007199254740993.5", "--seed=(1e20)", "--seed=-(1e20)", "--seed=1e999999999",
-     "--seed=inf", "--seed=sNaN", "--learning_rate=0x1p3"],
+     "--seed=inf", "--seed=sNaN", "--learning_rate=0x1p3", "--seed=0.99999999999999999", "--seed=1e-400",
+     "--seed=2.0000000000000001", "--seed=1e4300", "--nonexistent"],
 )  # fmt: skip
 def test_lossy_or_wrong_values_are_refused(flag):
     with pytest.raises(UserError, match=flag[2:].split("=")[0]):
@@ -117,6 +121,26 @@ def test_wrong_type_in_config_file(tmp_path):
     cfg.write_text("max_iters = '10'\n")
     with pytest.raises(UserError, match="max_iters must be int"):
         overrides([str(cfg)])
+
+
+def test_a_config_file_sets_what_it_assigns_in_an_if_or_a_try_not_in_a_function(tmp_path):
+    """As nanoGPT's exec of it would: a setting assigned inside a block counts (it once went unseen, silently)."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text("if True:\n    max_iters = 7\ntry:\n    seed = 3\nexcept Exception:\n    pass\n"
+                   "def f():\n    learning_rate = 5.0\nf()\n")  # fmt: skip
+    values = overrides([str(cfg)])
+    assert (values["max_iters"], values["seed"], values["learning_rate"]) == (7, 3, 6e-4)
+
+
+def test_a_config_copies_and_pickles_whole():
+    cfg = build({"demo": Demo}, DEFAULTS).replace(seed=7)
+    for twin in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert twin.as_dict() == cfg.as_dict() and twin.demo == cfg.demo and twin.seed == 7
+
+
+def test_an_error_line_stays_one_line_whatever_a_name_in_it_holds(capsys):
+    one_line(UserError, UserError("config file a\nerror: b.py not found"), None)
+    assert capsys.readouterr().err == "error: config file a\\nerror: b.py not found\n"
 
 
 def test_missing_config_file():
@@ -317,6 +341,14 @@ def test_help_lists_every_setting_and_survives_a_closed_pipe(script):
     piped = subprocess.run(f"{sys.executable} {script} --help | head -1", shell=True, cwd=ROOT, capture_output=True,
                            text=True)  # fmt: skip
     assert piped.stdout.startswith("usage:") and piped.stderr == "", piped.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_help_to_a_full_disk_is_one_error_line():
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "sample.py", "--help"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    assert result.returncode == 1 and result.stderr == "error: cannot print the help: No space left on device\n"
 
 
 def test_the_configurator_imports_no_torch():

@@ -222,6 +222,16 @@ CASES = {
     "config-SyntaxError": Case(G, "{dir}/cfg.py", ("cfg.py, line 1: SyntaxError",), {"cfg.py": "n_layer = (\n"}),
     "config-not_utf8": Case(T, "{dir}/cfg.py", ("cfg.py, line 1: SyntaxError",), {"cfg.py": b"n_layer = '\xff'\n"}),
     "config-NUL_byte": Case(T, "{dir}/cfg.py", ("cfg.py: ", "null bytes"), {"cfg.py": b"n_layer = 2\x00\n"}),
+    "config-deep_expression": Case(
+        T, "{dir}/cfg.py", ("cfg.py cannot be read as Python: RecursionError",), {"cfg.py": "n_layer = 1" + " +1" * 999}
+    ),
+    "config-name_too_long": Case(T, "{dir}/" + "a" * 300 + ".py", ("cannot be read as Python: OSError",)),
+    "config-folder": Case(T, "{dir}/d.py", ("config file {dir}/d.py is not a file",), {"d.py/x": "n_layer = 2"}),
+    "config-escape_in_name": Case(T, "{dir}/no\x1b[2Kx.py", ("{dir}/no\\x1b[2Kx.py not found",)),  # shown, not obeyed
+    "config-~_and_NUL": Case(T, "{dir}/cfg.py", ("out_dir must be a path without",), {"cfg.py": "out_dir = '~\\0'"}),
+    "config-type()_instance": Case(
+        T, "{dir}/cfg.py", ("n_layer must be int", "got a X"), {"cfg.py": "n_layer = type('X', (), {})()"}
+    ),
     "config-unprintable_exception": Case(
         H,
         "{dir}/cfg.py",
