@@ -110,17 +110,19 @@ def configure(
     argv: list[str] | None = None,
     cross: Iterable[Callable[[Config], None]] = (),
     defaults: dict[str, Any] | None = None,
+    usage: str = "[config_file.py ...] [--key=value ...]",
     **parts: type,
 ) -> Config:
     """The Config of the parts (name=dataclass: train=TrainConfig, model=GPTConfig, ...; their settings by nanoGPT's
     flat names) after sys.argv's (or argv's) config files' top-level assignments and flags, each value checked against
     its declaration, then the rules between settings (cross). defaults: this script's own defaults for some settings.
-    --help prints every setting and exits (--help --markdown: as tables). Prints the settings once (rank 0)."""
+    --help prints usage (what the script's name takes), every setting and exits (--help --markdown: as tables).
+    Prints the settings once (rank 0)."""
     report_errors()  # this script's one handler: a UserError is one line, 'error: ...', and exit status 1
     argv = sys.argv[1:] if argv is None else argv
     known = flat_defaults(parts, defaults)
     if "-h" in argv or "--help" in argv:
-        print_help(parts, known, markdown="--markdown" in argv)
+        print_help(parts, known, usage, markdown="--markdown" in argv)
     meta = {k: f.metadata for p in parts.values() for k, f in declared(p).items()}
     given = read_overrides(known, {k: m.get("words", ()) for k, m in meta.items()}, argv)
     values = known | given
@@ -136,10 +138,10 @@ def configure(
     return cfg
 
 
-def print_help(parts: dict[str, type], known: dict[str, Any], markdown: bool) -> None:
+def print_help(parts: dict[str, type], known: dict[str, Any], usage: str, markdown: bool) -> None:
     """Print every setting part by part, as Markdown tables for docs/ where asked, and exit 0: quietly where the reader
     stops early (python train.py --help | head -1)."""
-    lines = [] if markdown else [f"usage: python {Path(sys.argv[0]).name} [config_file.py ...] [--key=value ...]"]
+    lines = [] if markdown else [f"usage: python {Path(sys.argv[0]).name} {usage}"]
     width = max(map(len, known))
     for part in parts.values():
         doc = "" if (part.__doc__ or "").startswith(part.__name__ + "(") else (part.__doc__ or "").strip()

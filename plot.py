@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     flags = [a for a in argv if a.startswith("-")]
     out_dirs = [Path(a) for a in argv if not a.startswith("-")]
-    cfg = configure(flags, plot=PlotConfig)
+    cfg = configure(flags, usage="OUT_DIR [OUT_DIR ...] [--key=value ...]", plot=PlotConfig)
     if not out_dirs and "--help" not in flags:
         raise UserError("plot.py needs one or more OUT_DIRs: folders of runs, each with a log.jsonl")
     out = Path(cfg.out) if cfg.out else (out_dirs[0] / "curves.png" if len(out_dirs) == 1 else Path("curves.png"))

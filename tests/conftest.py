@@ -151,7 +151,7 @@ def declarations(script: str) -> Declarations:
     import configurator
     from nanogpt_perf.config import flat_defaults
 
-    def capture(argv=None, cross=(), defaults=None, **parts):
+    def capture(argv=None, cross=(), defaults=None, usage="", **parts):
         raise _Captured(Declarations(parts, flat_defaults(parts, defaults), tuple(cross)))
 
     real, configurator.configure = configurator.configure, capture

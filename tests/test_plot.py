@@ -140,6 +140,10 @@ def test_a_log_without_step_records_and_other_bad_input(tmp_path, monkeypatch, c
     with pytest.raises(UserError, match="^.*pip install matplotlib"):
         plot.main([str(write_log(tmp_path / "a", a_run(1.0)))])
     assert capsys.readouterr().err == ""  # argparse printed no usage block
+    with pytest.raises(SystemExit):
+        plot.main(["--help"])
+    usage = capsys.readouterr().out.splitlines()[0]  # what plot.py takes: folders, not config files
+    assert usage.startswith("usage: python ") and usage.endswith(" OUT_DIR [OUT_DIR ...] [--key=value ...]"), usage
 
 
 def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
