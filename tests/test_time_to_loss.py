@@ -410,7 +410,7 @@ def test_a_configuration_that_sets_a_setting_the_benchmark_sets_is_refused(tmp_p
         ("unbalanced quote", ('train_args "\'--n_layer=2" cannot be split as a shell would', "close its quotes")),
         ("out a file", ("is a file: give a folder",)),
         ("out in a file", ("cannot make the results folder", "Not a directory")),
-        ("configs a folder", ("not found",)),
+        ("configs a folder", ("is not a file",)),
         ("configs binary", ("cannot be read as Python", "null bytes")),
     ],
 )
