@@ -55,10 +55,11 @@ def read_config_file(path: str) -> dict[str, Any]:
     """What a Python config file assigns (=, :=, +=) at module scope, in an if or a try too; not the names it imports,
     nor its functions and classes. Whatever it raises, SystemExit and KeyboardInterrupt included, is a UserError
     naming the file and the line."""
+    file = Path(path)
     try:
-        if not Path(path).is_file():
-            raise UserError(f"config file {path} {'is not a file' if Path(path).exists() else 'not found'}")
-        tree = ast.parse(Path(path).read_bytes(), path)
+        if not file.is_file():
+            raise UserError(f"config file {path} {'is not a file' if file.exists() else 'not found'}")
+        tree = ast.parse(file.read_bytes(), path)
         code = compile(tree, path, "exec")
     except SyntaxError as e:
         raise UserError(f"config file {path}{f', line {e.lineno}' if e.lineno else ''}: SyntaxError: {e.msg}") from None
@@ -114,7 +115,7 @@ def configure(
     **parts: type,
 ) -> Config:
     """The Config of the parts (name=dataclass: train=TrainConfig, model=GPTConfig, ...; their settings by nanoGPT's
-    flat names) after sys.argv's (or argv's) config files' top-level assignments and flags, each value checked against
+    flat names) after sys.argv's (or argv's) config files (read_config_file) and flags, each value checked against
     its declaration, then the rules between settings (cross). defaults: this script's own defaults for some settings.
     --help prints usage (what the script's name takes), every setting and exits (--help --markdown: as tables).
     Prints the settings once (rank 0)."""
