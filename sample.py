@@ -5,6 +5,7 @@ Generate text from a trained model or from GPT-2, streamed as it is produced, wi
     python sample.py --init_from=gpt2 --start=FILE:prompt.txt --top_p=0.9 --stop="\n\n"
     python sample.py --out_dir=out-shakespeare --num_samples=16 --batched=True --compile=True
     python sample.py --init_from=hf-shakespeare-char           # an export (export.py): its vocabulary comes with it
+    python sample.py --out_dir=out-shakespeare --quantize=int4 --draft=ngram   # int4 weights, speculative
 """
 
 from nanogpt_perf.errors import report_errors
@@ -24,13 +25,14 @@ from model import GPT
 from nanogpt_perf.config import setting
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import UserError, read_user_text
-from nanogpt_perf.generate import Engine, Sampling, cache_length, onednn_for_cpu_inference
+from nanogpt_perf.generate import Engine, Sampling, cache_length, for_inference
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, init_from_one_of
 from nanogpt_perf.guard.vocabulary import check_vocabulary
 from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
+from nanogpt_perf.quantize import CPU_DTYPE, QuantizeConfig, int4_problem
 from nanogpt_perf.runtime import (
     CompileConfig,
     DeviceConfig,
@@ -39,6 +41,7 @@ from nanogpt_perf.runtime import (
     device_memory_bytes,
     resolve_runtime,
 )
+from nanogpt_perf.speculative import DraftConfig, DraftStats, ModelDraft, NgramDraft, speculative_tokens
 
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
@@ -81,12 +84,15 @@ class SampleConfig:
 
 # sampling needs a trained model (no 'scratch'); compile: the one-shape decode step, compiled once and timed apart
 cfg = configure(
-    sample=SampleConfig, hardware=DeviceConfig, precision=PrecisionConfig, compiler=CompileConfig, rng=SeedConfig,
-    defaults={"compile": False},
+    sample=SampleConfig, weights=QuantizeConfig, speculative=DraftConfig, hardware=DeviceConfig,
+    precision=PrecisionConfig, compiler=CompileConfig, rng=SeedConfig, defaults={"compile": False},
 )  # fmt: skip
 # -----------------------------------------------------------------------------
 
-runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
+if cfg.draft and (cfg.batched or not cfg.kv_cache):
+    raise UserError(f"draft={cfg.draft!r} decodes one sequence at a time through the KV cache: batched=False and "
+                    "kv_cache=True")  # fmt: skip
+runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32, cpu_auto=CPU_DTYPE[cfg.quantize])
 stop = unescaped(cfg.stop)
 print(runtime.describe())
 generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
@@ -108,6 +114,17 @@ if not prompt:
 model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(cfg.init_from)
 model.eval().to(runtime.device)
 check_vocabulary(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder")
+if cfg.quantize == "int4" and (problem := int4_problem(model)):
+    raise UserError(f"quantize=int4: {problem}; use int8")
+draft_model = None  # the draft's checkpoint, of the same vocabulary, made ready to decode
+if cfg.draft not in ("", "ngram"):
+    draft_checkpoint = load_checkpoint(Path(cfg.draft) / "ckpt.pt", runtime.device)
+    draft_tokenizer = Tokenizer.for_checkpoint(draft_checkpoint)
+    if (draft_tokenizer.itos, draft_tokenizer.n_vocab) != (tokenizer.itos, tokenizer.n_vocab):
+        raise UserError(f"draft {cfg.draft} has the tokenizer {draft_tokenizer.name}, not the model's "
+                        f"{tokenizer.name}: a draft must share the model's vocabulary")  # fmt: skip
+    draft_model = for_inference(GPT.from_checkpoint(draft_checkpoint).eval().to(runtime.device), runtime)
+    print(f"draft: {cfg.draft} ({draft_model.get_num_params() / 1e6:.2f}M parameters), {cfg.draft_tokens} a pass")
 print(f"tokenizer: {tokenizer.name}")
 rows, shape = cfg.num_samples if cfg.batched else 1, model.config  # the sequences generated together; the model
 positions = cache_length(min(len(prompt), shape.block_size), cfg.max_new_tokens, shape.block_size)
@@ -119,10 +136,9 @@ if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
     )
 idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
-# the engine: a one-shape decode step (compiled when asked, a CUDA graph on CUDA), built ahead and timed apart
-if not cfg.compile:
-    model = onednn_for_cpu_inference(model, runtime)
-engine = Engine(model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph)
+# the engine: the weights quantized (quantize) or cast once, a one-shape decode step (compiled when asked, a CUDA
+# graph on CUDA), built ahead and timed apart
+engine = Engine(model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph, quantize=cfg.quantize)
 sampling = Sampling(cfg.temperature, cfg.top_k or None, cfg.top_p, tokenizer.n_vocab)
 if cfg.kv_cache and (cfg.compile or engine.graphs):
     decoder = engine.decoder(cfg.num_samples if cfg.batched else 1, idx.size(1), cfg.max_new_tokens, sampling)
@@ -131,12 +147,19 @@ if cfg.kv_cache and (cfg.compile or engine.graphs):
     print(f"built the decode step ({how}) in {built:.1f} s")
 
 first_token_at: float | None = None  # when the first sample's first token was ready
+drafts = DraftStats()  # speculative decoding's passes and acceptance, over every sample
 
 
 def tokens(n: int):
     """The generator of next tokens, (n, 1) per step."""
     global first_token_at
-    for token in engine.tokens(idx, cfg.max_new_tokens, sampling, generator, num_samples=n, use_cache=cfg.kv_cache):
+    if cfg.draft:
+        cache = engine.decoder(1, idx.size(1), cfg.max_new_tokens, sampling).cache_len
+        draft = NgramDraft() if draft_model is None else ModelDraft(draft_model, sampling, cache, generator)
+        new = speculative_tokens(engine, idx, cfg.max_new_tokens, sampling, draft, cfg.draft_tokens, generator, drafts)
+    else:
+        new = engine.tokens(idx, cfg.max_new_tokens, sampling, generator, num_samples=n, use_cache=cfg.kv_cache)
+    for token in new:
         if first_token_at is None:
             runtime.synchronize()
             first_token_at = time.perf_counter()
@@ -201,6 +224,8 @@ with torch.no_grad():
     elapsed = time.perf_counter() - t0
 
 mem = peak_memory_bytes(runtime.device)
+if cfg.draft:
+    print(drafts.describe())
 print(
     f"time to first token {(first_token_at - t0) * 1000:.1f} ms; {n_tokens} tokens in {elapsed:.2f} s: "
     f"{n_tokens / elapsed:,.1f} tokens/s; peak memory {(mem or 0) / 2**20:.0f} MiB"

@@ -15,6 +15,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from model import GPT, sample
+from nanogpt_perf.quantize import quantize_linears
 from nanogpt_perf.runtime import PTDTYPES, Runtime
 
 # A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
@@ -92,23 +93,26 @@ def cache_length(prompt_len: int, max_new_tokens: int, block_size: int) -> int:
 def write_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    pos: torch.Tensor | None,
+    pos: torch.Tensor | int | None,
     mask: torch.Tensor | None,
     k: torch.Tensor,
     v: torch.Tensor,
     kernels: SDPBackend | None,
 ) -> tuple:
     """One layer's KV cache, as CausalSelfAttention calls it (bound to its caches, pos and mask by cached_forward):
-    k and v written into the caches (B, nh, L, hs); the keys, values, mask and SDPA kernels to attend with. Without
-    pos, a prefill of positions 0..T-1, causal over themselves (kernels: the layer's, else PREFILL_KERNELS); with
-    pos, one decode step attending to the whole cache, the positions past pos hidden by the mask."""
-    if pos is None:
-        k_cache[:, :, : k.size(2)] = k
-        v_cache[:, :, : v.size(2)] = v
+    k and v written into the caches (B, nh, L, hs); the keys, values, mask and SDPA kernels to attend with. pos as
+    cached_forward takes it: None (a prefill, causal over itself: kernels the layer's, else PREFILL_KERNELS), an
+    int (the filled part of the cache, up to these tokens) or a 0-d tensor (the whole cache, masked past pos)."""
+    if isinstance(pos, torch.Tensor):
+        k_cache.index_copy_(2, pos.view(1), k)
+        v_cache.index_copy_(2, pos.view(1), v)
+        return k_cache, v_cache, mask, DECODE_KERNELS
+    start, end = pos or 0, (pos or 0) + k.size(2)
+    k_cache[:, :, start:end] = k
+    v_cache[:, :, start:end] = v
+    if start == 0:
         return k, v, None, kernels or PREFILL_KERNELS
-    k_cache.index_copy_(2, pos.view(1), k)
-    v_cache.index_copy_(2, pos.view(1), v)
-    return k_cache, v_cache, mask, DECODE_KERNELS
+    return k_cache[:, :, :end], v_cache[:, :, :end], mask, DECODE_KERNELS
 
 
 def cached_forward(
@@ -116,25 +120,33 @@ def cached_forward(
     idx: torch.Tensor,
     k_cache: Sequence[torch.Tensor],
     v_cache: Sequence[torch.Tensor],
-    pos: torch.Tensor | None = None,
+    pos: torch.Tensor | int | None = None,
+    every: bool = False,
 ) -> torch.Tensor:
-    """Logits (B, V) of the token after idx, keeping every layer's keys and values in its caches: k_cache and
-    v_cache hold one (B, n_head, L, head_size) tensor per layer (rotary keys as turned). Without pos: a prefill
-    of idx (B, T) from position 0. With pos (a 0-d tensor on the device): the one token idx (B, 1) at position
-    pos, attending to the whole cache, masked past pos by one additive mask made here for every layer, so that
-    every shape is the same at every position. A cache of per-layer tensors, not one (n_layer, ...) tensor:
-    under torch.compile, writes into views of one tensor become copies of all of it at every step."""
-    mask = None
-    if pos is None:
-        positions = torch.arange(idx.size(1), device=idx.device)
-    else:
+    """Logits (B, V) of the token after idx (every: (B, T, V), after each of its tokens), keeping every layer's
+    keys and values in its caches: k_cache and v_cache hold one (B, n_head, L, head_size) tensor per layer (rotary
+    keys as turned). idx (B, T) stands at positions pos ... pos + T - 1, pos one of:
+    - None: a prefill from position 0;
+    - an int (known on the host): idx attends to the cache's filled part alone, causally (a decode step, or the
+      draft tokens a speculative step checks at once);
+    - a 0-d tensor on the device: one token attending to the whole cache, masked past pos by one additive mask
+      made here for every layer, so that every shape is the same at every position (compiled, CUDA graphs).
+    A cache of per-layer tensors, not one (n_layer, ...) tensor: under torch.compile, writes into views of one
+    tensor become copies of all of it at every step."""
+    T, mask, dtype = idx.size(1), None, k_cache[0].dtype
+    if isinstance(pos, torch.Tensor):
         positions, L = pos.view(1), k_cache[0].size(2)
         past = torch.arange(L, device=idx.device) > pos
-        mask = torch.zeros(L, dtype=k_cache[0].dtype, device=idx.device).masked_fill(past, float("-inf"))
+        mask = torch.zeros(L, dtype=dtype, device=idx.device).masked_fill(past, float("-inf"))
         mask = mask.view(1, 1, 1, L)
+    else:
+        positions = torch.arange(pos or 0, (pos or 0) + T, device=idx.device)
+        if pos:  # query i sees the keys up to its own position
+            later = torch.arange(pos + T, device=idx.device) > positions[:, None]
+            mask = torch.zeros(later.shape, dtype=dtype, device=idx.device).masked_fill(later, float("-inf"))
     caches = [functools.partial(write_cache, k, v, pos, mask) for k, v in zip(k_cache, v_cache, strict=True)]
     x = model.blocks(idx, positions, caches)
-    return model.head(model.transformer.ln_f(x[:, -1, :]))
+    return model.head(model.transformer.ln_f(x if every else x[:, -1, :]))
 
 
 @functools.cache
@@ -163,12 +175,13 @@ def compile_decode_step(model: GPT, caches: list[torch.Tensor]) -> Callable:
 
 
 class Decoder:
-    """The decoding state of batch_size sequences, all on the device: a KV cache of cache_len positions (one K and
-    one V tensor per layer), the current token (B, 1) and its position pos (a 0-d tensor). step() runs token at pos
-    against the cache, draws the next token into token with exponential noise drawn just before (what
-    torch.multinomial would draw from the same generator) and advances pos. Nothing in it changes shape or returns
-    to the host, so on CUDA it is captured once as a CUDA graph; the noise is drawn outside the graph, so a graph
-    and an eager step draw alike."""
+    """The decoding state of batch_size sequences: a KV cache of cache_len positions (one K and one V tensor per
+    layer), the current token (B, 1) and the positions filled. step() runs token against the cache, draws the next
+    token into token with exponential noise drawn just before (what torch.multinomial would draw from the same
+    generator) and advances. Eager, the step attends to the filled part of the cache alone, its length known on
+    the host (filled). Static (compiled, or a CUDA graph), its position is a 0-d tensor on the device (pos) and it
+    attends to the whole cache, masked: nothing changes shape or returns to the host, so on CUDA it is captured
+    once as a CUDA graph; the noise is drawn outside the graph, so a graph and an eager step draw alike."""
 
     compiled = 0  # Decoders built with compile=True in this process
 
@@ -182,15 +195,16 @@ class Decoder:
         compile: bool = False,
         cuda_graph: bool = True,
     ):
-        cfg, dev, dtype = model.config, runtime.device, model.lm_head.weight.dtype
+        cfg, dev, dtype = model.config, runtime.device, model.transformer.wte.weight.dtype
         shape = (batch_size, cfg.n_head, cache_len, cfg.n_embd // cfg.n_head)
         self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
-        self.pos = torch.zeros((), dtype=torch.long, device=dev)
+        self.pos, self.filled = torch.zeros((), dtype=torch.long, device=dev), 0
         self.noise = torch.ones(batch_size, sampling.noise_size(cfg.vocab_size), device=dev)
         self.model, self.runtime, self.sampling, self.cache_len = model, runtime, sampling, cache_len
         self.forward = compile_decode_step(model, self.k + self.v) if compile else cached_forward
+        self.static = compile or (cuda_graph and dev.type == "cuda")
         self.graph: torch.cuda.CUDAGraph | None = None
         start = time.perf_counter()
         if cuda_graph and dev.type == "cuda":
@@ -202,9 +216,11 @@ class Decoder:
 
     def run_step(self) -> None:
         with torch.no_grad():
-            logits = self.forward(self.model, self.token, self.k, self.v, self.pos)
+            at = self.pos if self.static else self.filled
+            logits = self.forward(self.model, self.token, self.k, self.v, at)
             self.token.copy_(self.sampling.draw(logits, self.noise))
             self.pos.add_(1)
+            self.filled += 1
 
     def capture(self) -> torch.cuda.CUDAGraph:
         """run_step as a CUDA graph: warmed up on a side stream first (compilation, cuBLAS workspaces and
@@ -237,6 +253,7 @@ class Decoder:
             self.draw_noise(generator)
             self.token.copy_(self.sampling.draw(logits, self.noise))
             self.pos.fill_(T)
+            self.filled = T
 
     def step(self, generator: torch.Generator | None) -> None:
         """The next token of every sequence, into token: one graph replay on CUDA."""
@@ -249,14 +266,21 @@ class Decoder:
 
 class Engine:
     """Generation from one model: a Decoder per batch size and cache length, built on first use and kept (a
-    compiled or captured step is built once for every prompt of that shape). Under a runtime with autocast, the
-    model's weights are cast to its dtype once, here, in place: autocast would cast every weight again at every
-    token (in a CUDA graph too), reading and writing three times the bytes that decoding needs."""
+    compiled or captured step is built once for every prompt of that shape). The model is made ready to decode
+    here, in place (for_inference): under a runtime with autocast its weights cast to its dtype once, its Linears
+    quantized to int8 or int4 (quantize), or packed for oneDNN (pack: a CPU in bfloat16, not compiled)."""
 
-    def __init__(self, model: GPT, runtime: Runtime, compile: bool = False, cuda_graph: bool = True):
-        if runtime.autocast:
-            model.to(PTDTYPES[runtime.dtype])
-        self.model, self.runtime, self.compile = model, runtime, compile
+    def __init__(
+        self,
+        model: GPT,
+        runtime: Runtime,
+        compile: bool = False,
+        cuda_graph: bool = True,
+        quantize: str = "none",
+        pack: bool = True,
+    ):
+        self.model = for_inference(model, runtime, quantize, pack and not compile)
+        self.runtime, self.compile = runtime, compile
         self.graphs = cuda_graph and runtime.device_type == "cuda"  # decode steps captured as CUDA graphs
         self.decoders: dict[tuple, Decoder] = {}
 
@@ -326,30 +350,31 @@ class Engine:
 
 
 class PackedLinear(torch.nn.Module):
-    """nn.Linear for float32 inference on a CPU, its weight packed once into oneDNN's blocked layout (the ops
-    torch.compile's CPU freezing uses), taking and giving ordinary tensors. Decoding one token reads every weight
-    once, and oneDNN reads its layout about 2x faster than MKL reads nn.Linear's (README)."""
+    """nn.Linear for float32 or bfloat16 inference on a CPU, its weight packed once into oneDNN's blocked layout
+    (the ops torch.compile's CPU freezing uses), taking and giving ordinary tensors."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
         super().__init__()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)  # packed for one row
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        weight = linear.weight.detach().to(dtype)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # packed for one row
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-def onednn_for_cpu_inference(model: torch.nn.Module, runtime: Runtime) -> torch.nn.Module:
-    """For float32 inference on a CPU, model with every Linear replaced in place by a PackedLinear; elsewhere (or
-    without oneDNN) model as it is. The tied lm_head gets a weight of its own, so the model is for inference
-    only."""
-    ops = torch.ops.mkldnn
-    usable = torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
-    float32 = next(model.parameters()).dtype == torch.float32
-    if runtime.device_type != "cpu" or runtime.autocast or not float32 or not usable:
-        return model
-    for module in list(model.modules()):
-        for name, child in module.named_children():
-            if type(child) is torch.nn.Linear:
-                setattr(module, name, PackedLinear(child))
-    return model
+def for_inference(model: GPT, runtime: Runtime, quantize: str = "none", pack: bool = True) -> GPT:
+    """model made ready to decode on runtime, in place. Under autocast its weights are cast to runtime's dtype
+    once (autocast would cast every weight again at every token, reading three times the bytes that decoding
+    needs); its Linears quantized ('int8', 'int4': nanogpt_perf/quantize.py), computing in that dtype, or on a
+    CPU in bfloat16 packed once for oneDNN. pack False: for torch.compile, which takes neither oneDNN's packed
+    weights nor FBGEMM's. For inference only: a tied lm_head gets its own weight."""
+    dtype = PTDTYPES[runtime.dtype] if runtime.autocast else model.transformer.wte.weight.dtype
+    if quantize != "none":
+        quantize_linears(model, quantize, dtype, traced=not pack)
+    elif pack and runtime.device_type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+        for module in list(model.modules()):
+            for name, child in module.named_children():
+                if type(child) is torch.nn.Linear:
+                    setattr(module, name, PackedLinear(child, dtype))
+    return model.to(dtype)

@@ -157,11 +157,14 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_dtype(dev: torch.device, dtype: str) -> tuple[str, str]:
+def resolve_dtype(dev: torch.device, dtype: str, cpu_auto: str = "float32") -> tuple[str, str]:
     """(dtype, why): 'auto' is bf16 where supported, else fp16 (with a GradScaler), else fp32; on CPU autocast is
-    used only when bfloat16 is asked for explicitly, since CPU bf16 is often slower than fp32."""
+    used only when bfloat16 is asked for explicitly, since CPU bf16 is often slower than fp32 (cpu_auto: what
+    'auto' is on a CPU instead, the dtype a quantized model's kernels compute in)."""
     bf16_ok = dev.type in ("cpu", "mps") or (dev.type == "cuda" and torch.cuda.is_bf16_supported())
     if dtype == "auto":
+        if dev.type == "cpu" and cpu_auto != "float32":
+            return cpu_auto, f"dtype auto -> {cpu_auto} (on CPU, what the quantized weights' kernels compute in)"
         if dev.type == "cpu":
             return "float32", "dtype auto -> float32 (on CPU autocast only when dtype=bfloat16 is asked for)"
         chosen = "bfloat16" if bf16_ok else "float16"
@@ -180,10 +183,11 @@ def dtype_problem(dev: torch.device, dtype: str) -> str | None:
     return None
 
 
-def resolve_runtime(device: str = "auto", dtype: str = "auto", tf32: bool = True) -> Runtime:
-    """Choose the device, then the precision it supports best, after all overrides are applied; sets TF32."""
+def resolve_runtime(device: str = "auto", dtype: str = "auto", tf32: bool = True, cpu_auto: str = "float32") -> Runtime:
+    """Choose the device, then the precision it supports best, after all overrides are applied (cpu_auto: see
+    resolve_dtype); sets TF32."""
     dev = resolve_device(device)
-    dtype, why = resolve_dtype(dev, dtype)
+    dtype, why = resolve_dtype(dev, dtype, cpu_auto)
     reasons = ([f"device auto -> {dev}"] if device == "auto" else []) + [why]
     use_tf32 = tf32 and dev.type == "cuda"
     if dev.type == "cuda":

@@ -1,5 +1,6 @@
 """Generation: the KV cache against full recomputation, sampling filters, streaming, GPT-2 interop."""
 
+import copy
 import re
 
 import pytest
@@ -8,7 +9,15 @@ import torch
 from conftest import GENERATE_CONFIG, prompts, run_script, sharp_model, tiny_hf_folder
 from model import GPT, GPTConfig, from_hf_state_dict, sample, to_hf_state_dict
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
-from nanogpt_perf.generate import Engine, Sampling, cached_forward, candidates, onednn_for_cpu_inference, sample_next
+from nanogpt_perf.generate import (
+    Engine,
+    PackedLinear,
+    Sampling,
+    cached_forward,
+    candidates,
+    for_inference,
+    sample_next,
+)
 from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
@@ -436,13 +445,16 @@ def test_decoders_share_one_cuda_graph_pool():
     assert len(engine.decoders) == 2 and len(pools) == 1
 
 
-def test_onednn_model_generates_the_same_tokens():
+def test_packed_bfloat16_model_generates_the_same_tokens():
+    """On a CPU in bfloat16 the Linears are packed for oneDNN (float32 keeps nn.Linear: MKL reads it faster here,
+    docs/sample.md); the packed model's greedy tokens are the plain bfloat16 model's (nanoGPT's generate)."""
     model = sharp_model(dtype=torch.float32)
     idx = prompts(2, 5)
-    reference = model.generate(idx, 30, temperature=0)
-    assert onednn_for_cpu_inference(model, resolve_runtime("cpu", "bfloat16")) is model  # float32 work only
-    assert type(model.lm_head) is torch.nn.Linear
-    fast = onednn_for_cpu_inference(model, CPU)
-    assert type(fast.lm_head) is not torch.nn.Linear and fast.lm_head.weight.is_mkldnn
-    assert torch.equal(engine_generate(fast, idx, 30, temperature=0), reference)
-    assert torch.equal(fast.generate(idx, 30, temperature=0), reference)
+    assert type(for_inference(copy.deepcopy(model), CPU).lm_head) is torch.nn.Linear
+    bf16 = resolve_runtime("cpu", "bfloat16")
+    plain = for_inference(copy.deepcopy(model), bf16, pack=False)  # as compiled: torch.compile takes no packing
+    assert type(plain.lm_head) is torch.nn.Linear and plain.lm_head.weight.dtype == torch.bfloat16
+    fast = for_inference(copy.deepcopy(model), bf16)
+    assert type(fast.lm_head) is PackedLinear and fast.lm_head.weight.is_mkldnn
+    reference = plain.generate(idx, 30, temperature=0)
+    assert torch.equal(engine_generate(fast, idx, 30, engine=Engine(fast, bf16), temperature=0), reference)

@@ -24,7 +24,9 @@ LAYERS = {
     "nanogpt_perf.guard": 3,  # the guard room: forensics on checkpoints, datasets, weights, the out_dir
     "nanogpt_perf.train": 4,
     "nanogpt_perf.guard.admission": 4.5,  # the guard's entry for train.py: it prepares data and builds the model
-    "nanogpt_perf.generate": 4,
+    "nanogpt_perf.generate": 4,  # generation: the engine, speculative decoding, GGUF out
+    "nanogpt_perf.speculative": 4.2,  # on the engine
+    "nanogpt_perf.gguf_export": 4,
     "nanogpt_perf.bench": 5,
     "configurator": 6,  # a script's command line, over the core's rules and errors: the package never imports it
 }

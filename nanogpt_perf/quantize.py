@@ -1,0 +1,174 @@
+"""Low-bit weights for generation: every Linear of a trained model quantized once, at load, to int8 (one scale per
+output row) or int4 (a scale and a zero per group of 32 inputs). Decoding a token reads every weight once, so its
+time is the weights' bytes: a quarter and an eighth of float32's. On a CPU the products run on PyTorch's kernels:
+FBGEMM's int8 one (the activations quantized per row on the way in; weight-only torch._weight_int8pack_mm where
+FBGEMM is absent) and torch._weight_int4pack_mm_for_cpu (weight-only). Elsewhere, and as the reference the tests
+hold those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU)."""
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nanogpt_perf.config import setting
+
+QUANTIZE = ("none", "int8", "int4")
+# the dtype a CPU's kernel computes in best: FBGEMM's int8 takes float32; the int4 kernel's float32 path is ~30x
+# slower than its bfloat16 one (dtype='auto' on a CPU: sample.py, benchmarks/generate.py)
+CPU_DTYPE = {"none": "float32", "int8": "float32", "int4": "bfloat16"}
+INT4_GROUP = 32  # inputs per int4 scale and zero: the CPU kernel takes 32, 64, 128 or 256
+INT4_ROWS = 16  # the CPU kernel's packing takes output rows in multiples of 16: a head of 65 gets 15 zero rows
+
+
+def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """w (N, K) as int8 rows q and their scales s (N,), symmetric: w ~ q * s[:, None], |q| <= 127."""
+    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_int4(w: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tensor, Tensor]:
+    """w (N, K) as 4-bit codes q (N, K) in 0..15 with a scale and a zero (N, K / group) per group of inputs,
+    asymmetric over each group's range: w ~ (q - 8) * scale + zero, the CPU kernel's form."""
+    N, K = w.shape
+    groups = w.view(N, K // group, group)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return q.view(N, K).to(torch.int32), scale, low + 8 * scale
+
+
+def has_vnni() -> bool:
+    """Whether this CPU multiplies int8 with VNNI (no int16 saturation: FBGEMM's activations may use 8 bits)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_vnni" in flags or " avx_vnni" in flags
+
+
+def fbgemm_usable() -> bool:
+    """FBGEMM's dynamic int8 Linear is here: an x86 CPU's build of a PyTorch that still has it (it takes its
+    weights as a qint8 tensor, a dtype PyTorch 2.13 deprecates: pytorch/pytorch#184982)."""
+    ops = torch.ops.quantized
+    engines = torch.backends.quantized.supported_engines
+    return "fbgemm" in engines and hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack")
+
+
+def int8_kernel(device: torch.device, traced: bool = False) -> str | None:
+    """Int8Linear's kernel on device: FBGEMM's where usable and nothing traces it (torch.compile), else the
+    weight-only one on a CPU, else none (the dequantizing product)."""
+    if device.type != "cpu":
+        return None
+    return "fbgemm" if fbgemm_usable() and not traced else "int8pack"
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear with int8 weights and a float scale per output row. kernel 'fbgemm' (an x86 CPU): FBGEMM's
+    int8 product, about twice as fast as the weight-only kernel here (docs/sample.md), each row of activations
+    quantized to 8 bits over its own range on the way in: mapped onto [0, 1] first, so that a row's quantization
+    never depends on the rows beside it (a speculative step's rows are the decode step's, bit for bit);
+    'int8pack': torch._weight_int8pack_mm (other CPUs, weight-only); None: the weight dequantized inside the
+    product (a GPU, where torch.compile fuses it; and the reference the tests hold the kernels to)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, kernel: str | None = "auto"):
+        super().__init__()
+        q, scale = quantize_int8(linear.weight.detach().float())
+        self.kernel = int8_kernel(linear.weight.device) if kernel == "auto" else kernel
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale.to(torch.float32 if kernel == "fbgemm" else dtype))
+        bias = torch.zeros(q.size(0)) if linear.bias is None else linear.bias.detach().float()
+        self.register_buffer("bias", bias.to(self.scale.dtype))
+        if kernel == "fbgemm":
+            zero = torch.zeros(q.size(0), dtype=torch.long)
+            with warnings.catch_warnings():  # the qint8 dtype's deprecation (fbgemm_usable)
+                warnings.simplefilter("ignore", UserWarning)
+                rows = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+            self.packed = torch.ops.quantized.linear_prepack(rows, None)
+            self.register_buffer("row_sums", (q.float() * scale[:, None]).sum(dim=1))
+            self.reduce_range = not has_vnni()  # 7-bit activations, else int16 sums could saturate
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kernel == "fbgemm":
+            rows = x.reshape(-1, x.size(-1)).float()
+            low, high = torch.aminmax(rows, dim=-1, keepdim=True)
+            span = (high - low).clamp_(min=torch.finfo(torch.float32).tiny)
+            y = torch.ops.quantized.linear_dynamic((rows - low) / span, self.packed, self.reduce_range)
+            y = torch.addcmul(self.bias, low, self.row_sums).addcmul_(y, span)  # x = low + span * x01
+            return y.view(*x.shape[:-1], -1).to(x.dtype)
+        if self.kernel == "int8pack":
+            y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)), self.weight, self.scale)
+            return y.view(*x.shape[:-1], -1) + self.bias
+        return F.linear(x, self.weight.to(x.dtype)) * self.scale + self.bias  # one kernel once compiled
+
+
+class Int4Linear(nn.Module):
+    """nn.Linear with 4-bit weights, a scale and a zero per group of INT4_GROUP inputs, computing in dtype; packed:
+    the codes in the CPU kernel's layout, the rows padded to a multiple of INT4_ROWS (the default on a CPU), else
+    two to a byte and dequantized inside the product."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, packed: bool | None = None):
+        super().__init__()
+        w = linear.weight.detach().float()
+        self.out_features, self.packed = w.size(0), w.device.type == "cpu" if packed is None else packed
+        if self.packed:
+            w = torch.cat((w, w.new_zeros(-w.size(0) % INT4_ROWS, w.size(1))))
+        q, scale, zero = quantize_int4(w)
+        if self.packed:
+            codes = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        else:
+            codes = (q[:, 0::2] | q[:, 1::2] << 4).to(torch.uint8)
+        self.register_buffer("codes", codes)
+        # (K / group, N, 2): the CPU kernel's order, a scale then a zero for every group and row
+        self.register_buffer("scale_zero", torch.stack((scale, zero), -1).transpose(0, 1).contiguous().to(dtype))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+
+    def dequantized(self, dtype: torch.dtype) -> Tensor:
+        """The weight (N, K) the unpacked codes stand for: (q - 8) * scale + zero."""
+        q = torch.stack((self.codes & 15, self.codes >> 4), dim=-1).flatten(1).to(dtype)
+        scale, zero = self.scale_zero.to(dtype).transpose(0, 1).unbind(-1)  # (N, K / group) each
+        groups = q.view(q.size(0), scale.size(1), -1)
+        return ((groups - 8) * scale[..., None] + zero[..., None]).flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.packed:
+            y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, x.size(-1)), self.codes, INT4_GROUP, self.scale_zero)
+            y = y[:, : self.out_features].view(*x.shape[:-1], -1)
+        else:
+            y = F.linear(x, self.dequantized(x.dtype))
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass
+class QuantizeConfig:
+    """Low-bit weights for generation"""
+
+    quantize: str = setting(
+        "none",
+        "the Linears' weights at load: int8 (a scale per row), int4 (a scale and a zero per 32 inputs)",
+        choices=QUANTIZE,
+    )
+
+
+def int4_problem(model: nn.Module) -> str | None:
+    """Why model's Linears cannot be int4 (an input width not a multiple of the group), or None."""
+    widths = sorted({m.in_features for m in model.modules() if type(m) is nn.Linear})
+    if odd := [k for k in widths if k % INT4_GROUP]:
+        return f"int4 needs every Linear's input width to be a multiple of {INT4_GROUP}, not {odd[0]}"
+    return None
+
+
+def quantize_linears(model: nn.Module, quantize: str, dtype: torch.dtype, traced: bool = False) -> nn.Module:
+    """model with every nn.Linear replaced in place by its quantize ('int8' or 'int4') form computing in dtype; a
+    tied lm_head gets its weight of its own, the embedding keeping the float one (a lookup reads one row a token).
+    traced: for torch.compile, which cannot trace FBGEMM's packed weights (int8 then takes the weight-only
+    kernel). For inference only."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Linear and quantize == "int8":
+                setattr(module, name, Int8Linear(child, dtype, int8_kernel(child.weight.device, traced)))
+            elif type(child) is nn.Linear:
+                setattr(module, name, Int4Linear(child, dtype))
+    return model

@@ -1,0 +1,173 @@
+"""Low-bit weights: each kernel against the dequantized weight's plain product, the quantized model's logits
+against float32's within a stated tolerance, and the KV cache against recomputation on the quantized model."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import GENERATE_CONFIG, assert_one_line_error, prompts, run_script, sharp_model
+from model import GPT, GPTConfig
+from nanogpt_perf.generate import Engine, Sampling
+from nanogpt_perf.quantize import (
+    Int4Linear,
+    Int8Linear,
+    fbgemm_usable,
+    int4_problem,
+    quantize_int4,
+    quantize_int8,
+    quantize_linears,
+)
+from nanogpt_perf.runtime import resolve_runtime
+from nanogpt_perf.train.checkpoint import save_checkpoint
+
+CPU = resolve_runtime("cpu", "float32")
+INT8_KERNELS = ["int8pack", None] + (["fbgemm"] if fbgemm_usable() else [])
+
+
+def linear(n_out: int = 65, n_in: int = 128, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(n_in, n_out)
+
+
+def test_quantized_weights_are_within_half_a_step_of_the_float_ones():
+    w = linear().weight.detach()
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and q.abs().max() == 127
+    assert ((q * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7).all()
+    codes, scale, zero = quantize_int4(w)
+    assert codes.min() == 0 and codes.max() == 15
+    groups = w.view(65, 4, 32)
+    back = (codes.view(65, 4, 32) - 8) * scale[..., None] + zero[..., None]
+    assert ((back - groups).abs() <= scale[..., None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("kernel", INT8_KERNELS)
+def test_int8_kernels_compute_the_dequantized_product(kernel):
+    lin = linear()
+    x = torch.randn(3, 5, 128)
+    q, scale = quantize_int8(lin.weight.detach())
+    w = q * scale[:, None]
+    reference = F.linear(x, w, lin.bias)
+    y = Int8Linear(lin, torch.float32, kernel)(x)
+    if kernel != "fbgemm":  # weight-only: the same product, up to float32's rounding
+        torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)
+        return
+    # FBGEMM quantizes each row of x to 8 bits over its range: each input is off by at most half of its step
+    step = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 255
+    bound = step / 2 * w.abs().sum(dim=1) + 1e-4
+    assert ((y - reference).abs() <= bound).all()
+    assert (y - reference).abs().max() > 1e-6  # it did quantize (a test that could not fail would not say so)
+
+
+@pytest.mark.skipif(not fbgemm_usable(), reason="FBGEMM's int8 kernel is an x86 CPU's")
+def test_fbgemm_rows_are_quantized_alone_and_never_saturate():
+    layer = Int8Linear(linear(), torch.float32, "fbgemm")
+    x = torch.randn(6, 128)
+    one_by_one = torch.cat([layer(row[None]) for row in x])
+    assert torch.equal(layer(x), one_by_one)  # a row's result does not depend on the rows beside it
+    # every activation at the top of its range and every weight at +127: 255 * 127 products whose pairs pass
+    # int16 (a saturating kernel would give less), and a constant row (a zero range)
+    big = torch.nn.Linear(768, 16, bias=False)
+    big.weight.data.fill_(1.0)
+    x = torch.ones(2, 768)
+    x[0, 0] = 0.0
+    y = Int8Linear(big, torch.float32, "fbgemm")(x)
+    torch.testing.assert_close(y, x @ big.weight.t(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_kernel_computes_the_dequantized_product(dtype):
+    lin = linear()  # 65 rows: the CPU kernel's packing pads them to 80
+    x = torch.randn(2, 7, 128)
+    packed = Int4Linear(lin, dtype)(x.to(dtype)).float()
+    plain = Int4Linear(lin, dtype, packed=False)
+    reference = F.linear(x.to(dtype), plain.dequantized(dtype), plain.bias).float()
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2  # bfloat16: its 8 bits of mantissa
+    torch.testing.assert_close(packed, reference, rtol=tolerance, atol=tolerance)
+    codes, scale, zero = quantize_int4(lin.weight.detach())  # the codes two to a byte, read back
+    w = ((codes.view(65, 4, 32) - 8) * scale[..., None] + zero[..., None]).flatten(1)
+    torch.testing.assert_close(Int4Linear(lin, torch.float32, packed=False).dequantized(torch.float32), w)
+
+
+def trained_like(seed: int = 0, **overrides) -> GPT:
+    """A float32 model whose logits are far from uniform (sharp_model's), a copy of it kept aside."""
+    return sharp_model(seed=seed, dtype=torch.float32, **overrides)
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict:
+    """The weights of a small GPT trained (100 steps) on a noisy chain: token t is followed by (5t + 3) mod 64,
+    else by a random one; its weights and logits look like a trained model's, not a random or scaled one's."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**GENERATE_CONFIG))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.empty(100 * 16, 17, dtype=torch.long)
+    x[:, 0] = torch.randint(64, (len(x),), generator=g)
+    for t in range(16):
+        noise = torch.randint(64, (len(x),), generator=g)
+        x[:, t + 1] = torch.where(torch.rand(len(x), generator=g) < 0.8, (5 * x[:, t] + 3) % 64, noise)
+    for batch in x.split(16):
+        _, loss = model(batch[:, :-1], batch[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval().state_dict()
+
+
+def from_state(state: dict) -> GPT:
+    model = GPT(GPTConfig(**GENERATE_CONFIG)).eval()
+    model.load_state_dict(state)
+    return model
+
+
+@pytest.mark.parametrize(("quantize", "dtype", "tolerance"), [("int8", "float32", 0.01), ("int4", "bfloat16", 0.1)])
+def test_quantized_logits_stay_within_a_stated_tolerance_of_float32s(trained, quantize, dtype, tolerance):
+    """Every logit of a trained model within 1% (int8) or 10% (int4, bfloat16 activations) of the logits' spread
+    (max - min over the vocabulary) of float32's, and the most likely token float32's at every position."""
+    idx = prompts(4, 16)
+    with torch.no_grad():
+        full, _ = from_state(trained)(idx, idx)
+        low = Engine(from_state(trained), resolve_runtime("cpu", dtype), quantize=quantize).model
+        ours = low.head(low.hidden_states(idx)).float()
+    spread = full.amax(-1, keepdim=True) - full.amin(-1, keepdim=True)
+    error = ((ours - full).abs() / spread).max().item()
+    assert 1e-5 < error <= tolerance  # quantized, and close
+    assert torch.equal(ours.argmax(-1), full.argmax(-1))
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_cache_gives_the_tokens_of_recomputation(quantize):
+    """The KV cache against GPT.generate's full recomputation, both on the same quantized model (float32
+    activations: int8's FBGEMM rows and int4's kernel rows are each computed alone)."""
+    model = Engine(trained_like(seed=2), CPU, quantize=quantize).model
+    assert type(model.lm_head) is (Int8Linear if quantize == "int8" else Int4Linear)
+    assert model.transformer.wte.weight.dtype == torch.float32  # the lookup keeps its float weights
+    idx = prompts(2, 5)
+    cached = torch.cat([idx, *Engine(model, CPU).tokens(idx, 30, Sampling(temperature=0))], dim=1)
+    assert torch.equal(cached, model.generate(idx, 30, temperature=0))
+
+
+def test_int8_greedy_tokens_are_float32s_on_a_trained_model(trained):
+    idx = prompts(2, 5)
+    reference = from_state(trained).generate(idx, 30, temperature=0)
+    engine = Engine(from_state(trained), CPU, quantize="int8")
+    assert torch.equal(torch.cat([idx, *engine.tokens(idx, 30, Sampling(temperature=0))], dim=1), reference)
+
+
+def test_compiled_int8_takes_the_weight_only_kernel():
+    model = quantize_linears(trained_like(), "int8", torch.float32, traced=True)
+    assert {m.kernel for m in model.modules() if isinstance(m, Int8Linear)} == {"int8pack"}
+
+
+def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
+    assert int4_problem(GPT(GPTConfig(**GENERATE_CONFIG))) is None
+    odd = GPT(GPTConfig(**dict(GENERATE_CONFIG, n_embd=24, n_head=4)))
+    assert "multiple of 32, not 24" in int4_problem(odd)
+    model_args = dict(GENERATE_CONFIG, n_embd=24, n_head=4)
+    tokenizer = {"kind": "characters", "itos": [chr(97 + i) for i in range(26)]}
+    model_args["vocab_size"] = 26
+    save_checkpoint({"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args,
+                     "tokenizer": tokenizer}, tmp_path / "ckpt.pt")  # fmt: skip
+    result = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu", "--quantize=int4", "--start=ab")
+    assert_one_line_error(result, "quantize=int4", "multiple of 32, not 24", "use int8")
