@@ -123,8 +123,11 @@ if cfg.draft not in ("", "ngram"):
     if (draft_tokenizer.itos, draft_tokenizer.n_vocab) != (tokenizer.itos, tokenizer.n_vocab):
         raise UserError(f"draft {cfg.draft} has the tokenizer {draft_tokenizer.name}, not the model's "
                         f"{tokenizer.name}: a draft must share the model's vocabulary")  # fmt: skip
-    draft_model = for_inference(GPT.from_checkpoint(draft_checkpoint).eval().to(runtime.device), runtime)
-    print(f"draft: {cfg.draft} ({draft_model.get_num_params() / 1e6:.2f}M parameters), {cfg.draft_tokens} a pass")
+    draft_model = GPT.from_checkpoint(draft_checkpoint).eval().to(runtime.device)
+    size = f"{draft_model.get_num_params() / 1e6:.2f}M parameters"
+    draft_weights = "none" if cfg.quantize == "int4" and int4_problem(draft_model) else cfg.quantize
+    draft_model = for_inference(draft_model, runtime, draft_weights)  # as the model's, where it can be
+    print(f"draft: {cfg.draft} ({size}, weights {draft_weights}), {cfg.draft_tokens} a pass")
 print(f"tokenizer: {tokenizer.name}")
 rows, shape = cfg.num_samples if cfg.batched else 1, model.config  # the sequences generated together; the model
 positions = cache_length(min(len(prompt), shape.block_size), cfg.max_new_tokens, shape.block_size)

@@ -209,7 +209,7 @@ def time_engine(engine: Engine, use_cache: bool = True, draft: str = "") -> Meas
     stats = DraftStats() if draft else None
     if draft:
         cache = engine.decoder(1, T, new_tokens, sampling).cache_len
-        drafter = NgramDraft() if draft == "ngram" else ModelDraft(drafts[draft], sampling, cache, generator)
+        drafter = NgramDraft() if draft == "ngram" else ModelDraft(drafts[engine], sampling, cache, generator)
         tokens = speculative_tokens(engine, prompt, new_tokens, sampling, drafter, cfg.draft_tokens, generator, stats)
     else:
         tokens = engine.tokens(prompt.expand(B, -1), new_tokens, sampling, generator, 1, use_cache)
@@ -236,32 +236,37 @@ def time_nanogpt() -> Measured:
 def rival_rows(w: str, folder: Path) -> dict[str, Callable[[], Measured]]:
     """llama.cpp and transformers on the model's weights as w, where installed (benchmarks/rivals.py)."""
     ids, out = prompt[0].tolist(), {}
-    if run := llama_cpp_runner(model, tokenizer, w, ids, new_tokens, folder):
+    if B == 1 and (run := llama_cpp_runner(model, tokenizer, w, ids, new_tokens, folder)):
         out[f"llama.cpp, {w}"] = lambda run=run: Measured(*run())
-    if run := transformers_runner(model, tokenizer.n_vocab, w, ids, new_tokens, runtime.device):
-        out[f"transformers, {w}"] = lambda run=run: Measured(*run())
+    for cache in ("dynamic", "static") if runtime.device_type == "cuda" else ("dynamic",):
+        if run := transformers_runner(model, tokenizer.n_vocab, w, ids, new_tokens, B, runtime.device, cache):
+            out[f"transformers, {w}, {cache} cache"] = lambda run=run: Measured(*run())
     return out
 
 
 # a row each: our engine for each weights (a copy of the model made ready by it), with the draft, the uncached
 # reference once, nanoGPT's generate, the rivals on the same weights
 sampling = Sampling(cfg.temperature, cfg.top_k or None, vocab_size=tokenizer.n_vocab if checkpoint else None)
-drafts: dict[str, GPT] = {}  # the draft's model, made ready to decode
+drafts: dict[Engine, GPT] = {}  # the draft's model for each engine, made ready to decode as its model
+draft = None
 if cfg.draft not in ("", "ngram"):
-    draft_model = GPT.from_checkpoint(load_checkpoint(Path(cfg.draft) / "ckpt.pt")).eval().to(runtime.device)
-    drafts[cfg.draft] = for_inference(draft_model, runtime)
+    draft = GPT.from_checkpoint(load_checkpoint(Path(cfg.draft) / "ckpt.pt")).eval().to(runtime.device)
 rows: dict[str, Callable[[], Measured]] = {}
 engines: dict[str, Engine] = {}
+built_s: dict[str, float] = {}  # the decode step's build, each weights'
 scratch = tempfile.TemporaryDirectory(prefix="generate-")  # the rivals' GGUF files, removed at exit
 for w in weights:
     quantize = w if w in QUANTIZE else "none"
     engine = engines[w] = Engine(copy.deepcopy(model), runtime_of(w), cfg.compile, cfg.cuda_graph, quantize,
                                  cfg.onednn)  # fmt: skip
-    built = engine.decoder(B, T, new_tokens, sampling).build_seconds
+    built = built_s[w] = engine.decoder(B, T, new_tokens, sampling).build_seconds
     name = f"{w}, " if w else ""
     name += "KV cache" + (", compiled" if cfg.compile else "") + (", CUDA graph" if engine.graphs else "")
     print(f"{name}: decode step built in {built:.1f} s")
     rows[name] = lambda e=engine: time_engine(e)
+    if draft is not None:
+        quantized = quantize if quantize != "int4" or not int4_problem(draft) else "none"
+        drafts[engine] = for_inference(copy.deepcopy(draft), engine.runtime, quantized)
     if cfg.draft:
         rows[f"{name}, draft {cfg.draft}"] = lambda e=engine: time_engine(e, draft=cfg.draft)
     if cfg.uncached and w == weights[0]:
@@ -343,6 +348,7 @@ if checkpoint is not None:  # each weights' val loss and greedy tokens against f
 
 if cfg.out_json:
     manifest = run_manifest(cfg.as_dict(), runtime)
-    doc = {"kind": "generation", "manifest": manifest, "stream_bytes_per_s": bandwidth, "results": results}
+    doc = {"kind": "generation", "manifest": manifest, "build_s": built_s[weights[0]], "stream_bytes_per_s": bandwidth}
+    doc |= {"results": results}
     write_json(Path(cfg.out_json), doc | {"quality": quality, "peak_mem_bytes": mem})
     print(f"wrote {cfg.out_json}")

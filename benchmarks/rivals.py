@@ -3,6 +3,7 @@
 its KV cache). Each runner decodes greedily one token at a time from the same prompt and gives back
 (seconds to the first token, new tokens per second, bytes read per token); None when its package is missing."""
 
+import atexit
 import importlib.util
 import os
 import time
@@ -35,6 +36,7 @@ def llama_cpp_runner(model: GPT, tokenizer: Tokenizer, weights: str, prompt: lis
     threads = torch.get_num_threads()
     llama = Llama(model_path=str(path), n_ctx=len(prompt) + new_tokens, n_threads=threads,
                   n_threads_batch=threads, n_batch=512, verbose=False)  # fmt: skip
+    atexit.register(llama.close)  # before the interpreter tears down what its finaliser calls
     cfg = model.config
     lookups = cfg.block_size * cfg.n_embd * 4 if not cfg.rotary else 0  # position_embd, float32: one row read
     per_position = 2 * cfg.n_layer * cfg.n_embd * LLAMA_CACHE_BYTES
@@ -56,9 +58,10 @@ def llama_cpp_runner(model: GPT, tokenizer: Tokenizer, weights: str, prompt: lis
 
 
 def transformers_runner(model: GPT, vocab_size: int, weights: str, prompt: list[int], new_tokens: int,
-                        device: torch.device) -> Runner | None:  # fmt: skip
+                        batch_size: int, device: torch.device, cache: str = "dynamic") -> Runner | None:  # fmt: skip
     """transformers' GPT2LMHeadModel on model's weights in float32 or bfloat16, its generate greedy with its KV
-    cache; None without transformers, for other weights, or for a model that is not GPT-2's architecture."""
+    cache ('dynamic', its default, or 'static': it compiles its forward itself); None without transformers, for
+    other weights, or for a model that is not GPT-2's architecture."""
     fields = GPTConfig.__dataclass_fields__
     gpt2 = all(getattr(model.config, k) == fields[k].default for k in RECIPE_ARCHITECTURE)
     if importlib.util.find_spec("transformers") is None or weights not in ("float32", "bfloat16") or not gpt2:
@@ -72,7 +75,8 @@ def transformers_runner(model: GPT, vocab_size: int, weights: str, prompt: list[
     hf.load_state_dict(to_hf_state_dict(model, vocab_size), strict=False)
     dtype = torch.float32 if weights == "float32" else torch.bfloat16
     hf = hf.to(device, dtype).eval()
-    idx = torch.tensor([prompt], device=device)
+    idx = torch.tensor([prompt] * batch_size, device=device)
+    how = {} if cache == "dynamic" else {"cache_implementation": cache}
     per_token = sum(p.numel() * p.element_size() for p in hf.parameters()) - hf.transformer.wpe.weight.nbytes
     per_position = 2 * cfg.n_layer * cfg.n_embd * torch.finfo(dtype).bits // 8
 
@@ -80,8 +84,10 @@ def transformers_runner(model: GPT, vocab_size: int, weights: str, prompt: list[
         t0 = time.perf_counter()
         with torch.no_grad():
             hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
-                        min_new_tokens=new_tokens, do_sample=False)  # fmt: skip
-        rate = new_tokens / (time.perf_counter() - t0)
-        return None, rate, per_token + per_position * (len(prompt) + (new_tokens - 1) / 2)
+                        min_new_tokens=new_tokens, do_sample=False, **how)  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rate = batch_size * new_tokens / (time.perf_counter() - t0)
+        return None, rate, per_token / batch_size + per_position * (len(prompt) + (new_tokens - 1) / 2)
 
     return run

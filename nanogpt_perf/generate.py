@@ -9,13 +9,14 @@ candidates), whose draw is model.sample's, GPT.generate's own: one piece of math
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model import GPT, sample
-from nanogpt_perf.quantize import quantize_linears
+from nanogpt_perf.quantize import PackedLinear, quantize_linears
 from nanogpt_perf.runtime import PTDTYPES, Runtime
 
 # A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
@@ -102,17 +103,18 @@ def write_cache(
     """One layer's KV cache, as CausalSelfAttention calls it (bound to its caches, pos and mask by cached_forward):
     k and v written into the caches (B, nh, L, hs); the keys, values, mask and SDPA kernels to attend with. pos as
     cached_forward takes it: None (a prefill, causal over itself: kernels the layer's, else PREFILL_KERNELS), an
-    int (the filled part of the cache, up to these tokens) or a 0-d tensor (the whole cache, masked past pos)."""
+    int (the filled part of the cache, up to these tokens) or a 0-d tensor (the whole cache, masked past pos);
+    a decode step's kernels are cached_forward's, set once for every layer (a context costs ~15 us on a CPU)."""
     if isinstance(pos, torch.Tensor):
         k_cache.index_copy_(2, pos.view(1), k)
         v_cache.index_copy_(2, pos.view(1), v)
-        return k_cache, v_cache, mask, DECODE_KERNELS
+        return k_cache, v_cache, mask, None
     start, end = pos or 0, (pos or 0) + k.size(2)
     k_cache[:, :, start:end] = k
     v_cache[:, :, start:end] = v
     if start == 0:
         return k, v, None, kernels or PREFILL_KERNELS
-    return k_cache[:, :, :end], v_cache[:, :, :end], mask, DECODE_KERNELS
+    return k_cache[:, :, :end], v_cache[:, :, :end], mask, None
 
 
 def cached_forward(
@@ -145,7 +147,8 @@ def cached_forward(
             later = torch.arange(pos + T, device=idx.device) > positions[:, None]
             mask = torch.zeros(later.shape, dtype=dtype, device=idx.device).masked_fill(later, float("-inf"))
     caches = [functools.partial(write_cache, k, v, pos, mask) for k, v in zip(k_cache, v_cache, strict=True)]
-    x = model.blocks(idx, positions, caches)
+    with sdpa_kernel(DECODE_KERNELS) if mask is not None else nullcontext():  # a decode step's, every layer's
+        x = model.blocks(idx, positions, caches)
     return model.head(model.transformer.ln_f(x if every else x[:, -1, :]))
 
 
@@ -158,20 +161,26 @@ def graph_pool() -> tuple:
     return torch.cuda.graph_pool_handle()
 
 
-def compile_decode_step(model: GPT, caches: list[torch.Tensor]) -> Callable:
-    """cached_forward compiled for one shape, the caches marked as static addresses (the same tensors at
-    every step, so that cudagraphs need not copy them in). torch.compile keeps its graphs per code object, so
-    every Decoder of the process shares cached_forward's; past dynamo's recompile limit (8) the step would run
-    eagerly without a word, and a CUDA graph would capture that: the limit is raised with every Decoder compiled."""
+def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -> Callable:
+    """cached_forward compiled, once for every position. static (a CUDA graph replays it): for one shape, the caches
+    marked as static addresses (the same tensors at every step, so that cudagraphs need not copy them in). Else
+    (a CPU): its position and the cache's filled length symbolic, one graph for every position, the shapes of the
+    caches and the token fixed, and on a CPU its wrapper in C++ (cpp_wrapper: the Python around the kernels is a
+    fifth of a step). torch.compile keeps its graphs per code object, so every Decoder of the process shares
+    cached_forward's; past dynamo's recompile limit (8) the step would run eagerly without a word, and a CUDA graph
+    would capture that: the limit is raised with every Decoder compiled."""
     import torch._dynamo
 
-    for cache in caches:
-        torch._dynamo.mark_static_address(cache)
+    for tensor in tensors:
+        torch._dynamo.mark_static_address(tensor) if static else torch._dynamo.mark_static(tensor)
     Decoder.compiled += 1
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
-    setattr(config, name, max(getattr(config, name), Decoder.compiled + 8))
-    return torch.compile(cached_forward, dynamic=False, fullgraph=True)
+    setattr(config, name, max(getattr(config, name), 2 * Decoder.compiled + 8))
+    if static:
+        return torch.compile(cached_forward, dynamic=False, fullgraph=True)
+    options = {"cpp_wrapper": True} if tensors[0].device.type == "cpu" else {}
+    return torch.compile(cached_forward, dynamic=True, fullgraph=True, options=options)
 
 
 class Decoder:
@@ -196,28 +205,40 @@ class Decoder:
         cuda_graph: bool = True,
     ):
         cfg, dev, dtype = model.config, runtime.device, model.transformer.wte.weight.dtype
-        shape = (batch_size, cfg.n_head, cache_len, cfg.n_embd // cfg.n_head)
+        self.static = dev.type == "cuda" and (compile or cuda_graph)
+        # eager, a spare position: the filled part is never the whole cache, whose slice alone would be contiguous
+        # (a compiled step would guard on it and compile again for the last position)
+        shape = (batch_size, cfg.n_head, cache_len + (not self.static), cfg.n_embd // cfg.n_head)
         self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self.pos, self.filled = torch.zeros((), dtype=torch.long, device=dev), 0
         self.noise = torch.ones(batch_size, sampling.noise_size(cfg.vocab_size), device=dev)
         self.model, self.runtime, self.sampling, self.cache_len = model, runtime, sampling, cache_len
-        self.forward = compile_decode_step(model, self.k + self.v) if compile else cached_forward
-        self.static = compile or (cuda_graph and dev.type == "cuda")
+        tensors = self.k + self.v + ([] if self.static else [self.token])
+        self.forward = compile_decode_step(model, tensors, self.static) if compile else cached_forward
         self.graph: torch.cuda.CUDAGraph | None = None
         start = time.perf_counter()
         if cuda_graph and dev.type == "cuda":
             self.graph = self.capture()
-        elif compile:
-            self.run_step()  # compiles now, so that generation is timed apart from it
+        elif compile:  # compiles now, so that generation is timed apart from it (a position past 0 and 1, which
+            self.filled = min(2, cache_len - 1)  # dynamo would specialise)
+            self.run_step()
         runtime.synchronize()
         self.build_seconds = time.perf_counter() - start
 
+    def forward_at(self, idx: torch.Tensor, filled: int, every: bool = False) -> torch.Tensor:
+        """cached_forward of idx after the filled positions of the cache, compiled where the step is (not at 0
+        and 1, which dynamo would specialise: see __init__)."""
+        forward = self.forward if filled > 1 else cached_forward
+        return forward(self.model, idx, self.k, self.v, filled, every)
+
     def run_step(self) -> None:
         with torch.no_grad():
-            at = self.pos if self.static else self.filled
-            logits = self.forward(self.model, self.token, self.k, self.v, at)
+            if self.static:
+                logits = self.forward(self.model, self.token, self.k, self.v, self.pos)
+            else:
+                logits = self.forward_at(self.token, self.filled)
             self.token.copy_(self.sampling.draw(logits, self.noise))
             self.pos.add_(1)
             self.filled += 1
@@ -268,7 +289,7 @@ class Engine:
     """Generation from one model: a Decoder per batch size and cache length, built on first use and kept (a
     compiled or captured step is built once for every prompt of that shape). The model is made ready to decode
     here, in place (for_inference): under a runtime with autocast its weights cast to its dtype once, its Linears
-    quantized to int8 or int4 (quantize), or packed for oneDNN (pack: a CPU in bfloat16, not compiled)."""
+    quantized to int8 or int4 (quantize), or packed for oneDNN (pack: a CPU in bfloat16)."""
 
     def __init__(
         self,
@@ -279,7 +300,7 @@ class Engine:
         quantize: str = "none",
         pack: bool = True,
     ):
-        self.model = for_inference(model, runtime, quantize, pack and not compile)
+        self.model = for_inference(model, runtime, quantize, pack)
         self.runtime, self.compile = runtime, compile
         self.graphs = cuda_graph and runtime.device_type == "cuda"  # decode steps captured as CUDA graphs
         self.decoders: dict[tuple, Decoder] = {}
@@ -349,29 +370,14 @@ class Engine:
             yield token
 
 
-class PackedLinear(torch.nn.Module):
-    """nn.Linear for float32 or bfloat16 inference on a CPU, its weight packed once into oneDNN's blocked layout
-    (the ops torch.compile's CPU freezing uses), taking and giving ordinary tensors."""
-
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
-        super().__init__()
-        weight = linear.weight.detach().to(dtype)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # packed for one row
-        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
-
 def for_inference(model: GPT, runtime: Runtime, quantize: str = "none", pack: bool = True) -> GPT:
     """model made ready to decode on runtime, in place. Under autocast its weights are cast to runtime's dtype
     once (autocast would cast every weight again at every token, reading three times the bytes that decoding
     needs); its Linears quantized ('int8', 'int4': nanogpt_perf/quantize.py), computing in that dtype, or on a
-    CPU in bfloat16 packed once for oneDNN. pack False: for torch.compile, which takes neither oneDNN's packed
-    weights nor FBGEMM's. For inference only: a tied lm_head gets its own weight."""
+    CPU in bfloat16 packed once for oneDNN (pack). For inference only: a tied lm_head gets its own weight."""
     dtype = PTDTYPES[runtime.dtype] if runtime.autocast else model.transformer.wte.weight.dtype
     if quantize != "none":
-        quantize_linears(model, quantize, dtype, traced=not pack)
+        quantize_linears(model, quantize, dtype)
     elif pack and runtime.device_type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
         for module in list(model.modules()):
             for name, child in module.named_children():

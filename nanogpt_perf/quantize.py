@@ -5,7 +5,9 @@ FBGEMM's int8 one (the activations quantized per row on the way in; weight-only 
 FBGEMM is absent) and torch._weight_int4pack_mm_for_cpu (weight-only). Elsewhere, and as the reference the tests
 hold those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU)."""
 
+import itertools
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,12 +59,74 @@ def fbgemm_usable() -> bool:
     return "fbgemm" in engines and hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack")
 
 
-def int8_kernel(device: torch.device, traced: bool = False) -> str | None:
-    """Int8Linear's kernel on device: FBGEMM's where usable and nothing traces it (torch.compile), else the
-    weight-only one on a CPU, else none (the dequantizing product)."""
+# the packed weights of the CPU kernels that take them as an object of their own (FBGEMM's, oneDNN's), by the slot
+# their Linear holds: torch.compile traces the slot, an int, into the custom ops below, and not the object
+PACKED: dict[int, object] = {}
+SLOTS = itertools.count()
+
+
+def hold(module: nn.Module, packed: object) -> int:
+    """A slot holding packed for as long as module lives."""
+    slot = next(SLOTS)
+    PACKED[slot] = packed
+    weakref.finalize(module, PACKED.pop, slot, None)
+    return slot
+
+
+@torch.library.custom_op("nanogpt_perf::fbgemm_int8", mutates_args=())
+def fbgemm_int8_op(x01: Tensor, slot: int, n_out: int, reduce_range: bool) -> Tensor:
+    return torch.ops.quantized.linear_dynamic(x01, PACKED[slot], reduce_range)
+
+
+@fbgemm_int8_op.register_fake
+def _(x01: Tensor, slot: int, n_out: int, reduce_range: bool) -> Tensor:
+    return x01.new_empty(x01.size(0), n_out)
+
+
+def fbgemm_int8(x01: Tensor, slot: int, n_out: int, reduce_range: bool) -> Tensor:
+    """FBGEMM's dynamic int8 product of the rows x01 (M, K) and the weights in slot: (M, n_out) in float32;
+    through the custom op only under torch.compile (eagerly, its dispatch costs more than the call)."""
+    if torch.compiler.is_compiling():
+        return fbgemm_int8_op(x01, slot, n_out, reduce_range)
+    return torch.ops.quantized.linear_dynamic(x01, PACKED[slot], reduce_range)
+
+
+@torch.library.custom_op("nanogpt_perf::onednn_linear", mutates_args=())
+def onednn_linear_op(x: Tensor, slot: int, n_out: int, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, PACKED[slot], bias, "none", [], "")
+
+
+@onednn_linear_op.register_fake
+def _(x: Tensor, slot: int, n_out: int, bias: Tensor | None) -> Tensor:
+    return x.new_empty(*x.shape[:-1], n_out)
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear for inference on a CPU, its weight packed once into oneDNN's blocked layout (the ops
+    torch.compile's CPU freezing uses) in dtype, taking and giving ordinary tensors."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        weight = linear.weight.detach().to(dtype)
+        self.slot, self.n_out = hold(self, torch.ops.mkldnn._reorder_linear_weight(weight, 1)), weight.size(0)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+
+    @property
+    def weight(self) -> Tensor:
+        return PACKED[self.slot]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return onednn_linear_op(x, self.slot, self.n_out, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, PACKED[self.slot], self.bias, "none", [], "")
+
+
+def int8_kernel(device: torch.device) -> str | None:
+    """Int8Linear's kernel on device: FBGEMM's where usable, else the weight-only one on a CPU, else none (the
+    dequantizing product)."""
     if device.type != "cpu":
         return None
-    return "fbgemm" if fbgemm_usable() and not traced else "int8pack"
+    return "fbgemm" if fbgemm_usable() else "int8pack"
 
 
 class Int8Linear(nn.Module):
@@ -78,15 +142,15 @@ class Int8Linear(nn.Module):
         q, scale = quantize_int8(linear.weight.detach().float())
         self.kernel = int8_kernel(linear.weight.device) if kernel == "auto" else kernel
         self.register_buffer("weight", q)
-        self.register_buffer("scale", scale.to(torch.float32 if kernel == "fbgemm" else dtype))
+        self.register_buffer("scale", scale.to(torch.float32 if self.kernel == "fbgemm" else dtype))
         bias = torch.zeros(q.size(0)) if linear.bias is None else linear.bias.detach().float()
         self.register_buffer("bias", bias.to(self.scale.dtype))
-        if kernel == "fbgemm":
+        if self.kernel == "fbgemm":
             zero = torch.zeros(q.size(0), dtype=torch.long)
             with warnings.catch_warnings():  # the qint8 dtype's deprecation (fbgemm_usable)
                 warnings.simplefilter("ignore", UserWarning)
                 rows = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
-            self.packed = torch.ops.quantized.linear_prepack(rows, None)
+            self.slot = hold(self, torch.ops.quantized.linear_prepack(rows, None))
             self.register_buffer("row_sums", (q.float() * scale[:, None]).sum(dim=1))
             self.reduce_range = not has_vnni()  # 7-bit activations, else int16 sums could saturate
 
@@ -95,7 +159,7 @@ class Int8Linear(nn.Module):
             rows = x.reshape(-1, x.size(-1)).float()
             low, high = torch.aminmax(rows, dim=-1, keepdim=True)
             span = (high - low).clamp_(min=torch.finfo(torch.float32).tiny)
-            y = torch.ops.quantized.linear_dynamic((rows - low) / span, self.packed, self.reduce_range)
+            y = fbgemm_int8((rows - low) / span, self.slot, self.weight.size(0), self.reduce_range)
             y = torch.addcmul(self.bias, low, self.row_sums).addcmul_(y, span)  # x = low + span * x01
             return y.view(*x.shape[:-1], -1).to(x.dtype)
         if self.kernel == "int8pack":
@@ -160,15 +224,12 @@ def int4_problem(model: nn.Module) -> str | None:
     return None
 
 
-def quantize_linears(model: nn.Module, quantize: str, dtype: torch.dtype, traced: bool = False) -> nn.Module:
+def quantize_linears(model: nn.Module, quantize: str, dtype: torch.dtype) -> nn.Module:
     """model with every nn.Linear replaced in place by its quantize ('int8' or 'int4') form computing in dtype; a
     tied lm_head gets its weight of its own, the embedding keeping the float one (a lookup reads one row a token).
-    traced: for torch.compile, which cannot trace FBGEMM's packed weights (int8 then takes the weight-only
-    kernel). For inference only."""
+    For inference only."""
     for module in list(model.modules()):
         for name, child in module.named_children():
-            if type(child) is nn.Linear and quantize == "int8":
-                setattr(module, name, Int8Linear(child, dtype, int8_kernel(child.weight.device, traced)))
-            elif type(child) is nn.Linear:
-                setattr(module, name, Int4Linear(child, dtype))
+            if type(child) is nn.Linear:
+                setattr(module, name, (Int8Linear if quantize == "int8" else Int4Linear)(child, dtype))
     return model

@@ -205,7 +205,10 @@ def check(model: GPT, decoder, tokens: list[int], length: int, q, generator) -> 
     sampling = decoder.sampling
     with torch.no_grad():
         idx = torch.tensor([tokens], device=decoder.token.device)
-        logits = cached_forward(model, idx, decoder.k, decoder.v, length, every=True)[0]
+        if decoder.static:  # its compiled step is for one token at a device position: this pass is eager
+            logits = cached_forward(model, idx, decoder.k, decoder.v, length, every=True)[0]
+        else:
+            logits = decoder.forward_at(idx, length, every=True)[0]
     if sampling.temperature == 0:
         return greedy_accept(logits[:, : sampling.vocab_size], tokens[1:])
     return accept(probabilities(logits, sampling), tokens[1:], q, generator)

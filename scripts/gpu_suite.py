@@ -85,6 +85,10 @@ GENERATION = (  # label, benchmarks/generate.py flags
     ("eager", ["--cuda_graph=False"]),
     ("graph", ["--cuda_graph=True"]),  # a no-op off CUDA
     ("graph+compile", ["--cuda_graph=True", "--compile=True"]),
+    # int8 weights (their dequantizing product fused by the compiler), beside transformers' generate on the same
+    # weights (its dynamic and static caches: ../shared/gpu-anchors.md)
+    ("graph+compile int8", ["--cuda_graph=True", "--compile=True", "--weights=int8"]),
+    ("transformers", ["--rivals=True", "--weights=bfloat16", "--repeats=1"]),
 )
 
 # the dry run only: nanoGPT's bench.py calls torch.cuda.synchronize and pin_memory, and builds GPT-2 (124M) whatever

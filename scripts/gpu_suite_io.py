@@ -242,14 +242,14 @@ def generation_rows(
     nanogpt_name with the ratio of ours to it (the same run, the same weights); and the run's manifest."""
     doc = json.loads(path.read_text())
     rows = []
-    for r in doc["results"]:
-        ours = not r["name"].startswith("nanoGPT")
+    for i, r in enumerate(doc["results"]):
+        ours = not r["name"].startswith(("nanoGPT", "transformers", "llama.cpp"))
         ttft = f"time to first token {r['ttft_ms']:,.1f} ms, " if r.get("ttft_ms") is not None else ""
         runs = ", ".join(f"{x:,.0f}" for x in r.get("tokens_per_s_runs") or [])
         built = f", decode step built in {doc['build_s']:.1f} s" if ours and doc.get("build_s") is not None else ""
         mem = doc.get("peak_mem_bytes") if ours else None
         note = f"{r['name']}: {ttft}runs {runs} tok/s{built}"
-        label = name if ours else nanogpt_name
+        label = nanogpt_name if r["name"].startswith("nanoGPT") else name if i == 0 else f"{name}: {r['name']}"
         rows.append(row(part, "generation", label, tokens_per_s=r["tokens_per_s"], peak_mem_bytes=mem, note=note))
     for theirs in rows[1:]:
         theirs["ratio"] = rows[0]["tokens_per_s"] / theirs["tokens_per_s"]

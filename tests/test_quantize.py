@@ -15,7 +15,6 @@ from nanogpt_perf.quantize import (
     int4_problem,
     quantize_int4,
     quantize_int8,
-    quantize_linears,
 )
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
@@ -153,11 +152,6 @@ def test_int8_greedy_tokens_are_float32s_on_a_trained_model(trained):
     reference = from_state(trained).generate(idx, 30, temperature=0)
     engine = Engine(from_state(trained), CPU, quantize="int8")
     assert torch.equal(torch.cat([idx, *engine.tokens(idx, 30, Sampling(temperature=0))], dim=1), reference)
-
-
-def test_compiled_int8_takes_the_weight_only_kernel():
-    model = quantize_linears(trained_like(), "int8", torch.float32, traced=True)
-    assert {m.kernel for m in model.modules() if isinstance(m, Int8Linear)} == {"int8pack"}
 
 
 def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
