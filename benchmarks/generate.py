@@ -164,17 +164,18 @@ def stream_bandwidth() -> float:
     return 4 * n / statistics.median(seconds[1:])
 
 
-def decode_bytes(model: GPT) -> float:
+def decode_bytes(engine: Engine) -> float:
     """Bytes a decode step reads per token, on average over this generation: every weight but the lookups' (an
-    embedding reads a row), and the filled part of the KV cache, in the embedding's dtype (B sequences share the
-    weights)."""
+    embedding reads a row), and the KV cache in the embedding's dtype, its filled part (a static step's: all of it;
+    B sequences share the weights)."""
+    model, decoder = engine.model, engine.decoder(B, T, new_tokens, sampling)
     linear = {id(m.weight) for m in model.modules() if hasattr(m, "weight") and not isinstance(m, torch.nn.Embedding)}
     lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linear
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in lookups}
     packed = [m.weight for m in model.modules() if type(m).__name__ == "PackedLinear"]  # not parameters
     weights = sum(t.numel() * t.element_size() for t in [*tensors.values(), *packed])
     per_position = 2 * shape.n_layer * shape.n_embd * model.transformer.wte.weight.element_size()
-    return weights / B + per_position * (T + (new_tokens - 1) / 2)
+    return weights / B + per_position * (decoder.cache_len if decoder.static else T + (new_tokens - 1) / 2)
 
 
 def runtime_of(weights: str):
@@ -219,7 +220,7 @@ def time_engine(engine: Engine, use_cache: bool = True, draft: str = "") -> Meas
         token.view(-1).tolist()
         first = first or time.perf_counter() - t0
     rate = B * new_tokens / (time.perf_counter() - t0)
-    return Measured(first, rate, decode_bytes(engine.model) if use_cache else None, stats)
+    return Measured(first, rate, decode_bytes(engine) if use_cache else None, stats)
 
 
 def time_nanogpt() -> Measured:

@@ -165,3 +165,20 @@ def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
                      "tokenizer": tokenizer}, tmp_path / "ckpt.pt")  # fmt: skip
     result = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu", "--quantize=int4", "--start=ab")
     assert_one_line_error(result, "quantize=int4", "multiple of 32, not 24", "use int8")
+
+
+@pytest.mark.slow  # three compilations, 20 to 40 s each with a cold cache
+@pytest.mark.parametrize(("quantize", "dtype"), [("int8", "float32"), ("none", "bfloat16"), ("int4", "bfloat16")])
+def test_compiled_steps_take_the_packed_kernels_and_give_the_eager_tokens(trained, quantize, dtype):
+    """Compiled, the step calls FBGEMM's and oneDNN's packed weights through their ops (torch.compile traces a
+    slot, not the objects) and writes the eager step's greedy tokens, one graph for every position."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    runtime, idx, greedy = resolve_runtime("cpu", dtype), prompts(1, 5), Sampling(temperature=0)
+    eager = torch.cat(list(Engine(from_state(trained), runtime, quantize=quantize).tokens(idx, 10, greedy)), 1)
+    engine = Engine(from_state(trained), runtime, compile=True, quantize=quantize)
+    engine.decoder(1, 5, 10, greedy)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert torch.equal(torch.cat(list(engine.tokens(idx, 10, greedy)), 1), eager)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
