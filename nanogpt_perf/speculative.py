@@ -144,8 +144,8 @@ class ModelDraft:
             logits = cached_forward(self.model, new, self.k, self.v, self.filled)
             self.filled = self.base = len(context)
             for i in range(k):
-                if self.sampling.temperature == 0:
-                    drafted.append(logits.argmax(dim=-1).item())
+                if self.sampling.temperature == 0:  # the model's greedy choice: never a padded token
+                    drafted.append(logits[0, : self.sampling.vocab_size].argmax().item())
                 else:
                     qs.append(probabilities(logits[0], self.sampling))
                     drafted.append(torch.multinomial(qs[-1], 1, generator=self.generator).item())

@@ -46,6 +46,19 @@ def test_greedy_speculative_tokens_are_plain_decodings(prompt_len, new_tokens, k
             assert stats.accepted == stats.drafted > 0
 
 
+def test_a_model_drafting_for_itself_never_drafts_a_padded_token():
+    """Greedy, a draft that is the model has every token accepted, whatever its padded vocabulary's tail says:
+    here the padded tokens' logits are the highest, and neither the model nor the draft may draw them."""
+    target = sharp_model(seed=0)
+    with torch.no_grad():
+        target.lm_head.weight[60:] = 100 * target.transformer.ln_f(target.transformer.wte.weight[:4]).sign()
+    sampling, idx = Sampling(temperature=0, vocab_size=60), prompts(1, 4)
+    stats = DraftStats()
+    draft = ModelDraft(target, sampling, 16, None)
+    tokens = list(speculative_tokens(Engine(target, CPU), idx, 10, sampling, draft, 4, None, stats))
+    assert max(t.item() for t in tokens) < 60 and stats.accepted == stats.drafted > 0
+
+
 def test_ngram_drafts_continue_the_latest_earlier_occurrence():
     draft = NgramDraft()
     context = [1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]
