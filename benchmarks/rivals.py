@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from model import GPT, RECIPE_ARCHITECTURE, GPTConfig, to_hf_state_dict
@@ -41,13 +42,18 @@ def llama_cpp_runner(model: GPT, tokenizer: Tokenizer, weights: str, prompt: lis
     lookups = cfg.block_size * cfg.n_embd * 4 if not cfg.rotary else 0  # position_embd, float32: one row read
     per_position = 2 * cfg.n_layer * cfg.n_embd * LLAMA_CACHE_BYTES
 
+    n_vocab = llama.n_vocab()
+
+    def last_logits() -> np.ndarray:  # the last token's (Llama.scores holds them only with logits_all)
+        return np.ctypeslib.as_array(llama._ctx.get_logits_ith(-1), shape=(n_vocab,))
+
     def run() -> tuple[float, float, float]:
         llama.reset()
         t0 = time.perf_counter()
         llama.eval(prompt)
         first = None
         for _ in range(new_tokens):
-            token = int(llama.scores[llama.n_tokens - 1].argmax())
+            token = int(last_logits().argmax())
             first = first or time.perf_counter() - t0
             llama.eval([token])
         rate = new_tokens / (time.perf_counter() - t0)
