@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+if __name__ == "__main__":  # before the project's imports, which only generate.py's sys.path finds
+    raise SystemExit("error: rivals.py is a module of benchmarks/generate.py: run that one (--help)")
+
 import numpy as np
 import torch
 

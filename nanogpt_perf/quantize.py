@@ -3,9 +3,12 @@ output row) or int4 (a scale and a zero per group of 32 inputs). Decoding a toke
 time is the weights' bytes: a quarter and an eighth of float32's. On a CPU the products run on PyTorch's kernels:
 FBGEMM's int8 one (the activations quantized per row on the way in; weight-only torch._weight_int8pack_mm where
 FBGEMM is absent) and torch._weight_int4pack_mm_for_cpu (weight-only). Elsewhere, and as the reference the tests
-hold those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU)."""
+hold those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU). And
+PackedLinear: bfloat16 (or float32) weights packed once for oneDNN. The kernels that take their packed weights as an
+object of their own reach torch.compile through two ops of ours (nanogpt_perf::fbgemm_int8, ::onednn_linear)."""
 
 import itertools
+import sys
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -73,15 +76,22 @@ def hold(module: nn.Module, packed: object) -> int:
     return slot
 
 
-# the ops that carry them, defined with torch.library's lower-level API: a call costs ~3 us, custom_op's ~10
-OPS = torch.library.Library("nanogpt_perf", "DEF")
-OPS.define("fbgemm_int8(Tensor x01, int slot, int n_out, bool reduce_range) -> Tensor")
-OPS.define("onednn_linear(Tensor x, int slot, int n_out, Tensor? bias) -> Tensor")
-OPS.impl("fbgemm_int8", lambda x, slot, n, reduce: torch.ops.quantized.linear_dynamic(x, PACKED[slot], reduce), "CPU")
-OPS.impl("onednn_linear", lambda x, slot, n, bias: torch.ops.mkldnn._linear_pointwise(x, PACKED[slot], bias, "none",
-                                                                                       [], ""), "CPU")  # fmt: skip
-torch.library.register_fake("nanogpt_perf::fbgemm_int8", lambda x, slot, n, reduce: x.new_empty(x.size(0), n))
-torch.library.register_fake("nanogpt_perf::onednn_linear", lambda x, slot, n, bias: x.new_empty(*x.shape[:-1], n))
+def packed(slot: int) -> object:
+    """The packed weights in slot, found through sys.modules: the ops outlive this module imported again."""
+    return sys.modules[__name__].PACKED[slot]
+
+
+# the ops that carry them, defined with torch.library's lower-level API (a call costs ~3 us, custom_op's ~10), once
+# a process
+if not hasattr(torch.ops.nanogpt_perf, "fbgemm_int8"):
+    OPS = torch.library.Library("nanogpt_perf", "FRAGMENT")
+    OPS.define("fbgemm_int8(Tensor x01, int slot, int n_out, bool reduce_range) -> Tensor")
+    OPS.define("onednn_linear(Tensor x, int slot, int n_out, Tensor? bias) -> Tensor")
+    OPS.impl("fbgemm_int8", lambda x, slot, n, rr: torch.ops.quantized.linear_dynamic(x, packed(slot), rr), "CPU")
+    OPS.impl("onednn_linear", lambda x, slot, n, bias: torch.ops.mkldnn._linear_pointwise(
+        x, packed(slot), bias, "none", [], ""), "CPU")  # fmt: skip
+    torch.library.register_fake("nanogpt_perf::fbgemm_int8", lambda x, slot, n, rr: x.new_empty(x.size(0), n))
+    torch.library.register_fake("nanogpt_perf::onednn_linear", lambda x, slot, n, b: x.new_empty(*x.shape[:-1], n))
 
 
 def fbgemm_int8(x01: Tensor, slot: int, n_out: int, reduce_range: bool) -> Tensor:
