@@ -82,7 +82,7 @@ class SampleConfig:
     cuda_graph: bool = setting(True, "CUDA: capture the decode step as a CUDA graph, replayed for every token")
 
 
-# sampling needs a trained model (no 'scratch'); compile: the one-shape decode step, compiled once and timed apart
+# sampling needs a trained model (no 'scratch'); compile: the decode step, compiled once and timed apart
 cfg = configure(
     sample=SampleConfig, weights=QuantizeConfig, speculative=DraftConfig, hardware=DeviceConfig,
     precision=PrecisionConfig, compiler=CompileConfig, rng=SeedConfig, defaults={"compile": False},
@@ -139,8 +139,8 @@ if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
     )
 idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
-# the engine: the weights quantized (quantize) or cast once, a one-shape decode step (compiled when asked, a CUDA
-# graph on CUDA), built ahead and timed apart
+# the engine: the weights quantized (quantize) or cast once, the decode step compiled once when asked (a CUDA graph
+# on CUDA), built ahead and timed apart
 engine = Engine(model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph, quantize=cfg.quantize)
 sampling = Sampling(cfg.temperature, cfg.top_k or None, cfg.top_p, tokenizer.n_vocab)
 if cfg.kv_cache and (cfg.compile or engine.graphs):
