@@ -48,7 +48,7 @@ from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import optional_path, output_file
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import model_size_problem, peak_memory_bytes
-from nanogpt_perf.quantize import CPU_DTYPE, QUANTIZE, int4_problem
+from nanogpt_perf.quantize import CPU_DTYPE, QUANTIZE, PackedLinear, int4_problem
 from nanogpt_perf.runtime import (
     CompileConfig,
     DeviceConfig,
@@ -172,7 +172,7 @@ def decode_bytes(engine: Engine) -> float:
     linear = {id(m.weight) for m in model.modules() if hasattr(m, "weight") and not isinstance(m, torch.nn.Embedding)}
     lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linear
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in lookups}
-    packed = [m.weight for m in model.modules() if type(m).__name__ == "PackedLinear"]  # not parameters
+    packed = [m.weight for m in model.modules() if isinstance(m, PackedLinear)]  # not parameters
     weights = sum(t.numel() * t.element_size() for t in [*tensors.values(), *packed])
     per_position = 2 * shape.n_layer * shape.n_embd * model.transformer.wte.weight.element_size()
     return weights / B + per_position * (decoder.cache_len if decoder.static else T + (new_tokens - 1) / 2)

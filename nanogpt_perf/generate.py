@@ -16,7 +16,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model import GPT, sample
-from nanogpt_perf.quantize import PackedLinear, quantize_linears
+from nanogpt_perf.quantize import PackedLinear, quantize_linears, replace_linears
 from nanogpt_perf.runtime import PTDTYPES, Runtime
 
 # A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
@@ -152,6 +152,14 @@ def cached_forward(
     return model.head(model.transformer.ln_f(x if every else x[:, -1, :]))
 
 
+def kv_cache(model: GPT, batch_size: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Zeroed keys and values for length positions of batch_size sequences: a (B, n_head, L, head_size) tensor
+    per layer each, in the model's dtype and on its device."""
+    cfg, wte = model.config, model.transformer.wte.weight
+    shape = (batch_size, cfg.n_head, length, cfg.n_embd // cfg.n_head)
+    return ([torch.zeros(shape, dtype=wte.dtype, device=wte.device) for _ in range(cfg.n_layer)] for _ in range(2))
+
+
 @functools.cache
 def graph_pool() -> tuple:
     """The one memory pool of every decode step's CUDA graph in this process, so that a Decoder per shape and
@@ -204,13 +212,11 @@ class Decoder:
         compile: bool = False,
         cuda_graph: bool = True,
     ):
-        cfg, dev, dtype = model.config, runtime.device, model.transformer.wte.weight.dtype
+        cfg, dev = model.config, runtime.device
         self.static = dev.type == "cuda" and (compile or cuda_graph)
         # eager, a spare position: the filled part is never the whole cache, whose slice alone would be contiguous
         # (a compiled step would guard on it and compile again for the last position)
-        shape = (batch_size, cfg.n_head, cache_len + (not self.static), cfg.n_embd // cfg.n_head)
-        self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.n_layer)]
+        self.k, self.v = kv_cache(model, batch_size, cache_len + (not self.static))
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self.pos, self.filled = torch.zeros((), dtype=torch.long, device=dev), 0
         self.noise = torch.ones(batch_size, sampling.noise_size(cfg.vocab_size), device=dev)
@@ -228,9 +234,9 @@ class Decoder:
         self.build_seconds = time.perf_counter() - start
 
     def forward_at(self, idx: torch.Tensor, filled: int, every: bool = False) -> torch.Tensor:
-        """cached_forward of idx after the filled positions of the cache, compiled where the step is (not at 0
-        and 1, which dynamo would specialise: see __init__)."""
-        forward = self.forward if filled > 1 else cached_forward
+        """cached_forward of idx after the filled positions of the cache, compiled where the step is compiled for
+        a host position (not a static step's, nor at 0 and 1, which dynamo would specialise: see __init__)."""
+        forward = self.forward if not self.static and filled > 1 else cached_forward
         return forward(self.model, idx, self.k, self.v, filled, every)
 
     def run_step(self) -> None:
@@ -379,8 +385,5 @@ def for_inference(model: GPT, runtime: Runtime, quantize: str = "none", pack: bo
     if quantize != "none":
         quantize_linears(model, quantize, dtype)
     elif pack and runtime.device_type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
-        for module in list(model.modules()):
-            for name, child in module.named_children():
-                if type(child) is torch.nn.Linear:
-                    setattr(module, name, PackedLinear(child, dtype))
+        replace_linears(model, lambda linear: PackedLinear(linear, dtype))
     return model.to(dtype)

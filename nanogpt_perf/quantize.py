@@ -225,12 +225,16 @@ def int4_problem(model: nn.Module) -> str | None:
     return None
 
 
-def quantize_linears(model: nn.Module, quantize: str, dtype: torch.dtype) -> nn.Module:
-    """model with every nn.Linear replaced in place by its quantize ('int8' or 'int4') form computing in dtype; a
-    tied lm_head gets its weight of its own, the embedding keeping the float one (a lookup reads one row a token).
-    For inference only."""
+def replace_linears(model: nn.Module, make) -> nn.Module:
+    """model with every nn.Linear replaced in place by make(linear); a tied lm_head gets a weight of its own, the
+    embedding keeping the float one (a lookup reads one row a token). For inference only."""
     for module in list(model.modules()):
         for name, child in module.named_children():
             if type(child) is nn.Linear:
-                setattr(module, name, (Int8Linear if quantize == "int8" else Int4Linear)(child, dtype))
+                setattr(module, name, make(child))
     return model
+
+
+def quantize_linears(model: nn.Module, quantize: str, dtype: torch.dtype) -> nn.Module:
+    """replace_linears with the quantize ('int8' or 'int4') form of each, computing in dtype."""
+    return replace_linears(model, lambda linear: (Int8Linear if quantize == "int8" else Int4Linear)(linear, dtype))

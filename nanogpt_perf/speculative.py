@@ -12,7 +12,7 @@ import torch
 
 from model import GPT
 from nanogpt_perf.config import setting
-from nanogpt_perf.generate import Engine, Sampling, cached_forward, candidates
+from nanogpt_perf.generate import Engine, Sampling, cached_forward, candidates, kv_cache
 from nanogpt_perf.guard.paths import check_path, path_rule
 
 NGRAM_MAX = 4  # the longest suffix NgramDraft looks up, then shorter ones down to a single token
@@ -127,12 +127,9 @@ class ModelDraft:
 
     def __init__(self, model: GPT, sampling: Sampling, cache_len: int, generator: torch.Generator | None):
         """cache_len: the model's (the draft proposes nothing past it, nor past its own block_size)."""
-        cfg, device = model.config, model.transformer.wte.weight.device
-        shape = (1, cfg.n_head, min(cache_len, cfg.block_size), cfg.n_embd // cfg.n_head)
-        dtype = model.transformer.wte.weight.dtype
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
-        self.model, self.sampling, self.generator, self.device = model, sampling, generator, device
+        self.k, self.v = kv_cache(model, 1, min(cache_len, model.config.block_size))
+        self.model, self.sampling, self.generator = model, sampling, generator
+        self.device = model.transformer.wte.weight.device
         self.filled = self.base = 0  # positions of the cache that hold the context; its length at the proposal
 
     def propose(self, context: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
@@ -189,7 +186,7 @@ def speculative_tokens(
         else:
             room = min(k, left - 1, decoder.cache_len - length - 1)
             drafted, q = draft.propose(context, room) if room > 0 else ([], None)
-            kept, token = check(engine.model, decoder, context[-1:] + drafted, length, q, generator)
+            kept, token = check(decoder, context[-1:] + drafted, length, q, generator)
             draft.rewind(kept)
             new, length = drafted[:kept] + [token], length + kept + 1
             stats.drafted, stats.accepted = stats.drafted + len(drafted), stats.accepted + kept
@@ -199,16 +196,12 @@ def speculative_tokens(
             yield torch.tensor([[token]], device=idx.device)
 
 
-def check(model: GPT, decoder, tokens: list[int], length: int, q, generator) -> tuple[int, int]:
-    """One pass of the model over tokens (the last accepted token, then the drafted ones) at position length of
-    decoder's cache: how many drafted tokens it keeps and the token after them."""
+def check(decoder, tokens: list[int], length: int, q, generator) -> tuple[int, int]:
+    """One pass of decoder's model over tokens (the last accepted token, then the drafted ones) at position length of
+    its cache: how many drafted tokens it keeps and the token after them."""
     sampling = decoder.sampling
     with torch.no_grad():
-        idx = torch.tensor([tokens], device=decoder.token.device)
-        if decoder.static:  # its compiled step is for one token at a device position: this pass is eager
-            logits = cached_forward(model, idx, decoder.k, decoder.v, length, every=True)[0]
-        else:
-            logits = decoder.forward_at(idx, length, every=True)[0]
+        logits = decoder.forward_at(torch.tensor([tokens], device=decoder.token.device), length, every=True)[0]
     if sampling.temperature == 0:
         return greedy_accept(logits[:, : sampling.vocab_size], tokens[1:])
     return accept(probabilities(logits, sampling), tokens[1:], q, generator)
