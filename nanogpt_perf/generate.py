@@ -169,6 +169,19 @@ def graph_pool() -> tuple:
     return torch.cuda.graph_pool_handle()
 
 
+# A CPU's decode step: its wrapper in C++ (the Python around the kernels is a fifth of a step), the weights frozen
+# into the graph as constants and every Linear timed against inductor's C++ GEMM template, which streams a
+# weight at M=1 faster than MKL or oneDNN (GPT-2's shape: float32 +12%, bfloat16 +30%; docs/sample.md)
+CPU_COMPILE = {
+    "cpp_wrapper": True,
+    "freezing": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+    "autotune_num_choices_displayed": 0,  # the timings of the choices, not printed
+    "max_autotune_report_choices_stats": False,
+}
+
+
 def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -> Callable:
     """cached_forward compiled, once for every position. static (a CUDA graph replays it): for one shape, the caches
     marked as static addresses (the same tensors at every step, so that cudagraphs need not copy them in). Else
@@ -187,8 +200,15 @@ def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -
     setattr(config, name, max(getattr(config, name), 2 * Decoder.compiled + 8))
     if static:
         return torch.compile(cached_forward, dynamic=False, fullgraph=True)
-    options = {"cpp_wrapper": True} if tensors[0].device.type == "cpu" else {}
-    return torch.compile(cached_forward, dynamic=True, fullgraph=True, options=options)
+    compiled = torch.compile(cached_forward, dynamic=True, fullgraph=True)
+    if tensors[0].device.type != "cpu":
+        return compiled
+
+    def cpu_step(*args, **kwargs):  # freezing is read outside torch.compile's options: patched where it compiles
+        with torch._inductor.config.patch(CPU_COMPILE):
+            return compiled(*args, **kwargs)
+
+    return cpu_step
 
 
 class Decoder:
@@ -295,7 +315,7 @@ class Engine:
     """Generation from one model: a Decoder per batch size and cache length, built on first use and kept (a
     compiled or captured step is built once for every prompt of that shape). The model is made ready to decode
     here, in place (for_inference): under a runtime with autocast its weights cast to its dtype once, its Linears
-    quantized to int8 or int4 (quantize), or packed for oneDNN (pack: a CPU in bfloat16)."""
+    quantized to int8 or int4 (quantize), or packed for oneDNN (pack: a CPU in bfloat16, eager)."""
 
     def __init__(
         self,
@@ -306,7 +326,8 @@ class Engine:
         quantize: str = "none",
         pack: bool = True,
     ):
-        self.model = for_inference(model, runtime, quantize, pack)
+        # compiled, inductor's own GEMM takes the plain weights (CPU_COMPILE); oneDNN's packing serves eager steps
+        self.model = for_inference(model, runtime, quantize, pack and not compile)
         self.runtime, self.compile = runtime, compile
         self.graphs = cuda_graph and runtime.device_type == "cuda"  # decode steps captured as CUDA graphs
         self.decoders: dict[tuple, Decoder] = {}

@@ -10,6 +10,7 @@ from conftest import GENERATE_CONFIG, prompts, run_script, sharp_model, tiny_hf_
 from model import GPT, GPTConfig, from_hf_state_dict, sample, to_hf_state_dict
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.generate import (
+    CPU_COMPILE,
     Engine,
     PackedLinear,
     Sampling,
@@ -314,8 +315,15 @@ def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
     assert batched.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0] == first
 
 
+@pytest.fixture
+def quick_compile(monkeypatch):
+    """A CPU's decode step compiled without timing inductor's GEMM choices (a minute on these tiny models):
+    the numerics and the graphs are the same; tests/test_quantize.py compiles with every choice timed (slow)."""
+    monkeypatch.setitem(CPU_COMPILE, "max_autotune", False)
+
+
 @pytest.mark.parametrize("options", ["default", "all"])
-def test_compiled_decode_step_gives_the_same_tokens_without_recompiling(options):
+def test_compiled_decode_step_gives_the_same_tokens_without_recompiling(options, quick_compile):
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -332,7 +340,7 @@ def test_compiled_decode_step_gives_the_same_tokens_without_recompiling(options)
     assert torch.equal(sampled, model.generate(idx, 30, top_k=10, generator=seeded()))
 
 
-def test_decoders_past_dynamos_recompile_limit_are_still_compiled():
+def test_decoders_past_dynamos_recompile_limit_are_still_compiled(quick_compile):
     """Every Decoder compiles cached_forward, whose compiled graphs dynamo keeps in one cache per code
     object: past its limit it would run them eagerly, silently (fullgraph=True makes that an error here)."""
     import torch._dynamo

@@ -167,11 +167,14 @@ def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
     assert_one_line_error(result, "quantize=int4", "multiple of 32, not 24", "use int8")
 
 
-@pytest.mark.slow  # three compilations, 20 to 40 s each with a cold cache
-@pytest.mark.parametrize(("quantize", "dtype"), [("int8", "float32"), ("none", "bfloat16"), ("int4", "bfloat16")])
+@pytest.mark.slow  # four compilations, 20 to 40 s each with a cold cache (every GEMM choice timed)
+@pytest.mark.parametrize(
+    ("quantize", "dtype"), [("int8", "float32"), ("none", "float32"), ("none", "bfloat16"), ("int4", "bfloat16")]
+)
 def test_compiled_steps_take_the_packed_kernels_and_give_the_eager_tokens(trained, quantize, dtype):
-    """Compiled, the step calls FBGEMM's and oneDNN's packed weights through their ops (torch.compile traces a
-    slot, not the objects) and writes the eager step's greedy tokens, one graph for every position."""
+    """Compiled, the step calls FBGEMM's packed int8 weights through their op (torch.compile traces a slot, not
+    the objects), float weights frozen into inductor's own GEMM (eager: MKL, or oneDNN's packing in bfloat16),
+    and writes the eager step's greedy tokens, one graph for every position."""
     import torch._dynamo
 
     torch._dynamo.reset()
