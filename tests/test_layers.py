@@ -94,3 +94,28 @@ def test_no_import_hides_in_a_string():
         str(p.relative_to(ROOT)) for p in sources if "import_module(" in p.read_text() or "__import__(" in p.read_text()
     ]
     assert hidden == []
+
+
+def modules_of_the_house() -> list[str]:
+    """Every Python module a reader may open, as a path from the root: the scripts, the package, the benchmarks,
+    the scripts/ tools and the datasets' preparers (not the tests, nor the config files)."""
+    folders = [ROOT.glob("*.py"), (ROOT / "nanogpt_perf").rglob("*.py"), (ROOT / "benchmarks").glob("*.py")]
+    folders += [(ROOT / "scripts").glob("*.py"), (ROOT / "data").rglob("*.py")]
+    paths = [p.relative_to(ROOT).as_posix() for folder in folders for p in folder]
+    return sorted(p for p in paths if not p.endswith("__init__.py"))
+
+
+def test_docs_architecture_names_every_module():
+    """A row of its table names the module: its path, or its file's name in a row that names its folder
+    (`benchmarks/generate.py`, `loader.py`; `data/*/prepare.py` for every dataset's)."""
+    rows = [line for line in (ROOT / "docs" / "architecture.md").read_text().splitlines() if line.startswith("|")]
+    cells = [row.split("|")[1] for row in rows if row.count("|") >= 3]
+
+    def named(path: str) -> bool:
+        folder, name = path.rpartition("/")[::2]
+        folders = {folder + "/", "/".join(folder.split("/")[:-1]) + "/*/"} if folder else {""}
+        return any(f"`{path}`" in c or (f"`{name}`" in c or f"{name}`" in c) and any(
+            f"`{f}" in c for f in folders) for c in cells)
+
+    missing = [p for p in modules_of_the_house() if not named(p)]
+    assert missing == [], f"docs/architecture.md has no row for {missing}"
