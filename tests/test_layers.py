@@ -114,8 +114,10 @@ def test_docs_architecture_names_every_module():
     def named(path: str) -> bool:
         folder, name = path.rpartition("/")[::2]
         folders = {folder + "/", "/".join(folder.split("/")[:-1]) + "/*/"} if folder else {""}
-        return any(f"`{path}`" in c or (f"`{name}`" in c or f"{name}`" in c) and any(
-            f"`{f}" in c for f in folders) for c in cells)
+        return any(
+            f"`{path}`" in c or (f"`{name}`" in c or f"{name}`" in c) and any(f"`{f}" in c for f in folders)
+            for c in cells
+        )
 
     missing = [p for p in modules_of_the_house() if not named(p)]
     assert missing == [], f"docs/architecture.md has no row for {missing}"
