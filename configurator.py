@@ -16,12 +16,12 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from nanogpt_perf.config import Config, build, convert, declared, flat_defaults
 from nanogpt_perf.errors import UserError, first_line, report_errors, shown
 
-ASSIGNMENTS = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)  # what sets a setting in a config file
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
@@ -45,16 +45,19 @@ def parse_flag(raw: str, default: Any) -> Any:
         return raw
 
 
-def unknown_key(key: str, known: Iterable[str], where: str) -> UserError:
+def unknown_key(key: str, known: Iterable[str], where: str, file: bool = False) -> UserError:
     close = difflib.get_close_matches(key, list(known), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else "; --help lists the settings"
+    hint += " (a config file's own names start with _)" if file and not close else ""
     return UserError(f"unknown setting {shown(key)} in {where}{hint}")
 
 
-def read_config_file(path: str) -> dict[str, Any]:
-    """What a Python config file assigns (=, :=, +=) at module scope, in an if or a try too; not the names it imports,
-    nor its functions and classes. Whatever it raises, SystemExit and KeyboardInterrupt included, is a UserError
-    naming the file and the line."""
+def read_config_file(path: str, settings: Iterable[str] = ()) -> dict[str, Any]:
+    """What a Python config file leaves bound once it has run, as nanoGPT's exec of it: however it
+    binds a name (=, +=, for, with, globals()[...], exec, a function's global). Not its helpers,
+    unless they bind one of settings: names starting with _, modules, functions, classes and what
+    its imports bind (from math import pi). Whatever it raises, SystemExit and KeyboardInterrupt
+    included, is a UserError naming the file and the line."""
     file = Path(path)
     try:
         if not file.is_file():
@@ -65,17 +68,37 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise UserError(f"config file {path}{f', line {e.lineno}' if e.lineno else ''}: SyntaxError: {e.msg}") from None
     except (OSError, ValueError, RecursionError, MemoryError) as e:  # unreadable; NUL bytes; nested past the parser
         raise UserError(f"config file {path} cannot be read as Python: {type(e).__name__}: {e}") from None
-    namespace: dict[str, Any] = {}
+    namespace: dict[Any, Any] = {}
+    settings = set(settings)
     try:
         exec(code, namespace)
     except BaseException as e:  # a broken config file is the user's to fix: say where, not a traceback
-        raise UserError(config_file_failure(path, e)) from None
-    assigned = {t.id for node in ast.walk(tree) if isinstance(node, ASSIGNMENTS)
-                for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}  # fmt: skip
-    return {k: v for k, v in namespace.items() if k in assigned and not k.startswith("_")}
+        raise UserError(config_file_failure(path, e, settings)) from None
+    bound, imported = {}, imported_names(tree)
+    for name, value in list(namespace.items()):
+        if type(name) is not str:
+            what = f"binds {shown(name)} in its globals(), which is no name"
+            raise UserError(f"config file {path} {what}")
+        module = issubclass(type(value), ModuleType)  # type(): an object's own __class__ may raise
+        helper = name.startswith("_") or name in imported or module or callable(value)
+        if name in settings or not helper:
+            bound[name] = value
+    return bound
 
 
-def config_file_failure(path: str, error: BaseException) -> str:
+def imported_names(tree: ast.AST) -> set[str]:
+    """The names a config file's imports bind (a star's: every name its module holds)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {alias.asname or alias.name.partition(".")[0] for alias in node.names}
+            if node.names[0].name == "*":  # from a module (node.module) only
+                module = sys.modules.get(node.module or "")
+                names |= set(vars(module)) if issubclass(type(module), ModuleType) else set()
+    return names
+
+
+def config_file_failure(path: str, error: BaseException, settings: set[str]) -> str:
     """The error line for what a config file raised: the last of its lines the traceback passes through, and what."""
     lines = [n for frame, n in traceback.walk_tb(error.__traceback__) if frame.f_code.co_filename == path]
     where = f"config file {path}" + (f", line {lines[-1]}" if lines else "")
@@ -83,8 +106,10 @@ def config_file_failure(path: str, error: BaseException) -> str:
         return f"{where}: it exits (sys.exit({shown(error.code)})); a config file only sets settings"
     if isinstance(error, KeyboardInterrupt):
         return f"{where}: interrupted (KeyboardInterrupt) while it ran"
-    text = first_line(error)
-    return f"{where}: {type(error).__name__}" + (f": {text[:200]}" if text else "")
+    text = first_line(error)[:200]
+    if isinstance(error, NameError) and getattr(error, "name", None) in settings:  # max_iters += 1
+        text += "; a config file starts with no setting bound: assign it before it is read"
+    return f"{where}: {type(error).__name__}" + (f": {text}" if text else "")
 
 
 def read_overrides(known: dict[str, Any], words: dict[str, tuple], argv: list[str]) -> dict[str, Any]:
@@ -92,7 +117,7 @@ def read_overrides(known: dict[str, Any], words: dict[str, tuple], argv: list[st
     given: dict[str, Any] = {}
     for arg in argv:
         if not arg.startswith("--"):
-            pairs, where = read_config_file(arg), arg
+            pairs, where = read_config_file(arg, known), arg
         elif "=" in arg:
             key, _, raw = arg[2:].partition("=")  # the value may itself contain '='
             pairs, where = {key: parse_flag(raw, known.get(key))}, "flags"
@@ -102,7 +127,7 @@ def read_overrides(known: dict[str, Any], words: dict[str, tuple], argv: list[st
             raise UserError(f"flag {arg!r} has no value; write --{arg[2:]}=VALUE")
         for key, value in pairs.items():
             if key not in known:
-                raise unknown_key(key, known, where)
+                raise unknown_key(key, known, where, file=where != "flags")
             given[key] = convert(key, value, known[key], words.get(key, ()))
     return given
 

@@ -132,6 +132,69 @@ def test_a_config_file_sets_what_it_assigns_in_an_if_or_a_try_not_in_a_function(
     assert (values["max_iters"], values["seed"], values["learning_rate"]) == (7, 3, 6e-4)
 
 
+BOUND = {  # each way Python binds a name, as a config file might set max_iters (default 100)
+    "globals": ('globals()["max_iters"] = 0', 0),
+    "for": ("for max_iters in range(3):\n    pass", 2),
+    "exec": ('exec("max_iters = 0")', 0),
+    "augmented": ("max_iters = 5\nmax_iters += 1", 6),
+    "walrus": ("(max_iters := 4)", 4),
+    "walrus_in_a_comprehension": ("[max_iters := n for n in range(3)]", 2),
+    "unpacking": ("max_iters, (seed, _) = 1, (2, 3)", 1),
+    "with": ("import contextlib\nwith contextlib.nullcontext(7) as max_iters:\n    pass", 7),
+    "match": ("match 8:\n    case max_iters:\n        pass", 8),
+    "global_in_a_function": ("def f():\n    global max_iters\n    max_iters = 9\nf()", 9),
+    "if": ("if 1 > 2:\n    max_iters = 0\nelse:\n    max_iters = 3", 3),
+    "if_not_taken": ("if False:\n    max_iters = 0", 100),
+    "del": ("max_iters = 0\ndel max_iters", 100),
+    "a_comprehensions_own": ("[max_iters for max_iters in range(3)]", 100),
+    "annotation_only": ("max_iters: int", 100),
+}
+
+
+@pytest.mark.parametrize("code, expected", BOUND.values(), ids=BOUND)
+def test_a_config_file_sets_what_it_leaves_bound_however_it_binds_it(code, expected, tmp_path):
+    """As nanoGPT's exec of it would: globals()[...], for and exec() once went unseen, silently."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(code + "\n")
+    assert overrides([str(cfg)])["max_iters"] == expected
+
+
+REFUSED = {  # a binding that cannot be a setting: one line naming it, never ignored
+    "augmented_unbound": ("max_iters += 1", "line 1: NameError: name 'max_iters' is not defined; "),
+    "import_as": ("import os as max_iters", "max_iters must be int (default 100), got a module"),
+    "from_import_as": ("from math import pi as max_iters", "max_iters must be int (default 100)"),
+    "def": ("def max_iters():\n    return 0", "max_iters must be int (default 100), got a func"),
+    "class": ("class max_iters:\n    pass", "max_iters must be int (default 100), got a type"),
+    "lambda": ("seed = lambda: 0", "seed must be int (default 1337), got a function"),
+    "for_misspelt": ("for max_iter in [0]:\n    pass", "unknown setting 'max_iter' in "),
+    "for_a_helper": ("for i in range(3):\n    pass", "the settings (a config file's own names"),
+    "hostile_class": ("class X:\n    __class__ = property(lambda s: 1 / 0)\nx = X()", "'x' in "),
+    "globals_misspelt": ('globals()["max_iter"] = 0', "did you mean 'max_iters'"),
+    "globals_not_a_name": ("globals()[1] = 2", "cfg.py binds 1 in its globals(), which is no name"),
+}
+
+
+@pytest.mark.parametrize("code, message", REFUSED.values(), ids=REFUSED)
+def test_a_config_file_binding_that_is_no_setting_is_one_line(code, message, tmp_path):
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(code + "\n")
+    with pytest.raises(UserError) as refused:
+        overrides([str(cfg)])
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_config_files_helpers_are_no_settings_however_bound(tmp_path):
+    """What its imports bind (from math import *), its functions, classes and modules, and names
+    starting with _: none is a setting, so none is refused as an unknown one."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from math import *\nfrom functools import partial\nimport os.path as osp\n"
+        "half = lambda x: x / 2\nthird = partial(lambda x, d: x / d, d=3)\n"
+        "for _i in range(2):\n    pass\nlearning_rate = half(pi) / 1000\n"
+    )
+    assert overrides([str(cfg)])["learning_rate"] == pytest.approx(1.5707963e-3)
+
+
 def test_a_config_copies_and_pickles_whole():
     cfg = build({"demo": Demo}, DEFAULTS).replace(seed=7)
     for twin in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
