@@ -29,7 +29,6 @@ from nanogpt_perf.generate import Engine, Sampling, cache_length, for_inference
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, init_from_one_of
-from nanogpt_perf.guard.vocabulary import check_vocabulary
 from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.quantize import CPU_DTYPE, QuantizeConfig, int4_problem
@@ -113,7 +112,8 @@ if not prompt:
 
 model = GPT.from_checkpoint(checkpoint) if checkpoint is not None else load_gpt2(cfg.init_from)
 model.eval().to(runtime.device)
-check_vocabulary(tokenizer.n_vocab, tokenizer.name, model.config.vocab_size, "model folder")
+if checkpoint is None:  # a model folder: an export's vocabulary is its model's whole (export.py)
+    tokenizer.fit_model(model.config.vocab_size, 1, "model folder")
 if cfg.quantize == "int4" and (problem := int4_problem(model)):
     raise UserError(f"quantize=int4: {problem}; use int8")
 draft_model = None  # the draft's checkpoint, of the same vocabulary, made ready to decode

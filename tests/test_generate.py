@@ -466,3 +466,22 @@ def test_packed_bfloat16_model_generates_the_same_tokens():
     assert type(fast.lm_head) is PackedLinear and fast.lm_head.weight.is_mkldnn
     reference = plain.generate(idx, 30, temperature=0)
     assert torch.equal(engine_generate(fast, idx, 30, engine=Engine(fast, bf16), temperature=0), reference)
+
+
+def test_a_checkpoints_vocabulary_covers_its_model_less_the_padding():
+    """Issue 44: a tokenizer with fewer tokens than padding explains is refused (sampling would
+    draw from its ids alone); GPT-2's weights, and a transformers folder's vocabulary that no
+    padding made, fine-tune on any data."""
+    from nanogpt_perf.errors import UserError
+
+    chars = lambda n: Tokenizer([chr(256 + i) for i in range(n)])  # noqa: E731
+    assert chars(65).fit_model(128, 64) and chars(128).fit_model(128, None)
+    assert chars(65).fit_model(65, 1)
+    assert chars(30).fit_model(100, 64)  # a transformers folder's 100 tokens, fine-tuned on 30
+    assert chars(65).fit_model(50257, 1)  # GPT-2's weights fine-tuned on characters
+    for n, model_tokens, pad_vocab in [(64, 128, 64), (2, 128, None), (64, 65, 1)]:
+        fewer = f"has {n} tokens, fewer than its model's vocabulary of {model_tokens}"
+        with pytest.raises(UserError, match=fewer):
+            chars(n).fit_model(model_tokens, pad_vocab)
+    with pytest.raises(UserError, match="more than its model's vocabulary of 64"):
+        chars(65).fit_model(64, 64)

@@ -393,3 +393,50 @@ def test_resume_fallback_prefers_a_newer_iteration_to_ckpt_best(tmp_path):
     assert newest_whole(tmp_path) == tmp_path / "ckpt-0000002.pt"
     (tmp_path / "ckpt-0000002.pt").write_bytes(b"torn")
     assert newest_whole(tmp_path) == tmp_path / "ckpt-best.pt"
+
+
+SHORT_VOCABULARY = {  # issue 44's: each path to a checkpoint's tokenizer
+    "sample": (S, "--out_dir={dir}/out --device=cpu --start=ab"),
+    "export-hf": (E, "--out_dir={dir}/out --export_dir={dir}/hf"),
+    "export-gguf": (E, "--out_dir={dir}/out --format=gguf"),
+    "generate": ("benchmarks/generate.py", "--out_dir={dir}/out --device=cpu"),
+}
+
+
+@pytest.mark.parametrize("stored", ["in the checkpoint", "in the dataset's meta.pkl"])
+@pytest.mark.parametrize("name", SHORT_VOCABULARY)
+def test_a_vocabulary_shorter_than_its_models_padding_is_refused(name, stored, tmp_path):
+    """A model of 128 tokens (75 characters padded to a multiple of 64) whose stored vocabulary
+    has 2: sampled, it drew from those 2 alone with no word."""
+    import pickle
+
+    from model import GPT, GPTConfig
+    from nanogpt_perf.train.checkpoint import save_checkpoint
+
+    model_args = dict(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
+    checkpoint = {"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args}
+    checkpoint["config"] = {"pad_vocab": 64, "data_dir": str(tmp_path / "data"), "dataset": "d"}
+    (tmp_path / "out").mkdir()
+    if stored == "in the checkpoint":
+        checkpoint["tokenizer"] = {"kind": "characters", "itos": ["a", "b"]}
+    else:
+        (tmp_path / "data" / "d").mkdir(parents=True)
+        meta = {"vocab_size": 2, "itos": {0: "a", 1: "b"}, "stoi": {"a": 0, "b": 1}}
+        (tmp_path / "data" / "d" / "meta.pkl").write_bytes(pickle.dumps(meta))
+    save_checkpoint(checkpoint, tmp_path / "out" / "ckpt.pt")
+    before = contents(tmp_path)
+    script, flags = SHORT_VOCABULARY[name]
+    result = run_in_process(script, *flags.format(dir=tmp_path).split())
+    said = ("(characters (2)) has 2 tokens", "vocabulary of 128", "pad_vocab=64: 65 at least")
+    assert_one_line_error(result, *said)
+    assert contents(tmp_path) == before
+
+
+def test_a_model_folders_vocabulary_shorter_than_its_model_is_refused(tmp_path):
+    """An export cuts the padding (export.py): its vocabulary.json is its model's whole."""
+    write_files(tmp_path, hf({}) | VOCABULARY(list("abc")))  # a model of 64 tokens
+    before = contents(tmp_path)
+    result = run_in_process(S, f"--init_from={tmp_path / 'hf'}", "--device=cpu", "--start=ab")
+    said = ("model folder's tokenizer (characters (3)) has 3 tokens", "vocabulary of 64")
+    assert_one_line_error(result, *said)
+    assert contents(tmp_path) == before

@@ -9,6 +9,7 @@ from nanogpt_perf.errors import UserError, shown
 from nanogpt_perf.guard.vocabulary import check_vocabulary, folder_tokenizer_spec, read_meta
 
 GPT2_VOCAB_SIZE = 50257  # GPT-2's BPE: for a dataset with no meta.pkl, and for synthetic tokens
+PAD_VOCAB = 64  # train.py's default pad_vocab (train/build.py): a checkpoint's that does not say
 GPT2_BPE_HASHES = {  # the official SHA-256 of GPT-2's BPE files, as tiktoken checks them
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
     "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
@@ -90,21 +91,35 @@ class Tokenizer:
     @classmethod
     def for_checkpoint(cls, checkpoint: dict[str, Any]) -> "Tokenizer":
         """The tokenizer stored in a checkpoint; for one written before checkpoints carried it, the dataset's
-        meta.pkl where it still is, else GPT-2's BPE."""
+        meta.pkl where it still is, else GPT-2's BPE. Refused where it does not fit the model
+        (fit_model)."""
+        config = checkpoint.get("config") if isinstance(checkpoint.get("config"), dict) else {}
         if "tokenizer" in checkpoint:
-            return cls.from_spec(checkpoint["tokenizer"])
-        config = checkpoint.get("config", {})
-        return cls.for_dataset(Path(config.get("data_dir", "data")) / config.get("dataset", ""))
+            tokenizer = cls.from_spec(checkpoint["tokenizer"])
+        else:
+            data_path = Path(config.get("data_dir", "data")) / config.get("dataset", "")
+            tokenizer = cls.for_dataset(data_path)
+        return tokenizer.fit_model(checkpoint["model_args"]["vocab_size"], config.get("pad_vocab"))
 
     @classmethod
     def for_model(cls, checkpoint: dict[str, Any] | None, init_from: str) -> "Tokenizer":
-        """The tokenizer of the model a script loads: its checkpoint's (refused when it outgrows the model's
-        vocabulary), else a model folder's (an export's vocabulary.json), else GPT-2's BPE."""
+        """The tokenizer of the model a script loads: its checkpoint's (for_checkpoint), else a
+        model folder's (an export's vocabulary.json), else GPT-2's BPE."""
         if checkpoint is None:
             return cls.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else cls()
-        tokenizer = cls.for_checkpoint(checkpoint)
-        check_vocabulary(tokenizer.n_vocab, tokenizer.name, checkpoint["model_args"]["vocab_size"])
-        return tokenizer
+        return cls.for_checkpoint(checkpoint)
+
+    def fit_model(self, model_tokens: int, pad_vocab: Any, source="checkpoint") -> "Tokenizer":
+        """self, refused where a model of model_tokens ids has more (ids past the embedding), or
+        more past self's than padding to a multiple of pad_vocab adds (PAD_VOCAB where a checkpoint
+        does not say): ids it was trained on that self cannot decode, which sampling would leave out
+        with no word. A vocabulary no padding made (GPT-2's 50,257, a transformers folder's) came
+        with weights, which train on any data."""
+        pad_vocab = pad_vocab if type(pad_vocab) is int and pad_vocab >= 1 else PAD_VOCAB
+        padded = model_tokens % pad_vocab == 0 and model_tokens < GPT2_VOCAB_SIZE
+        padding = pad_vocab if padded else None
+        check_vocabulary(self.n_vocab, self.name, model_tokens, source, padding)
+        return self
 
     def encode(self, text: str) -> list[int]:
         if self.itos is None:

@@ -78,13 +78,31 @@ def folder_tokenizer_spec(folder: Path) -> dict[str, Any]:
     return {"kind": "characters", "itos": itos}
 
 
-def check_vocabulary(tokens: int, tokenizer: str, model_tokens: int, source: str = "checkpoint") -> None:
-    """A UserError when a tokenizer of `tokens` ids cannot go with a model of a vocabulary of model_tokens (it would
-    give ids past the embedding); source: where both come from, for the line."""
+def check_vocabulary(
+    tokens: int,
+    tokenizer: str,
+    model_tokens: int,
+    source: str = "checkpoint",
+    pad_vocab: int | None = None,
+) -> None:
+    """A UserError when a tokenizer of `tokens` ids cannot go with a model of a vocabulary of
+    model_tokens: it would give ids past the embedding; or, given pad_vocab (the multiple the
+    model's vocabulary was rounded up to), the model has more ids past the tokenizer's than that
+    padding adds: ids it was trained on, which the tokenizer cannot decode and sampling would leave
+    out with no word. source: where both come from, for the line."""
     if tokens > model_tokens:
         raise UserError(
             f"the {source}'s tokenizer ({tokenizer}) has {tokens} tokens, more than its model's vocabulary of "
             f"{model_tokens}: they do not belong together"
+        )
+    if pad_vocab is not None and model_tokens - tokens >= pad_vocab:
+        least = model_tokens - pad_vocab + 1
+        padded = f" (padded to a multiple of pad_vocab={pad_vocab}: {least} at least)"
+        padded = padded if pad_vocab > 1 else ""
+        raise UserError(
+            f"the {source}'s tokenizer ({tokenizer}) has {tokens} tokens, fewer than its model's "
+            f"vocabulary of {model_tokens}{padded}: the model's other tokens cannot be decoded; "
+            "they do not belong together"
         )
 
 
