@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from nanogpt_perf.data.dataset import own_preparer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes, write_text
 from nanogpt_perf.guard.paths import check_path
@@ -50,14 +51,23 @@ def kind_of(meta: dict[str, Any]) -> str | None:
     return "characters" if "itos" in meta else "gpt2" if meta.get("tokenizer") == "gpt2" else None
 
 
+PREPARED = ("input.txt", "train.bin", "val.bin", "meta.pkl")  # a preparation's text and dataset
+
+
 def folder_problem(folder: Path, kind: str) -> str | None:
-    """Why folder may not take a preparation of this kind (its files would replace another dataset's), or None:
-    it is new, holds no dataset, or an earlier preparation of the same kind."""
+    """Why folder may not take a preparation of this kind, or None: it is new, empty, or holds the
+    text to prepare (input.txt) or an earlier preparation of the same kind, and nothing of the
+    user's (hidden files aside, as a killed write's temporaries; and a repository preparer's own
+    script)."""
     if not folder.is_dir():
         return None
     other = sorted({*folder.glob("*_train*.bin"), *folder.glob("*_val*.bin"), *folder.glob("prepare*.json")})
     if other:
         return f"it holds another kind of dataset ({other[0].name})"
+    ours = PREPARED + (("prepare.py", "__pycache__") if own_preparer(folder) else ())
+    if theirs := sorted(n for n in os.listdir(folder) if n not in ours and not n.startswith(".")):
+        more = f" and {len(theirs) - 1} more" if len(theirs) > 1 else ""
+        return f"it holds {theirs[0]}{more}, not a preparation's ({', '.join(PREPARED)})"
     tokens = [name for name in ("train.bin", "val.bin") if (folder / name).exists()]
     if not (folder / "meta.pkl").exists():
         return f"it holds {tokens[0]} without a meta.pkl: not a preparation of this script" if tokens else None

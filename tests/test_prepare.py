@@ -1,6 +1,8 @@
 """The web-scale preparation (data/openwebtext and data/fineweb over nanogpt_perf/data/preparation.py), offline: local
 JSONL, Parquet and text files through the real scripts, checked against tiktoken run here; a killed preparation
-resumes to the same bytes; 1 and 2 processes agree; bad inputs get one line."""
+resumes to the same bytes; 1 and 2 processes agree; bad inputs get one line. Then issue 44's:
+Shakespeare's small preparations are never written among the user's own files, and a refused
+benchmarks/ttl_data.py leaves no input.txt for the next preparation to take."""
 
 import importlib.util
 import itertools
@@ -22,6 +24,7 @@ from nanogpt_perf.data.shards import split_files
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 
 OPENWEBTEXT, FINEWEB = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
+SMALL = ("data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py")
 EOT = 50256
 DOCUMENTS = [  # a long one straddles several shards; a literal <|endoftext|> is text, not the separator
     "Hello world, this is the first document.",
@@ -280,3 +283,44 @@ def test_prepared_but_without_training_shards_is_told_apart_from_not_prepared(tm
     assert_one_line_error(result, "dataset small is prepared but has no training shards", "--val_tokens")
     (data / "bare").mkdir()
     assert_one_line_error(refuse_train(data, tmp_path / "out", "--dataset=bare"), "dataset 'bare' not found")
+
+
+# ----------------------------------------------------------------- Shakespeare's small preparations
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("script", SMALL)
+def test_a_small_preparation_is_not_written_among_the_users_files(script, tmp_path):
+    """As its usage says: FOLDER is new, empty, or holds its text (input.txt) or a preparation."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "input.txt").write_text("to be, or not to be: that is the question.\n" * 20)
+    before = files_of(folder)
+    refused = run_script(script, str(folder))
+    must = f"the dataset folder {folder} must be new or an earlier"
+    valid = "(input.txt, train.bin, val.bin, meta.pkl)"
+    assert_one_line_error(refused, must, "it holds notes.txt", valid)
+    assert files_of(folder) == before
+    (folder / "notes.txt").unlink()
+    (folder / ".tmp-left-by-a-killed-write").write_text("")  # hidden: not the user's work
+    prepared = run_script(script, str(folder))
+    assert prepared.returncode == 0, prepared.stderr
+    assert sorted(files_of(folder))[1:] == ["input.txt", "meta.pkl", "train.bin", "val.bin"]
+    assert run_script(script, str(folder)).returncode == 0  # an earlier preparation: prepared again
+
+
+def test_a_repository_preparers_folder_takes_its_own_script_and_cache(tmp_path):
+    from data.tiny_shakespeare import folder_problem
+
+    for name, kind in (("shakespeare_char", "characters"), ("shakespeare", "gpt2")):
+        assert folder_problem(ROOT / "data" / name, kind) is None
+        copy = tmp_path / name
+        (copy / "__pycache__").mkdir(parents=True)
+        shutil.copy(ROOT / "data" / name / "prepare.py", copy)
+        assert folder_problem(copy, kind) is None
+        (copy / "prepare.py").write_text("# another script")
+        assert "it holds __pycache__ and 1 more" in folder_problem(copy, kind)

@@ -2,8 +2,9 @@
 
 python data/shakespeare_char/prepare.py [FOLDER]    # FOLDER defaults to this script's own
 
-FOLDER may be new, or hold files of yours (left as they are; an input.txt there is the text prepared) or an
-earlier preparation of the same kind; one that holds another dataset is refused, never overwritten.
+FOLDER may be new or empty, or hold the text to prepare (input.txt) or an earlier preparation of
+the same kind; one that holds anything else (files of yours, another dataset) is refused, nothing
+written there.
 """
 
 import sys
