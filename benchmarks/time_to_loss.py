@@ -17,10 +17,11 @@ by linear interpolation between the eval before it and the first eval at or belo
 Writes OUT/time_to_loss.json (every run's curve, the summary), .csv (the summary) and .png (val loss against tokens
 and against seconds, the median over seeds with the seeds' range as a band), and prints the tables. A run already
 finished in its out_dir is not run again where everything that made it is the same (its command and threads, its
-config files' contents, the code, Python's and torch's versions: benchmarks/ttl_runs.py), so an interrupted
-benchmark resumes; --fresh=True runs everything again. A run that train.py stops on non-finite steps (diverged) is
-"never" in the tables. SIGTERM or Ctrl-C stops the runs going (SIGTERM to each, SIGKILL 30 s later or at a second
-signal), says which, and ends the benchmark: a stopped run is never taken as a finished one.
+config files' contents, the code, the versions of Python and torch, the machine, its dataset's contents:
+benchmarks/ttl_runs.py), so an interrupted benchmark resumes; --fresh=True runs everything again. A run
+that train.py stops on non-finite steps (diverged) is "never" in the tables. SIGTERM or Ctrl-C stops the
+runs going (SIGTERM to each, SIGKILL 30 s later or at a second signal), says which, and ends the
+benchmark: a stopped run is never taken as a finished one.
 """
 
 import json
@@ -41,7 +42,18 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (0, 1)]  # ben
 
 from ttl_curves import best_values, run_curve, seed_major, summarize
 from ttl_report import run_line, summary_csv, summary_table, sweep_table, write_chart
-from ttl_runs import COUNTED, MARK, Runs, catch_signals, finished, mark_finished, outcome, run_identity
+from ttl_runs import (
+    COUNTED,
+    MARK,
+    Runs,
+    catch_signals,
+    dataset_content,
+    finished,
+    mark_finished,
+    outcome,
+    read_regular,
+    run_identity,
+)
 
 from configurator import configure, read_config_file
 from nanogpt_perf.config import Config, setting
@@ -139,7 +151,8 @@ def check_arguments(where: str, args: list[Any]) -> None:
     if not all(isinstance(a, str) for a in args):
         raise UserError(f"{where}: train.py arguments must be strings, got {args!r}")
     if missing := [a for a in args if not a.startswith("--") and not (ROOT / a).is_file()]:
-        raise UserError(f"{where}: config file {missing[0]} not found (paths from {ROOT})")
+        said = "is not a file" if (ROOT / missing[0]).exists() else "not found"
+        raise UserError(f"{where}: config file {missing[0]} {said} (paths from {ROOT})")
     mine = owned()
     if taken := [key for a in args if a.startswith("--") and (key := a[2:].partition("=")[0]) in mine]:
         raise UserError(f"{where} sets {taken[0]}, which the benchmark sets itself in every run ({mine[taken[0]][1]})")
@@ -226,10 +239,16 @@ def run_train(which: str, cmd: list[str], env: dict[str, str], out_dir: Path, ru
     """train.py with cmd in out_dir, and what its mark records: when it started, its wall seconds and its outcome
     ('finished', or 'diverged' with the line that said so); None when it was stopped with the runs. Any other end
     (an error, a signal, a stop before max_iters) is a UserError: not a run."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MARK).unlink(missing_ok=True)  # not a run that counts until train.py has ended as one
     started, t0 = time.time(), time.perf_counter()
-    returncode = runs.run(which, [sys.executable, "train.py", *cmd], out_dir / "train.out", env, ROOT)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / MARK).unlink(missing_ok=True)  # not a run that counts until it has ended as one
+        train_py = [sys.executable, "train.py", *cmd]
+        returncode = runs.run(which, train_py, out_dir / "train.out", env, ROOT)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        reason = f"{where}{e.strerror or e}"
+        raise UserError(f"{which}: cannot start it in {out_dir}: {reason}") from None
     if returncode is None:
         return None
     if not cfg.keep_checkpoints:  # what the benchmark reads is the log; a run stopped is started afresh
@@ -264,12 +283,14 @@ def train(name: str, seed: int, args: list[str], out_dir: Path, runs: Runs) -> d
     curve; None when the runs were stopped before it ended."""
     cmd, env = command(args, out_dir, seed), environment()
     identity = run_identity(cmd, env.get("OMP_NUM_THREADS"), ROOT)
+    identity["data"] = dataset_content(out_dir, ROOT)  # the run there's, as the data is now
     ran = None if cfg.fresh else finished(out_dir, identity, cfg.max_iters)  # when reused, the figures of its session
     reused = ran is not None
     if ran is None:
         ran = run_train(f"run {name!r} seed {seed}", cmd, env, out_dir, runs)
         if ran is None:
             return None
+        identity["data"] = dataset_content(out_dir, ROOT)  # train.py may have prepared it
         mark_finished(out_dir, identity, ran)
     manifest = read_json(out_dir / "manifest.json")
     curve = run_curve(read_log(out_dir / "log.jsonl"), tokens_per_iter(out_dir), ran["outcome"] == "diverged")
@@ -281,7 +302,7 @@ def train(name: str, seed: int, args: list[str], out_dir: Path, runs: Runs) -> d
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_regular(path))
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
     if not isinstance(doc, dict):

@@ -3,7 +3,11 @@
 - a run's identity: everything that made it, all of which must be the same for a finished run to be reused: its
   train.py command, its threads, the contents of the config files the command names, the code (code_digest: every
   Python file of the checkout that a run can execute, config/'s left to the command, as it is on disk, uncommitted
-  changes included) and the versions of Python and torch;
+  changes included), the versions of Python and of the packages its steps run on, the machine
+  that timed it, and its dataset's contents (dataset_content: prepared again from other text, it
+  is other data);
+- files read only where they are regular files (open_regular): a FIFO, a socket or a device in a
+  file's place is never waited on, nor read without end;
 - the mark (ttl_run.json) written in a run's out_dir once train.py has ended as a run the benchmark counts: finished
   (its log ends with the eval at max_iters) or diverged (stopped on non-finite steps), read back by finished();
 - what a train.py exit means (outcome): finished, diverged, or not a run at all (failed, killed by a signal,
@@ -12,11 +16,14 @@
   or one of them fails.
 """
 
+import errno
+import functools
 import hashlib
 import json
 import os
 import platform
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -24,7 +31,7 @@ import time
 from concurrent.futures import Future, wait
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
@@ -36,6 +43,9 @@ MARK = "ttl_run.json"  # in a run's out_dir, written once train.py has ended as 
 NOT_CODE = ("tests/", "benchmarks/", "scripts/", "docs/", "config/")
 COUNTED = ("finished", "diverged")  # the outcomes that are runs of the benchmark
 GRACE_S = 30  # after SIGTERM, the seconds a run has to finish its step, save and exit before it is killed
+PACKAGES = ("torch", "triton", "numpy")  # what a run's steps run on, besides Python and the code
+# a dataset's vocabulary and token files, in either layout (nanogpt_perf/data/shards.py)
+DATA_FILES = ("meta.pkl", "*.bin")
 
 
 def code_files(root: Path) -> list[str]:
@@ -57,12 +67,50 @@ def code_files(root: Path) -> list[str]:
     return sorted({p for p in paths if not p.startswith(NOT_CODE)})
 
 
-def file_digest(path: Path) -> str | None:
-    """The SHA-256 of a file's bytes; None where it cannot be read."""
+def open_regular(path: Path) -> BinaryIO:
+    """path opened for reading; an OSError where it is not a regular file. A FIFO is opened without
+    waiting for a writer (O_NONBLOCK), then refused, as are a device (/dev/zero never ends), a
+    socket and a folder."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path) -> bytes:
+    with open_regular(path) as f:
+        return f.read()
+
+
+def file_digest(path: Path) -> str | None:
+    """The SHA-256 of a regular file's bytes; None where it cannot be read or is not one."""
+    try:
+        with open_regular(path) as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
+
+
+_digests: dict[tuple[int, ...], str | None] = {}
+
+
+def kept_digest(path: Path) -> str | None:
+    """file_digest, kept for this process by the file's device, inode, size and modification and
+    change times (a change time cannot be set back): a large dataset is read once a benchmark, not
+    once a run."""
+    try:
+        s = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    key = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+    if key not in _digests:
+        _digests[key] = file_digest(path)
+    return _digests[key]
 
 
 def code_digest(root: Path) -> str:
@@ -81,9 +129,29 @@ def package_version(name: str) -> str | None:
         return None
 
 
+@functools.cache
+def machine() -> dict[str, Any]:
+    """What times a run: the CPU's model, the cores this process may use, nvidia-smi's GPUs."""
+    try:
+        cpuinfo = read_regular(Path("/proc/cpuinfo")).decode(errors="replace").splitlines()
+        cpu = next(line.split(":", 1)[1] for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
+    cpu = cpu.strip()
+    try:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        smi = subprocess.run(query, capture_output=True, text=True, timeout=20)
+        gpus = smi.stdout.strip().splitlines() if smi.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        gpus = []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "cores": cores, "gpus": gpus}
+
+
 def run_identity(command: list[str], threads: str | None, root: Path) -> dict[str, Any]:
-    """What makes a run of train.py with command (its config files and flags) in root: a finished run is reused only
-    when all of it is the same. threads: OMP_NUM_THREADS, which changes its seconds."""
+    """What makes a run of train.py with command (its config files and flags) in root: a finished
+    run is reused only when all of it is the same, and its dataset's contents (dataset_content).
+    threads: OMP_NUM_THREADS, which changes its seconds, as the machine does."""
     files = [a for a in command if not a.startswith("--")]
     return {
         "command": command,
@@ -91,14 +159,31 @@ def run_identity(command: list[str], threads: str | None, root: Path) -> dict[st
         "config_files": {f: file_digest(root / f) for f in files},
         "code": code_digest(root),
         "python": platform.python_version(),
-        "torch": package_version("torch"),
+        **{name: package_version(name) for name in PACKAGES},
+        "machine": machine(),
     }
+
+
+def dataset_content(out_dir: Path, root: Path) -> dict[str, str | None] | None:
+    """The contents of the dataset that the run in out_dir trained on (its manifest's
+    data_dir/dataset, from root, where train.py runs) as they are now: the SHA-256 of its meta.pkl
+    and token files by name ({}: none there); None where out_dir has no manifest naming one. Its
+    contents, not its name nor its files' times: the same command names the same folder, which may
+    have been prepared again from other text."""
+    try:
+        settings = json.loads(read_regular(out_dir / "manifest.json"))["settings"]
+        folder = root / settings["data_dir"] / settings["dataset"]
+        names = sorted({path.name for pattern in DATA_FILES for path in folder.glob(pattern)})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {name: kept_digest(folder / name) for name in names}
 
 
 def read_records(out_dir: Path) -> list[dict[str, Any]] | None:
     """The records of out_dir/log.jsonl; None where it is missing or not a log."""
     try:
-        records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+        lines = read_regular(out_dir / "log.jsonl").decode().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
     except (OSError, ValueError):
         return None
     return records if all(isinstance(r, dict) and "iter" in r for r in records) else None
@@ -117,7 +202,7 @@ def finished(out_dir: Path, identity: dict[str, Any], max_iters: int) -> dict[st
     its wall seconds, its outcome); else None. It counts when its mark says so and its log ends with the eval at
     max_iters, or when it diverged (stopped on non-finite steps, its log ending where it stopped)."""
     try:
-        mark = json.loads((out_dir / MARK).read_text())
+        mark = json.loads(read_regular(out_dir / MARK))
     except (OSError, ValueError):
         return None
     if not isinstance(mark, dict) or mark.get("identity") != identity or not isinstance(mark.get("ran"), dict):
@@ -134,7 +219,8 @@ def mark_finished(out_dir: Path, identity: dict[str, Any], ran: dict[str, Any]) 
 def last_said(output: Path) -> str:
     """What a run said last: its last error or 'stopped by' line, else its last line."""
     try:
-        lines = [line.strip() for line in output.read_text(errors="replace").splitlines() if line.strip()]
+        text = read_regular(output).decode(errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
     except OSError:
         lines = []
     told = [line for line in lines if line.startswith(("error:", "stopped by"))]
@@ -179,11 +265,14 @@ class Runs:
         return bool(self.asked) or self.failed
 
     def run(self, which: str, command: list[str], output: Path, env: dict[str, str], cwd: Path) -> int | None:
-        """command's exit status, its stdout and stderr in output; None when the benchmark stopped before it started."""
+        """command's exit status, its stdout and stderr in output (made afresh: a link or a FIFO
+        there is removed, not written through or waited on); None when the benchmark stopped before
+        it started."""
         with self.lock:
             if self.stopping:
                 return None
-            with open(output, "w") as out:
+            output.unlink(missing_ok=True)
+            with open(output, "x") as out:
                 process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
             self.going[process] = which
         try:

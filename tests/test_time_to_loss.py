@@ -9,9 +9,11 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +34,14 @@ from ttl_curves import (  # noqa: E402
     summarize,
 )
 from ttl_report import summary_table, sweep_table  # noqa: E402
-from ttl_runs import code_digest, finished, mark_finished, outcome, run_identity  # noqa: E402
+from ttl_runs import (  # noqa: E402
+    code_digest,
+    file_digest,
+    finished,
+    mark_finished,
+    outcome,
+    run_identity,
+)
 
 
 def records(losses: list[float], every: int = 25, ms: float = 100.0, first_ms: float = 1000.0) -> list[dict]:
@@ -253,6 +262,67 @@ def test_the_code_digest_is_the_code_on_disk_committed_or_not(tmp_path):
     assert code_digest(tmp_path / "plain") == edited  # outside git: the same files, found on disk
 
 
+def not_files(folder: Path) -> Path:
+    """In folder: a FIFO, a link to /dev/zero, a folder, a dangling link and a socket, each named
+    *.py; the FIFO's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(folder / "fifo.py")
+    (folder / "zero.py").symlink_to("/dev/zero")
+    (folder / "folder.py").mkdir()
+    (folder / "gone.py").symlink_to(folder / "nothing")
+    if len(str(folder / "sock.py")) < 100:  # a socket's path has a limit
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(folder / "sock.py"))
+    return folder / "fifo.py"
+
+
+def within(seconds: float, call, fifo: Path):
+    """call() in a thread, or the test fails where it has not returned in seconds (a reader blocked
+    on the FIFO is then let go: the suite never hangs)."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the blocked open returns, reads EOF
+        pytest.fail(f"still going after {seconds} s: it waits on a FIFO")
+    return result[0]
+
+
+@pytest.mark.parametrize("git_init", [False, True])
+def test_the_code_digest_never_waits_on_nor_reads_what_is_not_a_file(tmp_path, git_init):
+    if git_init and shutil.which("git") is None:
+        pytest.skip("needs git")
+    root = tmp_path / "repo"
+    write_tree(root, {"train.py": "a = 1\n", "pkg/mod.py": "b = 2\n"})
+    if git_init:  # git lists a tracked file that a FIFO has replaced
+        git(root, "init", "-q")
+        git(root, "add", ".")
+        git(root, "commit", "-qm", "first")
+        (root / "pkg/mod.py").unlink()
+    fifo = not_files(root / "pkg")
+    if git_init:
+        os.rename(fifo, root / "pkg/mod.py")
+        fifo = root / "pkg/mod.py"
+    first = within(20, lambda: code_digest(root), fifo)
+    assert code_digest(root) == first
+    assert file_digest(fifo) is None and file_digest(root / "pkg/zero.py") is None
+    write_tree(root, {"train.py": "a = 2\n"})
+    assert code_digest(root) != first  # the code beside them still counts
+
+
+def test_a_run_identity_holds_the_machine_and_the_packages_its_steps_run_on(tmp_path):
+    import numpy
+
+    identity = run_identity(["--seed=1"], None, tmp_path)
+    assert identity["numpy"] == numpy.__version__ and identity["torch"] is not None
+    assert "triton" in identity
+    machine = identity["machine"]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert machine["cores"] == cores and machine["cpu"]
+    assert isinstance(machine["gpus"], list)
+
+
 def test_a_run_identity_holds_its_config_files_contents(tmp_path):
     write_tree(tmp_path, {"config/a.py": "x = 1\n"})
     outside = tmp_path.parent / f"{tmp_path.name}-outside.py"
@@ -350,6 +420,7 @@ def test_end_to_end_two_configurations_two_seeds(tmp_path, tiny_data):
         assert [x["iter"] for x in evals] == [0, 5, 10, 15, 20]
         finals.setdefault(r["config"], []).append(evals[-1]["val_loss"])
         assert not list(Path(r["out_dir"]).glob("ckpt*.pt"))  # only the log is kept
+        assert set(r["data"]) == {"meta.pkl", "train.bin", "val.bin"}  # the dataset it trained on
     summary = doc["summary"]
     assert summary["baseline"] == "slow"
     assert summary["target"] == pytest.approx(sum(finals["slow"]) / 2)  # the median of two seeds
@@ -469,6 +540,7 @@ FAKE_TRAIN = r"""
 # and the ends a run can have (--end=): finish, diverge (train.py's line for non-finite steps), fail, sleep (until
 # SIGTERM or SIGINT, which stop it as they stop train.py: it exits 0 before max_iters; --ignore_sigterm=1: SIGTERM
 # does nothing). A seed in --diverge_seeds diverges; --after=PATH: the end waits for PATH to exist.
+# Its manifest names --data_dir and --dataset where given; it replaces the one there, as train.py's.
 import json, os, signal, sys, time
 from pathlib import Path
 
@@ -481,7 +553,9 @@ signal.signal(signal.SIGINT, lambda n, f: asked.append("SIGINT"))
 signal.signal(signal.SIGTERM, signal.SIG_IGN if "ignore_sigterm" in flags else lambda n, f: asked.append("SIGTERM"))
 out.mkdir(parents=True, exist_ok=True)
 settings = {"batch_size": 2, "gradient_accumulation_steps": 1, "block_size": 8}
-(out / "manifest.json").write_text(json.dumps({"settings": settings, "git_commit": "fake"}))
+settings |= {k: flags[k] for k in ("data_dir", "dataset") if k in flags}
+(out / "manifest.tmp").write_text(json.dumps({"settings": settings, "git_commit": "fake"}))
+os.replace(out / "manifest.tmp", out / "manifest.json")
 with open(out / "log.jsonl", "w") as log:
     for it in range(0, max_iters + 1, every):
         if it:
@@ -569,6 +643,97 @@ def test_an_edit_of_train_py_runs_everything_again_committed_or_not(checkout):
     (checkout / "docs" / "notes.md").write_text("no code\n")  # neither is this
     run_fake(checkout, sets)
     assert reused(checkout) == {"a s1337": True, "b s1337": True}
+
+
+def prepare_chars(folder: Path, text: str) -> None:
+    from data.shakespeare_char.prepare import prepare
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "input.txt").write_text(text * 200)
+    prepare(folder)
+
+
+def test_a_dataset_prepared_again_from_other_text_runs_its_configurations_again(checkout):
+    data = checkout / "data"
+    prepare_chars(data / "chars", "To be, or not to be: that is the question. Whether 'tis...\n")
+    sets = {"a": [f"--data_dir={data}", "--dataset=chars"], "b": []}
+    run_fake(checkout, sets)
+    assert set(read_doc(checkout)["runs"][0]["data"]) == {"meta.pkl", "train.bin", "val.bin"}
+    run_fake(checkout, sets)
+    assert reused(checkout) == {"a s1337": True, "b s1337": True}
+    for path in (data / "chars").iterdir():  # the same contents written again: the same data
+        path.write_bytes(path.read_bytes())
+    run_fake(checkout, sets)
+    assert reused(checkout) == {"a s1337": True, "b s1337": True}
+    (data / "chars" / "input.txt").unlink()
+    prepare_chars(data / "chars", "ab ba\n")  # the same command, another vocabulary: other data
+    run_fake(checkout, sets)
+    assert reused(checkout) == {"a s1337": False, "b s1337": True}
+    run_fake(checkout, sets)
+    assert reused(checkout) == {"a s1337": True, "b s1337": True}
+
+
+def ended_within(process: subprocess.Popen, seconds: float = 90) -> subprocess.CompletedProcess:
+    """ended(process), or the test fails, the process killed, where it has not ended in seconds."""
+    try:
+        stdout, stderr = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail(f"still going after {seconds} s: it hangs")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def test_a_fifo_named_py_in_a_checkout_without_git_is_never_waited_on(checkout):
+    not_files(checkout / "pkg")
+    result = ended_within(start(*fake_flags(checkout, {"a": []}), cwd=checkout))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "1 runs (0 reused)" in result.stdout
+
+
+def test_what_is_not_a_file_in_a_run_folder_is_never_waited_on_nor_written_through(checkout):
+    run_fake(checkout, {"a": []})
+    run = checkout / "out" / "runs" / "a-s1337"
+    for name in ("ttl_run.json", "manifest.json"):  # (log.jsonl: the next test; train.py's own)
+        (run / name).unlink()
+        os.mkfifo(run / name)
+    mine = checkout / "mine.txt"
+    mine.write_text("kept\n")
+    (run / "train.out").unlink()
+    (run / "train.out").symlink_to(mine)
+    result = ended_within(start(*fake_flags(checkout, {"a": []}), cwd=checkout))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert reused(checkout) == {"a s1337": False}  # no mark to read: run again
+    assert mine.read_text() == "kept\n" and not (run / "train.out").is_symlink()
+    for name in ("ttl_run.json", "train.out"):
+        (run / name).unlink()
+        (run / name).mkdir()
+        result = ended_within(start(*fake_flags(checkout, {"a": []}), cwd=checkout))
+        assert_one_line_error(result, f"run 'a' seed 1337: cannot start it in {run}: {run / name}")
+        (run / name).rmdir()
+
+
+def test_a_fifo_for_a_log_or_an_output_is_never_waited_on(tmp_path):
+    run = {"command": ["--seed=1"], "code": "c0de"}
+    write_log(tmp_path, records([4.0, 3.0, 2.0]))
+    mark_finished(tmp_path, run, {"outcome": "finished"})
+    for name in ("log.jsonl", "train.out"):
+        (tmp_path / name).unlink(missing_ok=True)
+        os.mkfifo(tmp_path / name)
+    assert within(20, lambda: finished(tmp_path, run, 50), tmp_path / "log.jsonl") is None
+    said = within(20, lambda: outcome(0, tmp_path, 50), tmp_path / "train.out")
+    assert said == ("stopped", "(no output)")  # no log to say it finished
+
+
+@pytest.mark.parametrize("where", ["configs", "train_args"])
+def test_a_fifo_for_a_config_file_is_one_error_line(tmp_path, where):
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
+    configs = configs_file(tmp_path, tmp_path / "data") if where == "train_args" else fifo
+    flags = [f"--configs={configs}", "--task=tiny", "--config_set=two"]
+    flags += [f"--train_args={fifo}"] if where == "train_args" else []
+    result = run_script(SCRIPT, *flags, timeout=90)
+    assert_one_line_error(result, f"config file {fifo} is not a file")
 
 
 def test_a_sweep_over_lr_decay_iters_applies_when_the_schedule_is_left_to_the_configurations(checkout):
