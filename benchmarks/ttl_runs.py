@@ -49,22 +49,45 @@ DATA_FILES = ("meta.pkl", "*.bin")
 
 
 def code_files(root: Path) -> list[str]:
-    """The Python files of the checkout at root that a run can execute, as paths from root: those git tracks or
-    would track (untracked, not ignored), or outside git every one outside hidden and out* folders; NOT_CODE left out.
-    """
+    """The Python files of the checkout at root that a run can execute, as paths from root: those
+    git tracks or would track (untracked, not ignored), with those in a folder git lists as one
+    entry (a submodule, a link to a package); outside git every one outside hidden and out* folders.
+    NOT_CODE left out."""
     try:
         listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
-                                 "--exclude-standard", "--", "*.py"], capture_output=True)  # fmt: skip
+                                 "--exclude-standard"], capture_output=True)  # fmt: skip
     except OSError:  # no git here
         listed = None
     if listed is not None and listed.returncode == 0:
-        paths = [p for p in listed.stdout.decode(errors="surrogateescape").split("\0") if p]
+        entries = [p for p in listed.stdout.decode(errors="surrogateescape").split("\0") if p]
     else:
-        paths = []
-        for folder, folders, files in os.walk(root):
-            folders[:] = [f for f in folders if not f.startswith((".", "out"))]  # not into .venv, .git, out-ttl
-            paths += [(Path(folder) / f).relative_to(root).as_posix() for f in files if f.endswith(".py")]
-    return sorted({p for p in paths if not p.startswith(NOT_CODE)})
+        entries = ["."]
+    found = [python_files(root, e) if code_folder(root / e) else [e] for e in entries]
+    paths = {p for each in found for p in each if p.endswith(".py")}
+    return sorted(p for p in paths if not p.startswith(NOT_CODE))
+
+
+def code_folder(path: Path) -> bool:
+    """Whether path is a folder that may hold a run's code: a folder, or a link to a Python package
+    (not a link to a dataset's folder or a home)."""
+    return path.is_dir() and (not path.is_symlink() or (path / "__init__.py").is_file())
+
+
+def python_files(root: Path, folder: str) -> list[str]:
+    """The *.py files under root/folder, as paths from root, into code_folders (each once: a link to
+    a package above is no loop), not into hidden and out* folders (.venv, .git, out-ttl)."""
+    paths, seen = [], set()
+    for where, folders, files in os.walk(root / folder, followlinks=True):
+        real = os.path.realpath(where)
+        if real in seen:  # reached again through a link
+            folders[:] = []
+            continue
+        seen.add(real)
+        here = Path(where).relative_to(root)
+        folders[:] = [f for f in folders if not f.startswith((".", "out"))]
+        folders[:] = [f for f in folders if code_folder(Path(where, f))]
+        paths += [(here / f).as_posix() for f in files if f.endswith(".py")]
+    return paths
 
 
 def open_regular(path: Path) -> BinaryIO:

@@ -262,6 +262,28 @@ def test_the_code_digest_is_the_code_on_disk_committed_or_not(tmp_path):
     assert code_digest(tmp_path / "plain") == edited  # outside git: the same files, found on disk
 
 
+@pytest.mark.parametrize("git_init", [False, True])
+def test_the_code_digest_holds_a_linked_package_not_a_linked_data_folder(tmp_path, git_init):
+    if git_init and shutil.which("git") is None:
+        pytest.skip("needs git")
+    root, package, data = tmp_path / "repo", tmp_path / "package", tmp_path / "data"
+    write_tree(package, {"__init__.py": "", "mod.py": "a = 1\n"})
+    write_tree(data, {"notes.py": "not imported\n"})
+    write_tree(root, {"train.py": "import pkg\n"})
+    (root / "pkg").symlink_to(package)
+    (root / "data").symlink_to(data)
+    (package / "again").symlink_to(package)  # a loop
+    if git_init:
+        git(root, "init", "-q")
+        git(root, "add", ".")
+        git(root, "commit", "-qm", "first")
+    first = code_digest(root)
+    write_tree(data, {"notes.py": "still not imported\n"})
+    assert code_digest(root) == first
+    write_tree(package, {"mod.py": "a = 2\n"})
+    assert code_digest(root) != first
+
+
 def not_files(folder: Path) -> Path:
     """In folder: a FIFO, a link to /dev/zero, a folder, a dangling link and a socket, each named
     *.py; the FIFO's path."""
