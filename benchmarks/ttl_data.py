@@ -14,17 +14,23 @@ book after another, its name on a line of its own, then one verse a line as 'cha
 import argparse
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 
+from data.tiny_shakespeare import check_folder
 from nanogpt_perf.errors import UserError, read_user_text, report_errors
 from nanogpt_perf.files import write_text
 
 PREPARE = {"char": ROOT / "data/shakespeare_char/prepare.py", "gpt2": ROOT / "data/shakespeare/prepare.py"}
+KIND = {"char": "characters", "gpt2": "gpt2"}  # the kind each script records in meta.pkl
 BUILT_IN = {  # name -> (tokens, the text's source; None: the prepare script's own, Shakespeare)
     "shakespeare_char": ("char", None),
     "shakespeare": ("gpt2", None),
@@ -52,16 +58,46 @@ def kjv_text() -> str:
 
 
 def prepare(folder: Path, tokens: str, text: str | None) -> None:
-    """Write text (if any) to folder/input.txt and tokenise it with the prepare script for tokens."""
-    if text is not None:
-        if not text.strip():
-            raise UserError(f"the text for {folder.name} is empty: give a text file with something in it")
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UserError(f"cannot make the dataset folder {folder}: {e.strerror or e}") from None
-        write_text(folder / "input.txt", text)
-        print(f"wrote {folder / 'input.txt'}: {len(text):,} characters")
+    """Tokenise folder's text with the prepare script for tokens: text (if any) written to
+    folder/input.txt first, and kept only if the preparation succeeds."""
+    if text is None:
+        run_preparer(folder, tokens)
+        return
+    if not text.strip():
+        empty = f"the text for {folder.name} is empty"
+        raise UserError(f"{empty}: give a text file with something in it")
+    check_folder(folder, KIND[tokens])  # the script's refusal, before anything is written
+    with input_text(folder, text):
+        run_preparer(folder, tokens)
+
+
+@contextmanager
+def input_text(folder: Path, text: str) -> Iterator[None]:
+    """folder/input.txt holding text meanwhile; if what runs meanwhile fails, folder as it was:
+    its earlier input.txt put back (a file or a link) or none, and folder removed if made here. A
+    refused text is thus never left for the next preparation to take as the folder's own."""
+    made, local, aside = not folder.exists(), folder / "input.txt", folder / ".input.txt.before"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot make the dataset folder {folder}: {e.strerror or e}") from None
+    if os.path.lexists(local):
+        os.replace(local, aside)
+    try:
+        write_text(local, text)
+        print(f"wrote {local}: {len(text):,} characters")
+        yield
+    except BaseException:
+        local.unlink(missing_ok=True)
+        if os.path.lexists(aside):
+            os.replace(aside, local)
+        elif made:
+            shutil.rmtree(folder, ignore_errors=True)  # only what the refused preparation wrote
+        raise
+    aside.unlink(missing_ok=True)
+
+
+def run_preparer(folder: Path, tokens: str) -> None:
     run = subprocess.run([sys.executable, str(PREPARE[tokens]), str(folder)], stderr=subprocess.PIPE, text=True)
     sys.stderr.write(run.stderr if run.returncode == 0 else "")  # its warnings; its error is ours
     if run.returncode != 0:

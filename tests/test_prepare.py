@@ -25,6 +25,7 @@ from nanogpt_perf.data.tokenizer import gpt2_encoding
 
 OPENWEBTEXT, FINEWEB = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
 SMALL = ("data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py")
+TTL_DATA = "benchmarks/ttl_data.py"
 EOT = 50256
 DOCUMENTS = [  # a long one straddles several shards; a literal <|endoftext|> is text, not the separator
     "Hello world, this is the first document.",
@@ -324,3 +325,46 @@ def test_a_repository_preparers_folder_takes_its_own_script_and_cache(tmp_path):
         assert folder_problem(copy, kind) is None
         (copy / "prepare.py").write_text("# another script")
         assert "it holds __pycache__ and 1 more" in folder_problem(copy, kind)
+
+
+def test_a_refused_ttl_data_text_leaves_nothing_for_the_next_preparation(tmp_path):
+    """Issue 44: its input.txt stayed behind a refusal, and the next prepare.py took it as the
+    folder's text."""
+    data, text = tmp_path / "data", tmp_path / "a.txt"
+    ttl = lambda *flags: run_script(TTL_DATA, f"--data_dir={data}", *flags)  # noqa: E731
+    wide = tmp_path / "wide.txt"  # more distinct characters than uint16 ids: refused once read
+    wide.write_text("".join(map(chr, range(0x10000, 0x10000 + 2**16 + 1))), encoding="utf-8")
+    assert_one_line_error(ttl(f"--text={wide}", "--name=new"), "65,536")
+    assert not data.exists() or list(data.iterdir()) == []
+    text.write_text("to be, or not to be: that is the question.\n" * 20)
+    for name, tokens in (("chars", "char"), ("bpe", "gpt2")):
+        made = ttl(f"--text={text}", f"--name={name}", f"--tokens={tokens}")
+        assert made.returncode == 0, made.stderr
+    before = {name: files_of(data / name) for name in ("chars", "bpe")}
+    assert_one_line_error(ttl(f"--text={wide}", "--name=chars"), "65,536")
+    refused = ttl(f"--text={text}", "--name=bpe")
+    assert_one_line_error(refused, f"folder {data / 'bpe'} must be new or an earlier characters")
+    assert {name: files_of(data / name) for name in ("chars", "bpe")} == before
+
+
+def test_a_preparation_stopped_part_way_leaves_no_train_bin_of_before(tmp_path, monkeypatch):
+    """train.bin is written last, so that a folder with one is prepared whole: an earlier
+    preparation's train.bin beside a new val.bin and meta.pkl would look whole, and be two texts."""
+    import data.tiny_shakespeare
+    from data.shakespeare_char.prepare import prepare as prepare_characters
+    from nanogpt_perf.errors import UserError
+
+    (tmp_path / "input.txt").write_text("to be, or not to be: that is the question.\n" * 20)
+    prepare_characters(tmp_path)
+    (tmp_path / "input.txt").write_text("all the world's a stage, and all the men and women\n" * 20)
+    write_bytes = data.tiny_shakespeare.write_bytes
+
+    def full_at_meta(path: Path, content: bytes) -> None:
+        if path.name == "meta.pkl":
+            raise UserError(f"cannot write {path}: no space left on the device")
+        write_bytes(path, content)
+
+    monkeypatch.setattr(data.tiny_shakespeare, "write_bytes", full_at_meta)
+    with pytest.raises(UserError, match="no space left"):
+        prepare_characters(tmp_path)
+    assert not (tmp_path / "train.bin").exists()
