@@ -152,10 +152,12 @@ def split(data, fraction: float = 0.9):
 
 def save_dataset(folder: Path, train: list[int], val: list[int], meta: dict) -> None:
     """train.bin and val.bin (uint16 token ids) and meta.pkl (with the preparation's kind), as train.py reads
-    them, each written atomically and train.bin last: a folder with a train.bin is prepared whole."""
+    them, each written atomically and train.bin last: a folder with a train.bin is prepared whole
+    (an earlier preparation's is removed first: never beside a new val.bin and meta.pkl)."""
     if meta["vocab_size"] > 2**16:
         too_many = f"{meta['vocab_size']:,} distinct tokens, more than uint16's 65,536"
         raise UserError(f"{meta['source']}: {too_many}: give another text")
+    (folder / "train.bin").unlink(missing_ok=True)
     write_bytes(folder / "val.bin", np.array(val, dtype=np.uint16).tobytes())
     write_bytes(folder / "meta.pkl", pickle.dumps(meta))
     write_bytes(folder / "train.bin", np.array(train, dtype=np.uint16).tobytes())
