@@ -5,7 +5,11 @@ file whole (or none), never half of a new one.
 A temporary name is hidden and says whose it is: .NAME.tmp-HOST-PID-RANDOM, unique to its writer. A failed write
 removes its own; one that a killed writer left is removed by the next write of the same target, once its writer
 is gone. A write that fails on the disk (full, read-only, a folder in the way) raises WriteFailed, a UserError: one
-line naming the file."""
+line naming the file.
+
+A file a user controls is read through open_file (or read_file): what is no regular file (a
+folder, a FIFO, a socket, a device, a link to nothing) raises ReadFailed, one line naming it, and
+is never waited on (a FIFO's plain open waits for a writer forever)."""
 
 import ctypes
 import errno
@@ -14,11 +18,12 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from nanogpt_perf.errors import UserError
 
@@ -33,7 +38,11 @@ REASONS = {
     errno.ENOTDIR: "a part of its path is a file, not a folder",
     errno.EEXIST: "a part of its path is a file, not a folder",
     errno.ENAMETOOLONG: "its name is too long",
+    errno.ELOOP: "its links form a loop",
 }
+KINDS = {stat.S_IFREG: "a file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (a named pipe)"}
+KINDS |= {stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+MISSING = "missing"
 
 
 class WriteFailed(UserError):
@@ -45,6 +54,53 @@ class WriteFailed(UserError):
         self.reason = REASONS.get(error.errno, error.strerror or str(error))
         kept = f"the previous {path.name} is as it was" if existed else "nothing was written"
         super().__init__(f"cannot write {path}: {self.reason}; {kept}")
+
+
+class ReadFailed(UserError):
+    """A file that cannot be read as one: '[what ]PATH WHY', WHY ('why') as 'is a FIFO (a named
+    pipe), not a file', 'is missing' (missing: nothing at all is there) or 'cannot be read: ...'."""
+
+    def __init__(self, path: Path, kind: str, what: str = "", error: Exception | None = None):
+        if error is not None and kind == "a file":  # there, but the OS refuses it
+            self.why = f"cannot be read: {REASONS.get(getattr(error, 'errno', None), error)}"
+        else:
+            self.why = f"is {kind}, not a file" if kind in KINDS.values() else f"is {kind}"
+        self.missing = kind == MISSING
+        super().__init__(f"{what} {path} {self.why}".lstrip())
+
+
+def file_kind(path: Path | str) -> str:
+    """What is at path, links followed: 'a file', 'a folder', 'a FIFO (a named pipe)', 'a socket',
+    'a device', 'a link to nothing', 'missing', or why it cannot be seen. Nothing is opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a link to nothing" if os.path.islink(path) else MISSING
+    except (OSError, ValueError) as e:  # a loop of links, a folder not to be looked in, a NUL
+        return f"out of reach ({REASONS.get(getattr(e, 'errno', None), e)})"
+    return KINDS.get(stat.S_IFMT(mode), "no file")
+
+
+def open_file(path: Path, what: str = "") -> BinaryIO:
+    """path opened for reading where it is a regular file (links followed), else ReadFailed
+    naming what is there (what: the file's role in the line, 'checkpoint'). Never blocks: opened
+    without waiting for a FIFO's writer, then judged by what was opened (no race with the name)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError) as e:  # a socket refuses to open (ENXIO); a NUL in the name
+        raise ReadFailed(path, file_kind(path), what, e) from None
+    kind = KINDS.get(stat.S_IFMT(os.fstat(fd).st_mode), "no file")
+    if kind != "a file":
+        os.close(fd)
+        raise ReadFailed(path, kind, what)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_file(path: Path, what: str = "") -> bytes:
+    """The bytes of a regular file at path, or ReadFailed (open_file)."""
+    with open_file(path, what) as f:
+        return f.read()
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], None], follow_links: bool = True) -> None:
@@ -157,7 +213,8 @@ def remove_leftovers(path: Path) -> None:
         for leftover in path.parent.glob(f".{glob_escape(path.name)}{kind}*"):
             host_pid = leftover.name[len(path.name) + 1 + len(kind) :].rpartition("-")[0]  # HOST-PID(-RANDOM)
             host, _, pid = host_pid.rpartition("-")
-            if host != this_host() or not pid.isdigit() or process_alive(int(pid)):
+            ours = host == this_host() and pid.isascii() and pid.isdigit()
+            if not ours or process_alive(int(pid)):
                 continue  # another machine's (on a shared file system), or a writer still at work
             if kind == ASIDE and not path.exists():
                 os.rename(leftover, path)
@@ -176,7 +233,7 @@ def process_alive(pid: int) -> bool:
         return True
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # a pid beyond a C int's range is no process's
         return False
     except OSError:  # another user's: alive
         return True

@@ -4,7 +4,9 @@ While train.py runs, rank 0 holds out_dir/train.lock, created with O_EXCL (of tw
 it), which says whose it is: the process id, the host, the process's start time and the command. A second run is
 refused while that process lives (check_lock, which the guard's preflight asks too, before any work); the lock of
 a process that has died without releasing it (SIGKILL, a crash of the machine) is taken over by the next run, with
-a line saying so. A lock of another host cannot be checked from here: refused, with how to remove it."""
+a line saying so. A lock of another host cannot be checked from here: refused, with how to remove it.
+What is no lock of ours (other contents, a pid no process can have, a folder or a FIFO in its
+place) is refused alike, and never waited on (a FIFO's plain open waits for a writer for ever)."""
 
 import atexit
 import json
@@ -17,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import process_alive
+from nanogpt_perf.files import REASONS, ReadFailed, process_alive, read_file
 
 LOCK_NAME = "train.lock"
+PID_LIMIT = 2**31  # pid_t is a C int: no process has a pid at or beyond it
 
 
 def process_stat(pid: int) -> list[str] | None:
@@ -49,14 +52,22 @@ def is_running(holder: dict[str, Any]) -> bool:
 
 
 def read_holder(path: Path) -> tuple[bytes, dict[str, Any] | None]:
-    """A lock's bytes and what they say (None: not a lock of ours, or one still being written)."""
+    """A lock's bytes and what they say (None: not a lock of ours, one still being written, or
+    gone); a UserError where something else than a file is in its place."""
     try:
-        raw = path.read_bytes()
+        raw = read_file(path)
         holder = json.loads(raw)
+    except ReadFailed as e:
+        if e.missing:
+            return b"", None
+        what = "not a lock of train.py's; delete it, or choose another out_dir"
+        raise UserError(f"{e}: {what}") from None
     except (OSError, ValueError):
         return b"", None
     valid = isinstance(holder, dict) and isinstance(holder.get("host"), str)
-    valid = valid and type(holder.get("pid")) is int and holder["pid"] > 0  # 0 or -n would name process groups
+    pid = holder.get("pid") if valid else None
+    valid = valid and type(pid) is int and 0 < pid < PID_LIMIT  # 0 or -n: process groups
+    valid = valid and isinstance(holder.get("process_start"), (str, type(None)))
     return raw, holder if valid else None
 
 
@@ -97,7 +108,11 @@ class OutDirLock:
 
     def claim(self) -> None:
         """Take the lock (a dead process's taken over, saying so), or a UserError saying why not."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a link to nothing, a file in the way (admission says so first)
+            why = REASONS.get(e.errno, e)
+            raise UserError(f"out_dir {self.out_dir} cannot be made: {why}") from None
         for _ in range(3):  # a stale lock taken over, or a race lost to another run taking one over
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -125,7 +140,7 @@ class OutDirLock:
             os.replace(self.path, aside)
         except FileNotFoundError:
             return False
-        if aside.read_bytes() == stale:
+        if read_or_none(aside) == stale:
             aside.unlink()
             return True
         try:
@@ -141,7 +156,15 @@ class OutDirLock:
             return
         self.held = False
         try:
-            if self.path.read_bytes() == self.content:
+            if read_or_none(self.path) == self.content:
                 self.path.unlink()
         except OSError:
             pass
+
+
+def read_or_none(path: Path) -> bytes | None:
+    """The bytes of the file at path; None where none can be read (never waiting on a FIFO)."""
+    try:
+        return read_file(path)
+    except (OSError, ReadFailed):
+        return None

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from conftest import (
+    DATA,
     REGRESSION,
     ROOT,
     B,
@@ -35,6 +36,8 @@ from conftest import (
     contents,
     refuse_script_case,
     run_in_process,
+    run_script,
+    write_files,
 )
 from nanogpt_perf import files
 from nanogpt_perf.data.dataset import resume_command
@@ -305,6 +308,16 @@ def test_a_killed_writers_leftover_goes_with_the_next_write_but_a_living_ones_st
         leftover.write_text("half")
     write_bytes(tmp_path / "a.json", b"new")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a.json", alive.name, elsewhere.name])
+
+
+def test_a_leftover_whose_pid_no_process_can_have_is_a_dead_writers(tmp_path):
+    """A pid past a C int was an OverflowError; digits not ASCII's, a ValueError (issue 44)."""
+    host = files.temp_prefix(tmp_path / "a.json", files.TEMP).split(files.TEMP)[1].rsplit("-", 2)[0]
+    huge, foreign = (tmp_path / f".a.json.tmp-{host}-{pid}-abc123" for pid in (10**23, "\u00b2"))
+    for leftover in (huge, foreign):
+        leftover.write_text("half")
+    write_bytes(tmp_path / "a.json", b"new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a.json", foreign.name])
 
 
 def test_a_folder_set_aside_by_a_killed_swap_is_put_back(tmp_path, monkeypatch):
@@ -597,6 +610,93 @@ REPORTS = {
 @pytest.mark.parametrize("name", REPORTS)
 def test_a_report_refused_with_one_line_and_nothing_written(name, checkpoints, tmp_path, monkeypatch):
     refuse_script_case(REPORTS[name], checkpoints, tmp_path, monkeypatch)
+
+
+# ------------------------------------------------------- files read that are no files (issue 44)
+
+READ_EVERY_KIND = """
+import os, socket, sys
+from pathlib import Path
+from nanogpt_perf.files import ReadFailed, read_file
+folder = Path(sys.argv[1])
+os.mkfifo(folder / "fifo")
+(folder / "folder").mkdir()
+(folder / "dangling").symlink_to("nowhere")
+(folder / "to_fifo").symlink_to("fifo")
+socket.socket(socket.AF_UNIX).bind(str(folder / "socket"))
+(folder / "file").write_bytes(b"bytes")
+for name in ("fifo", "folder", "dangling", "to_fifo", "socket", "missing", "file"):
+    try:
+        print(name, read_file(folder / name, "the input"))
+    except ReadFailed as e:
+        print(name, e, e.missing)
+"""
+
+
+def test_a_file_read_that_is_no_file_is_one_line_and_never_waited_on(tmp_path):
+    """In a process of its own: a FIFO waited on would fail the test, not hang the suite."""
+    result = run_script("-c", READ_EVERY_KIND, str(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    said = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    fifo = "a FIFO (a named pipe)"
+    kinds = {"fifo": fifo, "to_fifo": fifo, "folder": "a folder", "socket": "a socket"}
+    for name, kind in kinds.items():
+        assert said[name] == f"the input {tmp_path / name} is {kind}, not a file False"
+    assert said["dangling"] == f"the input {tmp_path / 'dangling'} is a link to nothing False"
+    assert said["missing"] == f"the input {tmp_path / 'missing'} is missing True"
+    assert said["file"] == "b'bytes'"
+
+
+READ_DATASET = """
+import sys
+from pathlib import Path
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard.dataset import check_token_ids, dataset_identity
+folder = Path(sys.argv[1])
+try:
+    digests = check_token_ids(folder, 29, cache_from_bytes=0)
+    print(sorted(dataset_identity(folder, digests)["files"]))
+except UserError as e:
+    print(f"error: {e}")
+"""
+DATASET_NOT_FILES = {  # name, what is made there, what the check says
+    "cache-fifo": ("token_ids.json", os.mkfifo, "['meta.pkl', 'train.bin', 'val.bin']"),  # rebuilt
+    "meta-fifo": ("meta.pkl", os.mkfifo, "error: {path} is a FIFO (a named pipe), not a file"),
+    "meta-folder": ("meta.pkl", os.mkdir, "error: {path} is a folder, not a file"),  # was: none
+}
+
+
+@pytest.mark.parametrize("name", DATASET_NOT_FILES)
+def test_a_datasets_file_that_is_no_file_is_one_line_and_never_waited_on(name, tmp_path):
+    """A token_ids.json that is a FIFO blocked every run on the dataset; a meta.pkl that is one
+    was no meta.pkl."""
+    target, make, said = DATASET_NOT_FILES[name]
+    write_files(tmp_path, {k.removeprefix("data/tiny/"): v for k, v in DATA.items()})
+    (tmp_path / target).unlink(missing_ok=True)
+    make(tmp_path / target)
+    result = run_script("-c", READ_DATASET, str(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == said.format(path=tmp_path / target)
+    assert (tmp_path / "token_ids.json").is_file()  # the token files' cache, written anew
+
+
+IN_THE_WAY = {"a FIFO (a named pipe)": os.mkfifo, "a link to nothing": lambda p: p.symlink_to("no")}
+
+
+@pytest.mark.parametrize("kind", IN_THE_WAY)
+def test_a_path_setting_names_what_is_in_the_way(kind, tmp_path):
+    """A folder setting given a FIFO, or a path below a link to nothing, was 'this is a file'."""
+    from nanogpt_perf.guard.paths import check_path, output_folder
+
+    IN_THE_WAY[kind](tmp_path / "x")
+    with pytest.raises(ValueError) as folder:
+        output_folder(str(tmp_path / "x"))
+    with pytest.raises(ValueError) as below:
+        check_path(str(tmp_path / "x" / "y"))
+    assert (str(folder.value), str(below.value)) == (
+        f"a folder (this is {kind})",
+        f"a path in folders ({tmp_path / 'x'} is {kind})",
+    )
 
 
 def test_a_torch_logs_that_torch_refuses_is_one_line():

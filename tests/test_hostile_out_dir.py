@@ -35,6 +35,12 @@ from conftest import (
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.lock import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
 
+
+def lock_of(pid: int, start=None) -> dict:
+    """A lock of this host naming pid (and start, its process's start time)."""
+    return {f"out/{LOCK_NAME}": lock_text(pid, socket.gethostname(), start)}
+
+
 OUT_DIRS = {
     # an out_dir holds one run
     "scratch_over_checkpoints": train_case(
@@ -63,6 +69,12 @@ OUT_DIRS = {
     ),
     "lock_with_pid_0": train_case(
         "", "is not a lock of train.py's", files={f"out/{LOCK_NAME}": lock_text(0, "h", None)}
+    ),
+    # issue 44's: pids no process has (OverflowError), a start time no text (a live run taken over)
+    "lock_with_pid_2**40": train_case("", "is not a lock of train.py's", files=lock_of(2**40)),
+    "lock_with_pid_10**23": train_case("", "is not a lock of train.py's", files=lock_of(10**23)),
+    "lock_whose_start_is_a_number": train_case(
+        "", "is not a lock of train.py's", files=lock_of(os.getpid(), start=123)
     ),
     "out_dir_is_a_file": train_case("", "is a file, not a folder", files={"out": "a file"}),
     "out_dir_inside_a_file": train_case("--out_dir={dir}/file/out", "{dir}/file is a file", files={"file": "a file"}),
@@ -306,3 +318,76 @@ def test_an_out_dir_that_is_a_link_is_the_folder_it_names(tiny_data, tmp_path):
     result = run_train(tiny_data, tmp_path / "out", *SHORT, "--max_iters=2")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "disk" / "ckpt-0000002.pt").is_file() and (tmp_path / "out").is_symlink()
+
+
+# -- issue 44: what a run reads or writes in out_dir that is no file ----------------------------
+
+NOT_FILES = {  # what a name can be instead of a file, made by
+    "a FIFO (a named pipe)": os.mkfifo,
+    "a folder": os.mkdir,
+    "a link to nothing": lambda path: os.symlink("nowhere", path),
+}
+RUN_NAMES = [LOCK_NAME, "ckpt.pt", "ckpt-0000002.pt", "log.jsonl"]
+
+
+def out_dir_with(tmp_path: Path, name: str, kind: str, checkpoint: bytes) -> Path:
+    """out_dir holding a resumable checkpoint, and kind at name."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if name != "ckpt.pt":
+        (out / "ckpt.pt").write_bytes(checkpoint)
+    NOT_FILES[kind](out / name)
+    return out
+
+
+@pytest.mark.parametrize("name", RUN_NAMES)
+def test_a_fifo_in_out_dir_is_refused_and_never_waited_on(name, tiny_data, variants, tmp_path):
+    """A FIFO's open waits for a writer: a resume blocked on a FIFO train.lock for ever. In a
+    process of its own, so that a wait fails the test instead of hanging the suite."""
+    out = out_dir_with(tmp_path, name, "a FIFO (a named pipe)", variants[0]["ours"])
+    flags = (*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", RESUME)
+    result = run_script("train.py", *flags, timeout=120)
+    assert_one_line_error(result, f"{out / name} is a FIFO (a named pipe), not a file")
+    assert (out / name).is_fifo()
+
+
+@pytest.mark.parametrize("kind", ["a folder", "a link to nothing"])
+@pytest.mark.parametrize("name", RUN_NAMES)
+def test_a_folder_or_a_link_to_nothing_is_refused(name, kind, tiny_data, variants, tmp_path):
+    out = out_dir_with(tmp_path, name, kind, variants[0]["ours"])
+    assert_one_line_error(refuse_train(tiny_data, out, RESUME), f"{out / name} is {kind}")
+    assert os.path.lexists(out / name)
+
+
+def test_an_out_dir_that_is_a_link_to_nothing_is_refused_in_one_line(tiny_data, tmp_path):
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    result = refuse_train(tiny_data, tmp_path / "out")
+    said = (f"out_dir {tmp_path / 'out'} cannot be made", "is a link to nothing, not a folder")
+    assert_one_line_error(result, *said)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_sample_names_a_checkpoint_that_is_a_folder_for_what_it_is(tmp_path):
+    """It said 'no checkpoint at ...'."""
+    path = tmp_path / "out" / "ckpt.pt"
+    path.mkdir(parents=True)
+    result = run_in_process("sample.py", f"--out_dir={path.parent}", "--device=cpu")
+    assert_one_line_error(result, f"checkpoint {path} is a folder, not a file")
+
+
+def test_a_lock_that_is_a_fifo_never_blocks_a_release(tmp_path):
+    """A lock replaced by a FIFO under a running run: its release at exit never waits on it."""
+    code = f"""
+import os
+from pathlib import Path
+from nanogpt_perf.lock import OutDirLock
+lock = OutDirLock(Path({str(tmp_path)!r}))
+lock.claim()
+os.unlink(lock.path)
+os.mkfifo(lock.path)
+lock.release()
+print("released")
+"""
+    result = run_script("-c", code, timeout=60)
+    assert result.returncode == 0 and result.stdout == "released\n", result.stderr
+    assert (tmp_path / LOCK_NAME).is_fifo()

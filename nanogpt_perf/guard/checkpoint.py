@@ -14,6 +14,7 @@ import torch
 
 from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import MISSING, ReadFailed, file_kind, open_file
 
 
 def saved_iterations(out_dir: Path) -> list[Path]:
@@ -22,24 +23,25 @@ def saved_iterations(out_dir: Path) -> list[Path]:
 
 
 class NotWhole(UserError):
-    """A checkpoint file that is missing, truncated or corrupt: reason says which ('missing', ...)."""
+    """A checkpoint file that is missing, no file (a folder, a FIFO), truncated or corrupt: reason
+    says which ('corrupt: ...'); missing: nothing at all is at path."""
 
-    def __init__(self, path: Path, reason: str):
-        self.reason = reason
-        super().__init__(f"checkpoint {path} is {reason}")
+    def __init__(self, path: Path, why: str, missing: bool = False):
+        self.reason, self.missing = why.removeprefix("is "), missing
+        super().__init__(f"checkpoint {path} {why}")
 
 
 def check_whole(path: Path) -> None:
-    """NotWhole when path is not a whole checkpoint (missing, truncated, a record whose CRC fails)."""
-    if not path.is_file():
-        raise NotWhole(path, "missing")
+    """NotWhole unless path is a whole checkpoint (not missing, a file, whole, every CRC right)."""
     try:
-        with zipfile.ZipFile(path) as z:
+        with open_file(path) as f, zipfile.ZipFile(f) as z:
             bad = z.testzip()  # torch.load alone would load a flipped byte in a tensor without a word
+    except ReadFailed as e:
+        raise NotWhole(path, e.why, e.missing) from None
     except (zipfile.BadZipFile, OSError) as e:
-        raise NotWhole(path, f"truncated or not a checkpoint ({e})") from None
+        raise NotWhole(path, f"is truncated or not a checkpoint ({e})") from None
     if bad:
-        raise NotWhole(path, f"corrupt: record {bad} fails its CRC")
+        raise NotWhole(path, f"is corrupt: record {bad} fails its CRC")
 
 
 def is_whole(path: Path) -> bool:
@@ -58,7 +60,7 @@ def resume_checkpoint(out_dir: Path, fallback: bool) -> dict[str, Any]:
         check_whole(path)
         return resumable(read_checkpoint(path), path)
     except NotWhole as e:
-        missing, bad = e.reason == "missing", str(e)  # "checkpoint {path} is {why it is not whole}"
+        missing, bad = e.missing, str(e)  # "checkpoint {path} {why it is not whole}"
     good = newest_whole(out_dir)
     if missing and good is None:
         raise UserError(f"no checkpoint at {path} to resume from (train one first, or check out_dir)")
@@ -82,7 +84,7 @@ def newest_whole(out_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
     """Our checkpoint or nanoGPT's, its CRCs checked, as plain data; one error line for anything else."""
-    if not path.is_file():
+    if file_kind(path) == MISSING:
         raise UserError(f"no checkpoint at {path} (train one first, or check out_dir)")
     check_whole(path)
     return read_checkpoint(path, map_location)
@@ -92,7 +94,8 @@ def read_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     """torch.load of a file whose CRCs were checked, as plain data; one error line if it is not a checkpoint of
     ours or nanoGPT's, or if its weights do not fit its model_args."""
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        with open_file(path, "checkpoint") as f:
+            checkpoint = torch.load(f, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refuses what could run code when loaded
         found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
         what = f"a Python object ({found[1]})" if found else "Python objects"

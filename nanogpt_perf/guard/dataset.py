@@ -26,7 +26,7 @@ import numpy as np
 
 from nanogpt_perf.data.shards import TokenFile, split_files
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import WriteFailed, write_json
+from nanogpt_perf.files import ReadFailed, WriteFailed, open_file, read_file, write_json
 
 SAMPLES, BLOCK = 8, 4096
 META = "meta.pkl"
@@ -43,7 +43,7 @@ def canonical_folder(path: Path | str) -> str:
 def fingerprint(path: Path, size: int) -> str:
     """A hash of SAMPLES blocks of BLOCK bytes spread from its start to its end (all of a small file)."""
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         if size <= SAMPLES * BLOCK:
             digest.update(f.read())
         else:
@@ -57,10 +57,10 @@ def dataset_identity(data_path: Path, digests: dict[str, str] | None = None) -> 
     both splits (train.bin and val.bin, or shards) and meta.pkl, as plain data for a checkpoint; sha256 where
     digests (check_token_ids') has the file's (meta.pkl's is then read here)."""
     paths = [f.path for split in ("train", "val") for f in split_files(data_path, split)]
-    if (data_path / META).is_file():
+    if os.path.lexists(data_path / META):  # a folder or a FIFO there: one line, not 'no meta.pkl'
         paths.append(data_path / META)
         if digests is not None:
-            digests = digests | {META: hashlib.sha256((data_path / META).read_bytes()).hexdigest()}
+            digests = digests | {META: hashlib.sha256(read_file(data_path / META)).hexdigest()}
     files = {}
     for path in paths:
         size = path.stat().st_size
@@ -96,7 +96,7 @@ def scan_file(file: TokenFile) -> tuple[int, str]:
     """The largest token id in file (-1 when it has none) and the SHA-256 of all its bytes, in one read."""
     digest, largest, buffer = hashlib.sha256(), -1, bytearray(2 * CHUNK_TOKENS)
     try:
-        with open(file.path, "rb") as f:
+        with open_file(file.path) as f:
             digest.update(f.read(file.offset))  # a shard's header
             while n := f.readinto(buffer):
                 chunk = memoryview(buffer)[:n]
@@ -111,8 +111,8 @@ def scan_file(file: TokenFile) -> tuple[int, str]:
 def read_cache(path: Path) -> dict[str, Any]:
     """Each file's record in path, by name, malformed ones left out (rebuilt, never trusted)."""
     try:
-        files = json.loads(path.read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        files = json.loads(read_file(path))["files"]  # a FIFO there: no cache, never a wait
+    except (OSError, ReadFailed, ValueError, KeyError, TypeError):
         return {}
     types = {k: int for k in STAT_FIELDS} | {"max_id": int, "sha256": str}
     valid = lambda e: isinstance(e, dict) and all(type(e.get(k)) is t for k, t in types.items())  # noqa: E731

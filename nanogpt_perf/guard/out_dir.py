@@ -10,7 +10,11 @@ admit_out_dir writes nothing but a probe it removes at once (the one sure test t
 lock, where a run admitted beside another that has since used the out_dir is refused.
 
 An out_dir that is a link to a folder elsewhere is taken as that folder (a link to a larger disk is common); the
-checkpoints in it are files of its own, never written through a link (train/checkpoint.py)."""
+checkpoints in it are files of its own, never written through a link (train/checkpoint.py).
+
+Where a run reads or writes a file (its checkpoints, records and lock), anything else (a folder, a
+FIFO, a link to nothing) is refused, naming it: read, a FIFO would block the run for ever; written
+over, it would be lost, or fail once the run has trained."""
 
 import errno
 import os
@@ -18,13 +22,14 @@ import tempfile
 from pathlib import Path
 
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import REASONS
+from nanogpt_perf.files import REASONS, file_kind
 from nanogpt_perf.guard.checkpoint import saved_iterations
 from nanogpt_perf.lock import LOCK_NAME, check_lock, read_holder
 
 # what a run leaves in out_dir besides its checkpoints, deleted with them by overwrite=True (manifest.json is
 # rewritten at the start of every run)
 RUN_RECORDS = ("log.jsonl", "trace.json")
+RUN_NAMES = ("ckpt.pt", "ckpt-best.pt", *RUN_RECORDS, "manifest.json")  # with the ckpt-NNNNNNN.pt
 
 
 def run_checkpoints(out_dir: Path) -> list[Path]:
@@ -58,20 +63,34 @@ def admit_out_dir(out_dir: Path, scratch: bool, overwrite: bool, eval_only: bool
     """What out_dir holds of a run (run_files) as this run is admitted, for check_unchanged under the
     lock; a UserError, before any work, where this run cannot use it: a file in its place, a folder it
     cannot write, a live run's lock, or (scratch) an earlier run's checkpoints without overwrite=True."""
-    existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
+    here = out_dir.absolute()
+    existing = next(p for p in (here, *here.parents) if os.path.lexists(p))  # a link to nothing too
     if not existing.is_dir():
-        raise UserError(f"out_dir {out_dir} cannot be made: {existing} is a file, not a folder")
+        kind = file_kind(existing)
+        raise UserError(f"out_dir {out_dir} cannot be made: {existing} is {kind}, not a folder")
     try:  # a probe, removed at once
         os.rmdir(tempfile.mkdtemp(prefix=f".{LOCK_NAME}.probe-", dir=existing))
     except OSError as e:
         denied = e.errno in (errno.EACCES, errno.EPERM)
         reason = "is not writable" if denied else f"refuses it: {REASONS.get(e.errno, e.strerror)}"
         raise UserError(f"out_dir {out_dir} cannot be written ({existing} {reason}): choose another out_dir") from None
-    if (out_dir / LOCK_NAME).exists():
+    check_run_names(out_dir)
+    if os.path.lexists(out_dir / LOCK_NAME):
         check_lock(out_dir, read_holder(out_dir / LOCK_NAME)[1])
     if scratch and not overwrite:
         check_no_earlier_run(out_dir, eval_only)
     return run_files(out_dir)
+
+
+def check_run_names(out_dir: Path) -> None:
+    """A UserError naming the first of the names a run reads or writes that is there but no file."""
+    names = [out_dir / name for name in RUN_NAMES] + saved_iterations(out_dir)
+    for path in filter(os.path.lexists, names):
+        if (kind := file_kind(path)) != "a file":
+            raise UserError(
+                f"{path} is {kind}, not a file: train.py reads and writes a file of that name in "
+                "its out_dir; move it away, or choose another out_dir"
+            )
 
 
 def check_no_earlier_run(out_dir: Path, eval_only: bool) -> None:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nanogpt_perf.files import file_kind
+
 Check = Callable[[Any], None]
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: a name in a path, a whole path (Linux's and most file systems' limits)
 
@@ -25,7 +27,7 @@ def check_path(value: str) -> None:
     check_name(value)
     parent = next((p for p in Path(os.path.abspath(value)).parents if os.path.lexists(p)), None)
     if parent is not None and not os.path.isdir(parent):
-        raise ValueError(f"a path in folders ({parent} is a file)")
+        raise ValueError(f"a path in folders ({parent} is {file_kind(parent)})")
 
 
 def check_name(value: str) -> None:
@@ -65,7 +67,7 @@ def output_folder(value: str) -> None:
     """A folder to write into: a path that is no file, whose nearest existing folder this user may write."""
     check_path(value)
     if os.path.lexists(value) and not os.path.isdir(value):
-        raise ValueError("a folder (this is a file)")
+        raise ValueError(f"a folder (this is {file_kind(value)})")
     nearest = next(p for p in (value, *map(str, Path(os.path.abspath(value)).parents)) if os.path.exists(p))
     if not writable(nearest):
         raise ValueError(f"a folder that you may write ({nearest} is not writable)")
@@ -90,7 +92,7 @@ def output_file(suffix: str, optional: bool = True) -> Check:
             raise ValueError(f"{what}, {e}") from None
         folder = next(p for p in path.absolute().parents if os.path.exists(p))  # "/" at least
         if not os.path.isdir(folder):
-            raise ValueError(f"{what} in a folder ({folder} is a file)")
+            raise ValueError(f"{what} in a folder ({folder} is {file_kind(folder)})")
         if not writable(str(folder)) or (os.path.exists(value) and not os.access(value, os.W_OK)):
             raise ValueError(f"{what} that you may write ({path if os.path.exists(value) else folder} is not writable)")
 
