@@ -36,9 +36,12 @@ from conftest import (
     refuse_run_case,
     refuse_script_case,
     refuse_train,
+    resumable_checkpoint,
     run_in_process,
+    run_script,
     run_train,
     train_case,
+    variant,
     write_files,
 )
 from nanogpt_perf.errors import UserError
@@ -440,3 +443,45 @@ def test_a_model_folders_vocabulary_shorter_than_its_model_is_refused(tmp_path):
     said = ("model folder's tokenizer (characters (3)) has 3 tokens", "vocabulary of 64")
     assert_one_line_error(result, *said)
     assert contents(tmp_path) == before
+
+
+# -- issue 44's siblings: numbers out of range in a checkpoint ------------------------------------
+
+
+def model_arg(key, value):
+    return lambda c: c["model_args"].__setitem__(key, value)
+
+
+def top_level(key, value):
+    return lambda c: c.__setitem__(key, value)
+
+
+MORE = "--max_iters=10"  # past the checkpoint's 5: a run that would train
+NAN = torch.tensor(float("nan"))
+NUMBERS = {  # a change to a resumable checkpoint, more flags, what the line says
+    "n_embd=2**40": (model_arg("n_embd", 2**40), "", "Storage size calculation overflowed"),
+    "n_embd=2**63": (model_arg("n_embd", 2**63), "", "n_embd must be a number within 64 bits"),
+    "best=10**400": (top_level("best_val_loss", 10**400), MORE, "must be a number, not an"),
+    "best=nan": (top_level("best_val_loss", NAN), MORE, "must be a number, not nan"),
+    "iter_num=2**63": (top_level("iter_num", 2**63), "--eval_only=True", "within 64 bits"),
+}
+
+
+@pytest.mark.parametrize("name", NUMBERS)
+def test_a_number_out_of_range_in_a_checkpoint_is_one_line(name, tmp_path):
+    """A RuntimeError and an OverflowError (tracebacks), torch's C++ stack in the line, a loss no
+    later one is lower than (never a best), an iteration past an int64: each refused as read."""
+    change, flags, said = NUMBERS[name]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_bytes(variant(resumable_checkpoint(), change))
+    refuse_case(Case(T, f"{RESUME} {flags}", (said,)), tmp_path, b"")
+
+
+def test_a_checkpoint_of_a_huge_n_layer_is_refused_at_once(tmp_path):
+    """Its layers were compared with set(range(n_layer)): memory without end. In a process of its
+    own, so that a regression fails the test instead of the suite."""
+    huge = variant(resumable_checkpoint(), model_arg("n_layer", 2**40))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_bytes(huge)
+    result = run_script(S, f"--out_dir={tmp_path / 'out'}", "--device=cpu", timeout=120)
+    assert_one_line_error(result, f"model_args say n_layer={2**40}, its weights hold 2 layers")

@@ -680,6 +680,19 @@ def test_a_datasets_file_that_is_no_file_is_one_line_and_never_waited_on(name, t
     assert (tmp_path / "token_ids.json").is_file()  # the token files' cache, written anew
 
 
+def test_a_cached_max_id_that_no_token_can_have_is_read_again(tmp_path):
+    """A token_ids.json whose max_id is past uint16's ids (a hand-edited one) refused the data."""
+    from nanogpt_perf.guard.dataset import CACHE_NAME, check_token_ids
+
+    write_files(tmp_path, {k.removeprefix("data/tiny/"): v for k, v in DATA.items()})
+    check_token_ids(tmp_path, 29, cache_from_bytes=0)
+    cache = json.loads((tmp_path / CACHE_NAME).read_text())
+    cache["files"]["train.bin"]["max_id"] = 2**40
+    (tmp_path / CACHE_NAME).write_text(json.dumps(cache))
+    check_token_ids(tmp_path, 29, cache_from_bytes=0)
+    assert json.loads((tmp_path / CACHE_NAME).read_text())["files"]["train.bin"]["max_id"] == 28
+
+
 IN_THE_WAY = {"a FIFO (a named pipe)": os.mkfifo, "a link to nothing": lambda p: p.symlink_to("no")}
 
 

@@ -3,6 +3,7 @@
 training state that can be resumed. Everything else, a pickled class that loading would run included, is
 one UserError naming the file; nothing of a foreign file is run or trusted before these checks pass."""
 
+import math
 import pickle
 import re
 import zipfile
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from model import ARCHITECTURE, GPT, RECIPE_ARCHITECTURE, GPTConfig
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, first_line, shown
 from nanogpt_perf.files import MISSING, ReadFailed, file_kind, open_file
 
 
@@ -132,6 +133,8 @@ def check_model(model_args: Any, weights: Any, path: Path) -> dict[str, Any]:
     model_args = ARCHITECTURE_DEFAULTS | model_args
     for key in ARCHITECTURE:
         value, kind = model_args[key], type(ARCHITECTURE_DEFAULTS[key])
+        if type(value) is int and value >= 2**63:  # past an int64: no size torch takes
+            raise fail(f"its model_args' {key} must be a number within 64 bits, not {shown(value)}")
         if kind is float and (type(value) not in (int, float) or not 0 <= value < float("inf")):
             raise fail(f"its model_args' {key} must be a finite number >= 0, not {value!r}")
         if kind is not float and (type(value) is not kind or (kind is int and value < 1)):
@@ -149,13 +152,14 @@ def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str]
         raise fail("its model is not a state dict (names to tensors)")
     weights = {str(k).removeprefix("_orig_mod."): v for k, v in weights.items()}
     layers = {int(m[1]) for k in weights if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
-    if layers != set(range(model_args["n_layer"])):
-        raise fail(f"its model_args say n_layer={model_args['n_layer']}, its weights hold {len(layers)} layers")
+    n_layer = model_args["n_layer"]
+    if len(layers) != n_layer or layers != set(range(n_layer)):  # no range of a huge n_layer
+        raise fail(f"its model_args say n_layer={n_layer}, its weights hold {len(layers)} layers")
     try:  # every layer: which weights a layer has can depend on its place (value embeddings, U-net skips)
         with torch.device("meta"):  # model_args name GPTConfig's fields only (check_model)
             expected = {k: v.shape for k, v in GPT(GPTConfig(**model_args)).state_dict().items()}
-    except (ValueError, TypeError) as e:
-        raise fail(f"its model_args are inconsistent: {e}") from None
+    except (ValueError, TypeError, RuntimeError) as e:  # RuntimeError: sizes past an int64
+        raise fail(f"its model_args are inconsistent: {first_line(e)}") from None
     if unknown := sorted(set(weights) - set(expected)):
         raise fail(f"its weights hold {unknown[0]}, which the model of its model_args has not")
     if missing := sorted(set(expected) - set(weights)):
@@ -163,6 +167,14 @@ def check_weights(model_args: dict[str, Any], weights: Any, fail: Callable[[str]
     for name, shape in ((k, v.shape) for k, v in weights.items()):
         if (want := expected[name]) != shape:
             raise fail(f"its weight {name} is {tuple(shape)}, its model_args make it {tuple(want)}")
+
+
+def not_a_loss(value: Any) -> bool:
+    """Whether a number is no loss a run can compare with: NaN (none is lower), or past a float."""
+    try:
+        return math.isnan(float(value))
+    except (OverflowError, RuntimeError):  # RuntimeError: a tensor with no value (a meta one)
+        return True
 
 
 def check_ranks(checkpoint: dict[str, Any], world_size: int) -> None:
@@ -180,9 +192,13 @@ def resumable(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
     fail = lambda why: UserError(f"checkpoint {path} cannot be resumed: {why}")  # noqa: E731
     iter_num, best = checkpoint.get("iter_num"), checkpoint.get("best_val_loss")
     if type(iter_num) is not int or iter_num < 0:
-        raise fail(f"its iter_num must be an int >= 0, not {iter_num!r}")
-    if not (type(best) in (int, float) or isinstance(best, torch.Tensor) and best.numel() == 1):
-        raise fail(f"its best_val_loss must be a number, not {best!r}")
+        raise fail(f"its iter_num must be an int >= 0, not {shown(iter_num)}")
+    if iter_num >= 2**63:  # an int64 in the schedule and the data's seeds
+        raise fail(f"its iter_num must be an integer within 64 bits, not {shown(iter_num)}")
+    number = type(best) in (int, float) or isinstance(best, torch.Tensor) and best.numel() == 1
+    if not number or not_a_loss(best):
+        best = best.item() if number and isinstance(best, torch.Tensor) else best
+        raise fail(f"its best_val_loss must be a number, not {shown(best)}")
     optimizer = checkpoint.get("optimizer")
     optimizer = optimizer if isinstance(optimizer, dict) else {}
     if not (isinstance(optimizer.get("state"), dict) and isinstance(optimizer.get("param_groups"), list)):

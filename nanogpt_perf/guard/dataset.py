@@ -109,14 +109,17 @@ def scan_file(file: TokenFile) -> tuple[int, str]:
 
 
 def read_cache(path: Path) -> dict[str, Any]:
-    """Each file's record in path, by name, malformed ones left out (rebuilt, never trusted)."""
+    """Each file's record in path, by name, malformed ones left out (rebuilt, never trusted): a
+    max_id that no uint16 token is (-1: none) too."""
     try:
         files = json.loads(read_file(path))["files"]  # a FIFO there: no cache, never a wait
     except (OSError, ReadFailed, ValueError, KeyError, TypeError):
         return {}
     types = {k: int for k in STAT_FIELDS} | {"max_id": int, "sha256": str}
     valid = lambda e: isinstance(e, dict) and all(type(e.get(k)) is t for k, t in types.items())  # noqa: E731
-    return {name: e for name, e in files.items() if valid(e)} if isinstance(files, dict) else {}
+    if not isinstance(files, dict):
+        return {}
+    return {name: e for name, e in files.items() if valid(e) and -1 <= e["max_id"] < 2**16}
 
 
 def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES) -> dict[str, str]:
