@@ -28,7 +28,7 @@ from pathlib import Path
 from configurator import configure, sweep_values
 from model import GPTConfig
 from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
-from nanogpt_perf.bench.fit import family, in_a_fresh_process, largest_model, parameters
+from nanogpt_perf.bench.fit import check_budget, family, in_a_fresh_process, largest_model, parameters
 from nanogpt_perf.bench.measure import add_speedups, run_case
 from nanogpt_perf.bench.regression import compare_results, comparison_table, load_results, machine_difference, verdict
 from nanogpt_perf.bench.report import beside, report, write_outputs
@@ -41,7 +41,7 @@ from nanogpt_perf.guard.paths import a_path, optional_path, output_file
 from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules
-from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
+from nanogpt_perf.runtime import RuntimeConfig, device_memory_bytes, resolve_runtime
 from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, kernels_run_here
 
 
@@ -132,6 +132,8 @@ if sweep_key == "compile_mode" and not cfg.compile:
     raise UserError("a compile_mode sweep needs compile=True")
 
 runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
+if cfg.fit_memory_gb:  # before anything is prepared or built
+    check_budget(cfg.fit_memory_gb, device_memory_bytes(runtime.device), runtime.device_type)
 print(runtime.describe())
 manifest = run_manifest(cfg.as_dict(), runtime)  # the code as it was when the measuring began
 
@@ -189,10 +191,8 @@ if find_max_batch:
 elif cfg.fit_memory_gb:  # one step of each size tried (nanogpt_perf/bench/fit.py)
     one_step = lambda c: run_case(c, **(measure_args | {"steps": 1, "burn_in": 1}))  # noqa: E731
     one_step = in_a_fresh_process(sys.argv) if runtime.device_type == "cpu" else one_step
-    largest, results = largest_model(case, cfg.fit_memory_gb * 1e9, one_step)
-    for r in results:
-        peak = (r["memory"] or {}).get("step_peak_bytes") if r["status"] == "ok" else None
-        print(f"{r['name']}: {r['status']} " + (f"step peak {peak / 1e9:,.2f} GB" if peak else r["reason"]))
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    largest, results = largest_model(case, cfg.fit_memory_gb * 1e9, one_step, say)
     shape = family(case, largest).settings if largest else None
     print(f"largest that fits {cfg.fit_memory_gb:g} GB: " + (f"n_layer={largest}, n_embd={shape.n_embd}, "
           f"{parameters(family(case, largest)) / 1e6:,.1f}M parameters" if largest else "none"))  # fmt: skip

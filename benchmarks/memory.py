@@ -1,33 +1,43 @@
-"""The memory savers (nanogpt_perf/lowmem.py) measured on the project's GPT: bytes per parameter of training state
-by part (weights, gradients at their fullest, optimizer state; exact, from the tensors' storages) and a whole step's
-peak, each configuration in a fresh process; and, with --time, each saver's CPU time per step at a small size.
+"""The memory savers (nanogpt_perf/lowmem.py) measured on the project's GPT: bytes per parameter of
+training state by part (weights, gradients at their fullest, optimizer state; exact, from the
+tensors' storages) and a whole step's peak rise, each configuration in a fresh process; and, with
+time=True, each saver's CPU time per step at a small size.
 
-    python benchmarks/memory.py                       # 124M (12 x 768) and 350M (24 x 1024), every configuration
+    python benchmarks/memory.py                    # 124M (12 x 768) and 350M (24 x 1024), every one
     python benchmarks/memory.py --sizes=124M --configs=adamw,adamw-bf16-8bit
-    python benchmarks/memory.py --time --rounds=7     # ms per step at 4 x 256, configurations interleaved
-    python benchmarks/memory.py --state-only          # the state's bytes alone: one step on zero gradients
+    python benchmarks/memory.py --time=True --rounds=7   # ms per step at 4 x 256, interleaved
+    python benchmarks/memory.py --state_only=True        # the state's bytes alone, no forward
 
-The peak: on CUDA the caching allocator's peak allocated over step 2 (state included); on a CPU the process's peak
-resident set over step 2 (reset by clear_refs) less its resident set before the model was built (the interpreter,
-torch and torchao loaded): a fresh process per configuration, and glibc told to map every block of 128 KiB or more
-on its own (MALLOC_MMAP_THRESHOLD_), so that a freed tensor leaves the resident set rather than staying in the
-heap. It counts everything the step made the process hold (allocator slack included): never less than the tensors.
-'Activations and workspace' is that peak less the accounted training state."""
+The peak rise is the step's process peak less what the process held before the model was built
+(the interpreter, torch and torchao loaded). The process peak: on CUDA the caching allocator's peak
+allocated over step 2 (state included); on a CPU the process's peak resident set over step 2 (reset
+by clear_refs): a fresh process per configuration, and glibc told to map every block of 128 KiB or
+more on its own (MALLOC_MMAP_THRESHOLD_), so that a freed tensor leaves the resident set rather than
+staying in the heap. It counts everything the step made the process hold (allocator slack
+included): never less than the tensors. 'act+ws' (activations and workspace) is the peak rise less
+the accounted training state."""
 
-import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root, for its modules
+from nanogpt_perf.errors import report_errors
+
+report_errors()  # from the first moment: a mistake, or Ctrl-C while torch loads, is one line
+
 import json
 import os
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dataclasses import dataclass
 
 import torch
 
+from configurator import configure
+from nanogpt_perf.config import setting
+from nanogpt_perf.guard.paths import comma_separated
 from nanogpt_perf.lowmem import LowMemConfig as LowMem
 from nanogpt_perf.optim import OptimConfig
 
@@ -53,6 +63,22 @@ CONFIGS = {
     ),
 }
 HYPER = dict(learning_rate=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95)
+
+
+@dataclass
+class MemoryBenchConfig:
+    """Settings of benchmarks/memory.py: the sizes and configurations, a step's shape, the timing"""
+
+    sizes: str = setting("124M,350M", "comma-separated sizes: 124M (12 x 768), 350M (24 x 1024), "
+                         "small (4 x 256)", check=comma_separated(*SIZES))  # fmt: skip
+    configs: str = setting(",".join(CONFIGS), "comma-separated configurations: an optimizer and "
+                           "its savers", check=comma_separated(*CONFIGS))  # fmt: skip
+    batch: int = setting(1, "sequences a step", min=1, max=64)
+    block: int = setting(256, "tokens a sequence (GPT-2's context at most)", min=1, max=1024)
+    time: bool = setting(False, "CPU time per step at the small size, instead of the bytes")
+    rounds: int = setting(5, "timed rounds of time=True, after a warm-up round", min=1, max=1_000)
+    state_only: bool = setting(False, "the state's bytes alone: one step on zero gradients, no "
+                               "forward or backward")  # fmt: skip
 
 
 def build(size: str, config: str, batch: int, block: int):
@@ -90,7 +116,7 @@ def build(size: str, config: str, batch: int, block: int):
 
 def one(size: str, config: str, batch: int, block: int) -> dict:
     """Step 1 (the state made, torchao's steps compiled), then step 2 measured."""
-    from nanogpt_perf.memory import held_memory_bytes, step_peak_bytes
+    from nanogpt_perf.memory import held_memory_bytes, process_peak_bytes
 
     cpu = torch.device("cpu")
     import torchao.optim  # noqa: F401  (loaded before the baseline, as torch is)
@@ -102,16 +128,13 @@ def one(size: str, config: str, batch: int, block: int) -> dict:
     states.append(step())
     times.append(time.perf_counter() - t)
     t = time.perf_counter()
-    peak = step_peak_bytes(lambda: states.append(step()), cpu)
+    peak = process_peak_bytes(lambda: states.append(step()), cpu)
     times.append(time.perf_counter() - t)
     state, n = states[-1], states[-1]["params"]
     per = {k: state[k] / n for k in ("weights", "grads", "optimizer")}
-    total = sum(per.values())
-    peak_per = (peak - baseline) / n
-    return dict(size=size, config=config, params=n, **per, state=total, peak=peak_per, rest=peak_per - total) | {
-        "step1_s": times[0],
-        "step2_s": times[1],
-    }
+    total, rise = sum(per.values()), (peak - baseline) / n
+    figures = dict(state=total, peak=rise, rest=rise - total, step1_s=times[0], step2_s=times[1])
+    return dict(size=size, config=config, params=n, **per) | figures
 
 
 def state_only(size: str, config: str) -> dict:
@@ -137,10 +160,16 @@ def state_only(size: str, config: str) -> dict:
     return dict(size=size, config=config, params=state["params"], **per, state=sum(per.values()))
 
 
+# a measurement in a fresh process: FUNCTION(**ARGS) of this module, printed as JSON
+CHILD = "import json, sys; sys.path.insert(0, sys.argv[1]); import benchmarks.memory as m; " \
+        "print(json.dumps(getattr(m, sys.argv[2])(**json.loads(sys.argv[3]))))"  # fmt: skip
+
+
 def run_fresh(size: str, config: str, batch: int, block: int, only_state: bool = False) -> dict:
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "131072"}
-    args = [sys.executable, __file__, "--one", size, config, f"--batch={batch}", f"--block={block}"]
-    args += ["--state-only"] if only_state else []
+    function = "state_only" if only_state else "one"
+    kwargs = dict(size=size, config=config) | ({} if only_state else dict(batch=batch, block=block))
+    args = [sys.executable, "-c", CHILD, str(ROOT), function, json.dumps(kwargs)]
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode != 0:
         return {"size": size, "config": config, "error": done.stderr.strip().splitlines()[-1:]}
@@ -149,7 +178,7 @@ def run_fresh(size: str, config: str, batch: int, block: int, only_state: bool =
 
 def table(rows: list[dict]) -> None:
     print(f"{'size':>5} {'configuration':<30} {'weights':>7} {'grads':>6} {'optim':>6} {'STATE':>6} "
-          f"{'peak':>6} {'act+ws':>6} {'step1 s':>8} {'step2 s':>8}")  # fmt: skip
+          f"{'peak rise':>9} {'act+ws':>6} {'step1 s':>8} {'step2 s':>8}")  # fmt: skip
     for r in rows:
         if "error" in r:
             print(f"{r['size']:>5} {r['config']:<30} error: {r['error']}")
@@ -158,7 +187,7 @@ def table(rows: list[dict]) -> None:
         if "peak" not in r:  # --state-only
             print(f"{r['size']:>5} {r['config']:<30} {parts}")
             continue
-        print(f"{r['size']:>5} {r['config']:<30} {parts} {r['peak']:6.2f} {r['rest']:6.2f} "
+        print(f"{r['size']:>5} {r['config']:<30} {parts} {r['peak']:9.2f} {r['rest']:6.2f} "
               f"{r['step1_s']:8.1f} {r['step2_s']:8.1f}")  # fmt: skip
 
 
@@ -181,31 +210,18 @@ def timed(configs: list[str], rounds: int, batch: int, block: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="124M,350M")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--block", type=int, default=256)
-    parser.add_argument("--time", action="store_true", help="CPU time per step at the small size instead")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--state-only", action="store_true", help="the state's bytes alone, no forward or backward")
-    parser.add_argument("--one", nargs=2, metavar=("SIZE", "CONFIG"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    configs = args.configs.split(",")
-    if unknown := [c for c in configs if c not in CONFIGS] + [s for s in args.sizes.split(",") if s not in SIZES]:
-        sys.exit(f"error: unknown {unknown[0]!r}: configurations are {', '.join(CONFIGS)}; sizes {', '.join(SIZES)}")
-    if args.one:
-        done = state_only(*args.one) if args.state_only else one(*args.one, args.batch, args.block)
-        print(json.dumps(done))
-    elif args.time:
-        timed(configs, args.rounds, args.batch, args.block)
-    else:
-        rows = []
-        for size in args.sizes.split(","):
-            for config in configs:
-                rows.append(run_fresh(size, config, args.batch, args.block, args.state_only))
-                print(json.dumps(rows[-1]), flush=True)
-        table(rows)
+    cfg = configure(memory=MemoryBenchConfig)
+    configs = [c.strip() for c in cfg.configs.split(",")]
+    sizes = [s.strip() for s in cfg.sizes.split(",")]
+    if cfg.time:
+        timed(configs, cfg.rounds, cfg.batch, cfg.block)
+        return
+    rows = []
+    for size in sizes:
+        for config in configs:
+            rows.append(run_fresh(size, config, cfg.batch, cfg.block, cfg.state_only))
+            print(json.dumps(rows[-1]), flush=True)
+    table(rows)
 
 
 if __name__ == "__main__":

@@ -124,12 +124,13 @@ def nested_tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from nested_tensors(v)
 
 
-def step_peak_bytes(step: Callable[[], Any], device: torch.device) -> int | None:
-    """The peak memory over one call of step (a whole training step): on CUDA the caching allocator's peak of
-    allocated bytes (live tensors, all of them: state included); on a CPU the process's peak resident set (Linux:
-    clear_refs resets it first), which the caller compares with its resident set before the model was built. Where
-    a CPU's peak cannot be reset, the process's peak so far (an upper bound; bench.py's fit_memory_gb measures each
-    size in a fresh process). None on other devices."""
+def process_peak_bytes(step: Callable[[], Any], device: torch.device) -> int | None:
+    """The process peak of one call of step (a whole training step): everything the process held at
+    the step's peak. On CUDA the caching allocator's peak of allocated bytes (live tensors, all of
+    them: state included); on a CPU the process's peak resident set (Linux: clear_refs resets it
+    first). Less what the process held before the model was built, it is the peak rise. Where a
+    CPU's peak cannot be reset, the process's peak so far (an upper bound; bench.py's fit_memory_gb
+    measures each size in a fresh process). None on other devices."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if not reset_peak_memory(device) and device.type != "cpu":
@@ -147,23 +148,22 @@ def memory_by_part(
     device: torch.device,
     baseline: int | None,
 ) -> dict[str, float] | None:
-    """Bytes per trainable parameter of one training step, measured: the state by part as its storages hold it
-    when backward ends (the gradients at their fullest; none left by a step inside backward), and the step's peak
-    over baseline (the memory held before the model was built: CUDA's allocated bytes, a CPU process's resident
-    set), whose rest is 'activations' (activations and workspace: autograd's saved tensors, the optimizer's
-    temporaries, the allocator's slack). step(mark) runs a TrainStep with its phase callback. None where the peak
-    cannot be measured. Also params, and step_peak_bytes: the step's peak itself (what a budget must hold)."""
+    """Bytes per trainable parameter of one training step, measured: the state by part as its
+    storages hold it when backward ends (the gradients at their fullest; none left by a step inside
+    backward), and 'peak', the peak rise: the step's process peak less baseline (what the process
+    held before the model was built: CUDA's allocated bytes, a CPU process's resident set), whose
+    rest is 'activations' (activations and workspace: autograd's saved tensors, the optimizer's
+    temporaries, the allocator's slack). step(mark) runs a TrainStep with its phase callback. None
+    where the peak cannot be measured. Also params, and process_peak_bytes: the process peak itself
+    (what a budget must hold)."""
     parts: dict[str, int] = {}
-    peak = step_peak_bytes(lambda: step(lambda phase: parts.update(
+    peak = process_peak_bytes(lambda: step(lambda phase: parts.update(
         training_state_bytes(model, optimizer)) if phase == "backward" else None), device)  # fmt: skip
     if peak is None or baseline is None or not parts:
         return None
     n = parts.pop("params")
     per = {k: v / n for k, v in parts.items()}
-    step_peak = (peak - baseline) / n
+    rise = (peak - baseline) / n
     state = sum(per.values())
-    return (
-        per
-        | {"state": state, "activations": step_peak - state, "peak": step_peak, "params": n}
-        | {"step_peak_bytes": peak}
-    )
+    figures = {"state": state, "activations": rise - state, "peak": rise, "params": n}
+    return per | figures | {"process_peak_bytes": peak}

@@ -11,7 +11,7 @@ import torch
 from configurator import sweep_values
 from conftest import ROOT, SMALL, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
 from model import GPT, GPTConfig
-from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
+from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting, most_tries
 from nanogpt_perf.bench.measure import FIGURES, run_case
 from nanogpt_perf.bench.regression import compare_results, verdict
 from nanogpt_perf.data.loader import SyntheticBatches
@@ -179,6 +179,21 @@ def test_largest_fitting_doubles_then_bisects(largest, limit):
     fits = lambda n: tried.append(n) or n <= largest
     assert largest_fitting(fits, limit) == min(largest, limit)
     assert len(tried) <= 2 * limit.bit_length() + 1 and max(tried) <= limit
+
+
+def test_most_tries_bounds_the_search_and_is_reached():
+    """largest_fitting's calls, for every limit to 256 and every answer: never more than
+    most_tries(limit), each within [1, limit]; the bound is met at limits of 2^k - 1."""
+    for limit in range(257):
+        counts = []
+        for largest in range(limit + 2):
+            tried = []
+            largest_fitting(lambda n: tried.append(n) or n <= largest, limit)  # noqa: B023
+            assert len(tried) <= most_tries(limit), (limit, largest)
+            assert all(1 <= n <= limit for n in tried), (limit, largest)
+            counts.append(len(tried))
+        assert max(counts) == most_tries(limit) or limit & (limit + 1), limit
+    assert [most_tries(n) for n in (0, 1, 3, 7, 255)] == [0, 1, 3, 5, 15]
 
 
 def tiny_case(**changes) -> Case:

@@ -6,13 +6,16 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_MODEL, declarations, run_script
-from nanogpt_perf.bench.cases import Case
-from nanogpt_perf.bench.fit import family, largest_model, parameters
+from conftest import TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
+from nanogpt_perf.bench.cases import Case, most_tries
+from nanogpt_perf.bench.fit import family, largest_model, most_layers, parameters
 from nanogpt_perf.bench.measure import result, run_case
+from nanogpt_perf.config import declared
 from nanogpt_perf.data.loader import SyntheticBatches
+from nanogpt_perf.runtime import host_memory_bytes
 
 SHAPE = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=2, compile=False, device="cpu")
+SETTINGS = [f"--{k}={v}" for k, v in SHAPE.items()] + ["--vocab_size=64"]
 
 
 def case(**changes) -> Case:
@@ -51,37 +54,99 @@ def test_a_family_keeps_its_aspect_and_head_size():
     assert parameters(family(tiny, 2)) == 12 * 2 * 64**2 + (64 + 32) * 64
 
 
-def test_the_search_finds_the_largest_that_fits_and_builds_none_whose_state_cannot():
-    """A stand-in measurement whose step peak is 20 bytes per parameter: the answer is the largest family member
-    under the budget, its successor over it, and a member whose state alone is over the budget never measured."""
-    measured = []
+def test_the_search_says_its_bound_first_then_each_size_and_finds_the_largest_that_fits():
+    """A stand-in measurement whose process peak is 20 bytes per parameter: the answer is the
+    largest family member under the budget, its successor over it. Before the first size the search
+    says how many it tries at most (none whose state alone is over the budget), then a line for
+    each size as it ends."""
+    measured, said = [], []
 
     def measure(member: Case) -> dict:
         measured.append(member.settings.n_layer)
-        return result(member, "ok", memory={"step_peak_bytes": 20 * parameters(member)})
+        assert len(said) == len(measured), "a size's line comes before the next size is built"
+        memory = {"process_peak_bytes": 20 * parameters(member), "peak": 20.0}
+        return result(member, "ok", memory=memory)
 
     tiny = case()
     budget = 20 * parameters(family(tiny, 9)) + 1
-    largest, rows = largest_model(tiny, budget, measure)
+    largest, rows = largest_model(tiny, budget, measure, said.append)
     assert largest == 9 and 20 * parameters(family(tiny, 10)) > budget
-    skipped = [r["settings"]["n_layer"] for r in rows if r["status"] == "skipped"]
-    assert skipped and all(16 * parameters(family(tiny, n)) > budget for n in skipped)  # float32 AdamW: 16 B
-    assert all(16 * parameters(family(tiny, n)) <= budget for n in measured)
+    bound, most = most_layers(tiny, budget), most_tries(most_layers(tiny, budget))
+    state = lambda n: 16 * parameters(family(tiny, n))  # noqa: E731  (float32 AdamW: 16 B/param)
+    assert state(bound) <= budget < state(bound + 1)
+    beyond = f"from n_layer={bound + 1} on, the state alone is over the budget"
+    first = f"searching n_layer=1 to {bound} ({beyond}): at most {most} sizes, one step each"
+    assert said[0] == first
+    assert len(rows) == len(measured) == len(said) - 1 <= most and max(measured) <= bound
+    for i, (n_layer, line) in enumerate(zip(measured, said[1:], strict=True)):
+        peak = f"{20 * parameters(family(tiny, n_layer)) / 1e9:,.2f}"
+        name = family(tiny, n_layer).name
+        assert line == f"[{i + 1}/{most}] {name}: process peak {peak} GB (peak rise 20.00 B/param)"
+
+
+def test_a_budget_over_the_machines_memory_or_under_one_layer_is_one_line():
+    """Refused before any size is built: a budget over this machine's memory (on a GPU, its own),
+    whose search would build sizes the machine cannot hold, or one under a layer's state."""
+    over = 2 * host_memory_bytes() / 1e9
+    result = run_in_process("bench.py", *SETTINGS, f"--fit_memory_gb={over:g}")
+    assert_one_line_error(result, f"fit_memory_gb={over:g} is over this machine's memory")
+    result = run_in_process("bench.py", *SETTINGS, "--fit_memory_gb=1e-5")
+    assert_one_line_error(result, "not even n_layer=1 fits 1e-05 GB: its state alone is about")
+    assert "searching" not in result.stdout
 
 
 def test_bench_py_finds_the_largest_that_fits_a_budget(tmp_path):
-    """The budget stands well above a CPU process's resident set before any model (torch and its imports, 0.3-0.5
-    GB). Each size is measured in a fresh process: in one process a size after a larger one measured its peak over
-    pages the larger had left, and came out below its own state."""
+    """The budget stands well above a CPU process's resident set before any model (torch and its
+    imports, 0.3-0.5 GB). Each size is measured in a fresh process: in one process a size after a
+    larger one measured its peak over pages the larger had left, and came out below its own state.
+    Each size's line gives its two figures as the JSON and the bytes table name them: the process
+    peak (what the budget holds) and the peak rise."""
     out = tmp_path / "fit.json"
     flags = (*TINY_MODEL, "--n_embd=64", "--device=cpu", "--vocab_size=64", f"--out_json={out}")
     result = run_script("bench.py", *flags, "--fit_memory_gb=0.8", "--batch_size=2")
     assert result.returncode == 0, result.stderr
-    line = next(line for line in result.stdout.splitlines() if line.startswith("largest that fits 0.8 GB"))
+    printed = result.stdout.splitlines()
+    line = next(line for line in printed if line.startswith("largest that fits 0.8 GB"))
     rows = json.loads(out.read_text())["results"]
     assert "n_layer=" in line, result.stdout
-    peaks = {r["settings"]["n_layer"]: r["memory"]["step_peak_bytes"] for r in rows if r["status"] == "ok"}
+    ok = [r for r in rows if r["status"] == "ok"]
+    peaks = {r["settings"]["n_layer"]: r["memory"]["process_peak_bytes"] for r in ok}
     largest = int(line.split("n_layer=")[1].split(",")[0])
-    assert peaks[largest] <= 0.8e9 and all(p > 0.8e9 for n, p in peaks.items() if n > largest), result.stdout
-    measured = [r["memory"] for r in rows if r["status"] == "ok"]
-    assert len(measured) >= 4 and all(m["peak"] >= m["state"] for m in measured), result.stdout
+    assert peaks[largest] <= 0.8e9, result.stdout
+    assert all(p > 0.8e9 for n, p in peaks.items() if n > largest), result.stdout
+    assert len(ok) >= 4 and all(r["memory"]["peak"] >= r["memory"]["state"] for r in ok)
+    searching = next(line for line in printed if line.startswith("searching n_layer=1 to "))
+    most = int(searching.split("at most ")[1].split(" sizes")[0])
+    lines = [line for line in printed if line.startswith("[")]
+    assert len(lines) == len(rows) <= most, result.stdout
+    for i, (line, r) in enumerate(zip(lines, rows, strict=True)):
+        peak, rise = r["memory"]["process_peak_bytes"] / 1e9, r["memory"]["peak"]
+        assert line == f"[{i + 1}/{most}] {r['name']}: process peak {peak:,.2f} GB " \
+            f"(peak rise {rise:.2f} B/param)"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--time=True", "--rounds=-1"], "rounds must be >= 1, not -1"),
+        (["--time=True", "--rounds=0"], "rounds must be >= 1, not 0"),
+        (["--batch=0"], "batch must be >= 1, not 0"),
+        (["--block=1000000"], "block must be <= 1024, not 1000000"),
+        (["--sizes=1B"], "sizes must be a comma-separated list of 124M, 350M, small"),
+        (["--configs=adamw,sgd"], "configs must be a comma-separated list of adamw,"),
+        (["--time"], "write --time=VALUE"),
+    ],
+)
+def test_bad_memory_benchmark_settings_are_one_line(flags, message):
+    assert_one_line_error(run_in_process("benchmarks/memory.py", *flags), message)
+
+
+@pytest.mark.parametrize("script", ["bench.py", "benchmarks/memory.py"])
+def test_every_number_the_memory_benchmarks_take_has_its_range(script):
+    """Each numeric setting of their own declares what is valid, so that a bad value is one line,
+    not a traceback (benchmarks/memory.py's rounds=-1 was a StatisticsError)."""
+    own = declarations(script).parts["bench" if script == "bench.py" else "memory"]
+    for name, f in declared(own).items():
+        if type(f.default) in (int, float):
+            assert {"min", "above", "interval"} & set(f.metadata), name
+

@@ -118,8 +118,8 @@ def ladder_cases(case: Case, device: torch.device, skip: Iterable[str] = ()) -> 
 
 def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
     """The largest n <= limit for which fits(n), fits being true up to some n and false beyond: doubling from 1
-    until it fails, then bisecting. 0 when not even 1 fits."""
-    if not fits(1):
+    until it fails, then bisecting (most_tries(limit) calls at most). 0 when not even 1 fits."""
+    if limit < 1 or not fits(1):
         return 0
     good = 1
     while good * 2 <= limit and fits(good * 2):
@@ -129,3 +129,9 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if fits(mid) else (good, mid)
     return good
+
+
+def most_tries(limit: int) -> int:
+    """The most calls largest_fitting makes of fits below limit: 1, then at most log2(limit)
+    doublings and as many bisections (between 2^j and 2^(j+1), or limit + 1: j steps at most)."""
+    return 1 + 2 * (limit.bit_length() - 1) if limit >= 1 else 0

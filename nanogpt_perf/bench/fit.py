@@ -1,9 +1,11 @@
 """bench.py's fit_memory_gb: the largest GPT of a family (n_layer x n_embd at the configuration's aspect, its head
 size kept) whose training step fits a memory budget, each size measured by one step (device memory on a GPU, the
 process's resident set on a CPU, each size in a fresh process there). A size whose state alone (the formats'
-arithmetic) exceeds the budget is not built: a CPU would swap or be killed rather than fail."""
+arithmetic) exceeds the budget is not built: a CPU would swap or be killed rather than fail.
+A budget over the device's memory is refused."""
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -11,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.bench.cases import Case, largest_fitting
+from nanogpt_perf.bench.cases import Case, largest_fitting, most_tries
 from nanogpt_perf.bench.measure import result
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.train.build import model_config
 
 Row = dict[str, Any]
@@ -45,23 +48,74 @@ def state_floor(case: Case) -> float:
     return weight + grads + optimizer
 
 
-def largest_model(case: Case, budget: float, measure: Callable[[Case], Row], limit: int = 512) -> tuple[int, list]:
-    """The most layers (at most limit) whose family member's step peaks within budget bytes, and every size's row
-    (measured, or skipped by the arithmetic); 0 when not one layer fits."""
-    rows: list[Row] = []
+def state_bytes(case: Case) -> float:
+    """The least bytes a GPT's training state takes by its formats."""
+    return parameters(case) * state_floor(case)
+
+
+def most_layers(case: Case, budget: float, limit: int = 512) -> int:
+    """The most layers (at most limit) whose family member's state alone fits budget bytes: the
+    search's bound. A larger one is never built: a CPU would swap or be killed rather than fail."""
+    n = 0
+    while n < limit and state_bytes(family(case, n + 1)) <= budget:
+        n += 1
+    return n
+
+
+def largest_model(
+    case: Case,
+    budget: float,
+    measure: Callable[[Case], Row],
+    say: Callable[[str], None] = print,
+    limit: int = 512,
+) -> tuple[int, list[Row]]:
+    """The most layers whose family member's process peak (memory['process_peak_bytes']) is within
+    budget bytes (0 when none measured is), and every measured size's row. The sizes tried lie
+    between 1 and most_layers, at most most_tries of them: say gets that bound as the search starts
+    and a line for each size as it ends. A UserError where not even one layer's state fits."""
+    bound = most_layers(case, budget, limit)
+    if bound == 0:
+        state = state_bytes(family(case, 1))
+        raise UserError(f"not even n_layer=1 fits {budget / 1e9:g} GB: its state alone is about "
+                        f"{state / 1e9:,.2g} GB by its formats")  # fmt: skip
+    most, rows = most_tries(bound), []
+    beyond = f"from n_layer={bound + 1} on, the state alone is over the budget"
+    beyond = beyond if bound < limit else "the limit"
+    say(f"searching n_layer=1 to {bound} ({beyond}): at most {most} sizes, one step each")
 
     def fits(n_layer: int) -> bool:
-        member = family(case, n_layer)
-        floor = parameters(member) * state_floor(member)
-        if floor > budget:
-            rows.append(result(member, "skipped", f"its state alone is about {floor / 1e9:,.1f} GB"))
-            return False
-        row = measure(member)
-        rows.append(row)
-        peak = (row.get("memory") or {}).get("step_peak_bytes")
-        return row["status"] == "ok" and peak is not None and peak <= budget
+        rows.append(measure(family(case, n_layer)))
+        say(f"[{len(rows)}/{most}] {row_line(rows[-1])}")
+        peak = measured_peak(rows[-1])
+        return peak is not None and peak <= budget
 
-    return largest_fitting(fits, limit), rows
+    return largest_fitting(fits, bound), rows
+
+
+def measured_peak(row: Row) -> int | None:
+    """What the process held at the peak of a measured step: what a budget must hold."""
+    return (row.get("memory") or {}).get("process_peak_bytes") if row["status"] == "ok" else None
+
+
+def row_line(row: Row) -> str:
+    """A size's line: its process peak and peak rise (memory.memory_by_part), or why none."""
+    peak = measured_peak(row)
+    if peak is None:
+        return f"{row['name']}: {row['status']}: {row['reason'] or 'no memory figure'}"
+    rise = row["memory"].get("peak")
+    rise = f" (peak rise {rise:.2f} B/param)" if rise is not None else ""
+    return f"{row['name']}: process peak {peak / 1e9:,.2f} GB{rise}"
+
+
+def check_budget(budget_gb: float, memory: int | None, device_type: str) -> None:
+    """A UserError where a budget is over the device's memory (memory: its bytes, None where
+    unknown): the search would build sizes the device cannot hold."""
+    if memory is not None and budget_gb * 1e9 > memory:
+        where = "this GPU" if device_type == "cuda" else "this machine"
+        raise UserError(
+            f"fit_memory_gb={budget_gb:g} is over {where}'s memory ({memory / 1e9:,.1f} GB): "
+            f"give at most {math.floor(memory / 1e8) / 10:g}, less what else runs there"
+        )
 
 
 def in_a_fresh_process(argv: list[str]) -> Callable[[Case], Row]:

@@ -92,11 +92,11 @@ def report(results: list[dict[str, Any]], device_type: str) -> str:
 
 
 MEMORY_PARTS = {"weights": "weights", "grads": "gradients", "optimizer": "optimizer state", "state": "state"}
-MEMORY_PARTS |= {"activations": "activations + workspace", "peak": "step peak"}
+MEMORY_PARTS |= {"activations": "activations + workspace", "peak": "peak rise"}
 MEMORY_NOTE = (
-    "bytes per parameter: the state's parts from its tensors' storages as backward ends (gradients at their "
-    "fullest), the step's peak over what was held before the model was built, and its rest activations and "
-    "workspace; measured by "
+    "bytes per parameter: the state's parts from its tensors' storages as backward ends "
+    "(gradients at their fullest), the peak rise (the step's process peak less what the process "
+    "held before the model was built), and its rest activations and workspace; measured by "
 )
 
 
