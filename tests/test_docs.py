@@ -144,3 +144,24 @@ def test_the_other_doc_commands_are_make_targets_or_the_device_tools():
             assert set(words[1:]) <= MAKE_TARGETS, words
         else:  # docs/gpu.md's lines for the device tool: they install the wheels on a bare GPU machine
             assert words[:3] == ["python3", "-m", "pip"], words
+
+
+def named_dataset(script: str, args: list[str]) -> bool:
+    """Whether a command's config files or flags set its dataset."""
+    found = declarations(script)
+    parts = found.parts.values()
+    words = {k: f.metadata.get("words", ()) for p in parts for k, f in declared(p).items()}
+    kept = [a for a in args if a.startswith("--") or a.endswith(".py")]
+    given = [a if a.startswith("--") else str(ROOT / a) for a in kept]  # config files from the root
+    return "dataset" in read_overrides(found.defaults, words, given)
+
+
+TRAIN = [(doc, w) for doc, w in PARSE if script_and_args(w)[0] == "train.py"]
+
+
+@pytest.mark.parametrize("doc, words", TRAIN, ids=[" ".join(w)[:120] for _, w in TRAIN])
+def test_a_doc_training_command_names_its_data(doc, words):
+    """A config that changes a run (config/speedrun.py, config/low_memory.py) alone leaves
+    train.py's default data, OpenWebText: 18 GB of shards no one prepares by accident. A command
+    names its data in a config file or a flag."""
+    assert named_dataset(*script_and_args(words)), f"{doc}: {' '.join(words)} names no dataset"

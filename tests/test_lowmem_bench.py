@@ -6,10 +6,11 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
 from nanogpt_perf.bench.cases import Case, most_tries
 from nanogpt_perf.bench.fit import family, largest_model, most_layers, parameters
 from nanogpt_perf.bench.measure import result, run_case
+from nanogpt_perf.bench.report import MEMORY_PARTS
 from nanogpt_perf.config import declared
 from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.runtime import host_memory_bytes
@@ -150,3 +151,12 @@ def test_every_number_the_memory_benchmarks_take_has_its_range(script):
         if type(f.default) in (int, float):
             assert {"min", "above", "interval"} & set(f.metadata), name
 
+
+def test_each_memory_figure_has_one_name():
+    """'step peak' named the process peak in the search's lines and the peak rise in the bytes
+    table: each figure has a name of its own where bench.py and the benchmark print and in the
+    docs."""
+    assert MEMORY_PARTS["peak"] == "peak rise"
+    files = [ROOT / "bench.py", ROOT / "benchmarks" / "memory.py"]
+    files += [*(ROOT / "nanogpt_perf").glob("**/*.py"), *(ROOT / "docs").glob("*.md")]
+    assert [f.name for f in files if "step peak" in f.read_text().lower()] == []
