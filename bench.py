@@ -40,7 +40,7 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.paths import a_path, optional_path, output_file
 from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules
+from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules, optimizer_rules
 from nanogpt_perf.runtime import RuntimeConfig, device_memory_bytes, resolve_runtime
 from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, kernels_run_here
 
@@ -89,7 +89,7 @@ class BenchConfig:
 cfg = configure(
     bench=BenchConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig, runtime=RuntimeConfig,
     loader=LoaderConfig, build=BuildConfig, lowmem=LowMemConfig, defaults=TRAINING_DEFAULTS,
-    cross=(muon_rules, kernels_run_here, lowmem_rules),
+    cross=(muon_rules, kernels_run_here, lowmem_rules, optimizer_rules),
 )  # fmt: skip
 compare, baseline, tolerance_pct = cfg.compare, cfg.baseline, cfg.tolerance_pct
 ladder, sweep, find_max_batch, profile, memory_snapshot = (

@@ -34,7 +34,15 @@ from nanogpt_perf.hellaswag import score
 from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.optim import OptimConfig, ScheduleConfig, get_lr, muon_rules, schedule_rules, set_lr
+from nanogpt_perf.optim import (
+    OptimConfig,
+    ScheduleConfig,
+    get_lr,
+    muon_rules,
+    optimizer_rules,
+    schedule_rules,
+    set_lr,
+)
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
@@ -116,7 +124,8 @@ cfg = configure(
 # the guard (nanogpt_perf/guard/admission.py), before anything is written and before torch.distributed starts, so
 # that a refused command ends before its ranks meet: torchrun's variables, an out_dir that is this run's to use, and
 # on resume the checkpoint's settings overridden by the config files and flags given now
-settings = resolve_settings(cfg, cross=(schedule_rules, muon_rules, kernels_run_here, lowmem_rules))
+rules = (schedule_rules, muon_rules, kernels_run_here, lowmem_rules, optimizer_rules)
+settings = resolve_settings(cfg, cross=rules)
 cfg = settings.cfg
 
 # DDP: torchrun sets RANK; each process drives one device (its own GPU) and sees 1/world of the micro-batches

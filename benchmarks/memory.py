@@ -87,15 +87,16 @@ def build(size: str, config: str, batch: int, block: int):
     that returns the training state's bytes with the gradients at their fullest."""
     from model import GPT, GPTConfig
     from nanogpt_perf.in_backward import OptimizerInBackward
-    from nanogpt_perf.lowmem import build_lowmem_optimizer, cast_weights
+    from nanogpt_perf.lowmem import cast_weights
     from nanogpt_perf.memory import training_state_bytes
+    from nanogpt_perf.optim import build_optimizer
 
     n_layer, n_embd = SIZES[size]
     optimizer, spec = CONFIGS[config]
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=block, bias=False)
     model = cast_weights(GPT(GPTConfig(**{**cfg.__dict__, "loss_impl": "fused"})), spec)
-    optim = build_lowmem_optimizer(model, OptimConfig(optimizer=optimizer, **HYPER), spec)
+    optim = build_optimizer(model, OptimConfig(optimizer=optimizer, **HYPER), spec)
     hooks = OptimizerInBackward(model, optim) if spec.in_backward else None
     tokens = torch.randint(cfg.vocab_size, (batch, block + 1), generator=torch.Generator().manual_seed(1))
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -142,14 +143,15 @@ def state_only(size: str, config: str) -> dict:
     slowly): one step on zero gradients makes the optimizer's state (Muon's Newton-Schulz with 1 iteration: the
     bytes are the same), then the gradients are counted as they would be at their fullest (none in backward)."""
     from model import GPT, GPTConfig
-    from nanogpt_perf.lowmem import build_lowmem_optimizer, cast_weights
+    from nanogpt_perf.lowmem import cast_weights
     from nanogpt_perf.memory import training_state_bytes
+    from nanogpt_perf.optim import build_optimizer
 
     n_layer, n_embd = SIZES[size]
     optimizer, spec = CONFIGS[config]
     cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=256, bias=False)
     model = cast_weights(GPT(cfg), spec)
-    optim = build_lowmem_optimizer(model, OptimConfig(optimizer=optimizer, muon_ns_steps=1, **HYPER), spec)
+    optim = build_optimizer(model, OptimConfig(optimizer=optimizer, muon_ns_steps=1, **HYPER), spec)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optim.step()

@@ -7,6 +7,8 @@ only when a saver needs it (pip install -e ".[lowmem]")."""
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+MOMENTUM_DTYPES = ("float32", "bfloat16", "8bit")  # MuonAdamW's momentum_dtype
+MOMENTUM_BYTES = {"float32": 4, "bfloat16": 2, "8bit": 1}  # a value's, torchao's scales left out
 BLOCK_8BIT = 256  # torchao's AdamW8bit's block, and the 8-bit Muon momentum's
 MIN_QUANTIZED = 4096  # torchao's (bitsandbytes') rule: smaller tensors keep a plain state
 

@@ -11,8 +11,9 @@ about 13 with Muon. The savers, the settings of a LowMemConfig:
 - offload=True: on CUDA, AdamW's state and step on the host (torchao's CPUOffloadOptimizer).
 
 nanogpt_perf/train/build.py applies them: cast_weights before the model is wrapped or compiled,
-build_lowmem_optimizer where the optimizer is built, OptimizerInBackward given to the TrainStep; lowmem_rules is the
-rule between them and the rest of a run. A checkpoint's low-bit state: nanogpt_perf/lowmem_state.py."""
+the optimizer built by optim.build_optimizer, whose table (OPTIMIZERS) says which of these formats
+each optimizer keeps and how, OptimizerInBackward given to the TrainStep; lowmem_rules is the rule
+between them and the rest of a run. A checkpoint's low-bit state: nanogpt_perf/lowmem_state.py."""
 
 import os
 from dataclasses import dataclass, fields, replace
@@ -22,11 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from model import decay_groups
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import quiet_loggers
-from nanogpt_perf.lowmem_state import register_state_codec
-from nanogpt_perf.optim import MOMENTUM_DTYPES, OptimConfig, build_optimizer
+from nanogpt_perf.lowbit import MOMENTUM_DTYPES
 from nanogpt_perf.runtime import resolve_device, resolve_dtype
 
 WEIGHTS_DTYPES = ("float32", "bfloat16")
@@ -60,6 +59,22 @@ class LowMemConfig:
     def needs_torchao(self) -> bool:
         return self.torchao_adamw or self.muon_momentum_dtype == "8bit" or self.offload
 
+    @property
+    def weight_bytes(self) -> int:
+        return 2 if self.weights_dtype == "bfloat16" else 4
+
+    @property
+    def grad_bytes(self) -> int:
+        """A parameter's gradient at its fullest: none held with in_backward (each freed as it is
+        stepped)."""
+        return 0 if self.in_backward else self.weight_bytes
+
+    @property
+    def moment_bytes(self) -> float:
+        """AdamW's two moments of a parameter: in the weights' dtype each, or 1 or 0.5 byte each at
+        8 or 4 bits."""
+        return 2 * self.weight_bytes if self.state_bits == 32 else self.state_bits / 4
+
     def applied(self, optimizer: str) -> "LowMemConfig":
         """The savers as they apply to optimizer: AdamW keeps no Muon momentum."""
         return self if optimizer == "muon" else replace(self, muon_momentum_dtype="float32")
@@ -91,7 +106,7 @@ def lowmem_rules(cfg: Any) -> None:
         dtype = resolve_dtype(resolve_device(cfg.device), "auto")[0] if cfg.dtype == "auto" else cfg.dtype
         in_backward_rules(cfg.grad_clip, cfg.gradient_accumulation_steps, parallelism, dtype)
     if spec.offload:
-        offload_rules(spec, cfg.optimizer, resolve_device(cfg.device).type, cfg.grad_clip)
+        offload_rules(spec, resolve_device(cfg.device).type, cfg.grad_clip)
 
 
 def in_backward_rules(grad_clip: float, accumulation: int, parallelism: str | None, dtype: str) -> None:
@@ -119,15 +134,13 @@ def in_backward_rules(grad_clip: float, accumulation: int, parallelism: str | No
         )
 
 
-def offload_rules(spec: LowMemConfig, optimizer: str, device_type: str, grad_clip: float) -> None:
+def offload_rules(spec: LowMemConfig, device_type: str, grad_clip: float) -> None:
     if spec.in_backward:
         raise ValueError("offload=True steps on the host after backward, from its own copies of the gradients: "
                          "not with in_backward=True")  # fmt: skip
     if device_type != "cuda":
         raise ValueError(f"offload=True moves the optimizer's state from a CUDA device to the host: this run is on "
                          f"{device_type}")  # fmt: skip
-    if optimizer != "adamw":
-        raise ValueError("offload=True runs AdamW on the host (torchao's CPUOffloadOptimizer): not optimizer='muon'")
     if spec.state_bits != 32:
         raise ValueError(f"offload=True keeps AdamW's state on the host in the weights' dtype, not "
                          f"state_bits={spec.state_bits}")  # fmt: skip
@@ -143,34 +156,11 @@ def cast_weights(model: nn.Module, spec: LowMemConfig) -> nn.Module:
     return model.to(dtype=torch.bfloat16) if spec.weights_dtype == "bfloat16" else model
 
 
-def build_lowmem_optimizer(
-    model: nn.Module, cfg: OptimConfig, spec: LowMemConfig, ns_dtype: torch.dtype | None = None
-) -> torch.optim.Optimizer:
-    """optim.build_optimizer's optimizer with spec's savers: with none on, exactly it (the same call). With a
-    saver on, the optimizer's state_dict() is plain tensors and its load_state_dict() checks and rebuilds it
-    (lowmem_state.py). The weights must already be in spec.weights_dtype (cast_weights): a ValueError otherwise."""
-    spec = spec.applied(cfg.optimizer)
-    if spec.needs_torchao:
-        with quiet_loggers("torchao", "torch.utils._pytree"):
-            import torchao.optim  # noqa: F401  (its import logs the CUDA kernels a CPU wheel lacks, and a deprecation)
-    if not (spec.torchao_adamw or spec.muon_momentum_dtype != "float32" or spec.offload):
-        return build_optimizer(model, cfg, ns_dtype)  # float32 weights and state: today's (in_backward aside)
-    dtype = getattr(torch, spec.weights_dtype)
-    if stray := [n for n, p in model.named_parameters() if p.requires_grad and p.dtype != dtype]:
-        raise ValueError(f"weights_dtype={spec.weights_dtype!r}, but {stray[0]} is not: cast_weights(model, spec)")
-    betas = (cfg.beta1, cfg.beta2)
-    if spec.offload:
-        return offloaded_adamw(model, spec, cfg)
-    if cfg.optimizer == "muon":
-        inner = None
-        if spec.torchao_adamw:  # the AdamW groups' moments as state_bits asks, their weights' update rounded as due
-            inner = lambda groups: torchao_adamw(spec, groups, betas=betas)  # noqa: E731
-        built = build_optimizer(model, cfg, ns_dtype, spec.muon_momentum_dtype, inner)
-    else:
-        groups = decay_groups(model.parameters(), cfg.weight_decay)
-        built = torchao_adamw(spec, groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_eps)
-    register_state_codec(built)
-    return built
+def import_torchao() -> None:
+    """torchao's optimizers, imported quietly (its import logs the CUDA kernels a CPU wheel lacks,
+    and a deprecation)."""
+    with quiet_loggers("torchao", "torch.utils._pytree"):
+        import torchao.optim  # noqa: F401
 
 
 def torchao_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:
@@ -182,32 +172,13 @@ def torchao_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: An
     return kind(groups, bf16_stochastic_round=spec.weights_dtype == "bfloat16", **kwargs)
 
 
-def offloaded_adamw(model: nn.Module, spec: LowMemConfig, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """torchao's CPUOffloadOptimizer over configure_optimizers' groups: each weight keeps a host copy, its gradient
-    goes to the host as backward makes it, torch's fused CPU AdamW steps there (torchao's _AdamW with stochastic
-    rounding for bfloat16 weights) and the weight comes back. CUDA only (lowmem_rules says so in one line)."""
+def offloaded_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:
+    """torchao's CPUOffloadOptimizer over groups: each weight keeps a host copy, its gradient goes
+    to the host as backward makes it, torch's fused CPU AdamW steps there (torchao's _AdamW with
+    stochastic rounding for bfloat16 weights) and the weight comes back. CUDA only (lowmem_rules
+    says so in one line)."""
     from torchao.optim import CPUOffloadOptimizer, _AdamW
 
     kind = _AdamW if spec.weights_dtype == "bfloat16" else torch.optim.AdamW
     extra = {"bf16_stochastic_round": True} if kind is _AdamW else {}
-    groups = decay_groups(model.parameters(), cfg.weight_decay)
-    hyper = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
-    return CPUOffloadOptimizer(groups, kind, offload_gradients=False, **hyper, **extra)
-
-
-def state_arithmetic(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig) -> dict[str, int]:
-    """The training state's bytes by part as the formats say (arithmetic, beside memory.training_state_bytes's
-    measurement): weights in weights_dtype, gradients alike (none with in_backward), and per parameter Muon's
-    momentum (float32 4, bfloat16 2, 8-bit 1 byte) or AdamW's two moments (the weights' dtype each, or 1 or 0.5
-    byte each at 8 or 4 bits); torchao's scales and the small tensors it keeps plain are left out."""
-    from nanogpt_perf.optim import split_parameters
-
-    spec = spec.applied(cfg.optimizer)
-    weight = 2 if spec.weights_dtype == "bfloat16" else 4
-    muon = {id(p) for p in split_parameters(model)[0].values()} if cfg.optimizer == "muon" else set()
-    momentum = {"float32": 4, "bfloat16": 2, "8bit": 1}[spec.muon_momentum_dtype]
-    moments = 2 * weight if spec.state_bits == 32 else spec.state_bits // 4
-    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
-    n = sum(p.numel() for p in params)
-    optimizer = sum(p.numel() * (momentum if id(p) in muon else moments) for p in params)
-    return {"weights": weight * n, "grads": 0 if spec.in_backward else weight * n, "optimizer": optimizer, "params": n}
+    return CPUOffloadOptimizer(groups, kind, offload_gradients=False, **kwargs, **extra)

@@ -12,7 +12,6 @@ The same goes for a state whose dtype is not its parameter's (Muon's bfloat16 mo
 torch.optim.Optimizer.load_state_dict would cast it to the parameter's dtype (and the codes of a low-bit state to
 floats); these entries are put back as saved instead."""
 
-import weakref
 from collections.abc import Iterator
 from itertools import chain
 from typing import Any
@@ -23,7 +22,7 @@ LOWBIT = "lowbit"  # the key of an encoded low-bit state: its bits
 ENCODED_KEYS = {LOWBIT, "signed", "codes", "scale"}
 
 
-WITH_CODEC: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()  # whose state a resume checks first
+CODEC = "lowbit_state_codec"  # marks an optimizer whose state a resume checks first
 # (nanogpt_perf/guard/lowmem.py, from train/checkpoint.restore_training): the hooks below trust what they load
 
 
@@ -31,7 +30,7 @@ def register_state_codec(optimizer: torch.optim.Optimizer) -> None:
     """Make optimizer.state_dict() plain data and load_state_dict() rebuild it (checked first): its hooks, so that
     the optimizer stays the one the caller holds (MuonAdamW, or torchao's AdamW8bit/AdamW4bit/_AdamW)."""
     pending: dict[torch.Tensor, dict[str, Any]] = {}
-    WITH_CODEC.add(optimizer)
+    setattr(optimizer, CODEC, True)
 
     def load_pre_hook(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
         pending.clear()
@@ -58,6 +57,12 @@ def register_state_codec(optimizer: torch.optim.Optimizer) -> None:
     optimizer.register_state_dict_post_hook(plain_state_dict)
     optimizer.register_load_state_dict_pre_hook(load_pre_hook)
     optimizer.register_load_state_dict_post_hook(load_post_hook)
+
+
+def has_state_codec(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether optimizer's state_dict() is encoded by register_state_codec (a saver's low-bit
+    state)."""
+    return vars(optimizer).get(CODEC, False)
 
 
 def plain_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -95,13 +100,12 @@ def expected_state(optimizer: torch.optim.Optimizer, p: torch.Tensor, device: to
     """The state (but its step) optimizer keeps for p, as zeros on device (meta: shapes and formats only): a
     MuonAdamW's momentum, torchao's AdamW moments (quantized or plain, by its own rule) or torch's AdamW's."""
     from nanogpt_perf.lowbit import new_momentum
-    from nanogpt_perf.optim import MuonAdamW
 
     like = torch.empty_like(p, device=device)
-    if isinstance(optimizer, MuonAdamW):
-        group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
-        if group["muon"]:
-            return {"momentum_buffer": new_momentum(like, optimizer.momentum_dtype)}
+    group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+    if group.get("muon"):  # a MuonAdamW's Muon group
+        return {"momentum_buffer": new_momentum(like, optimizer.momentum_dtype)}
+    if "muon" in group:  # a MuonAdamW's AdamW group, which its inner AdamW steps
         optimizer = optimizer.adamw
     if is_torchao(optimizer):
         state = {"exp_avg": optimizer._new_buffer(like, True), "exp_avg_sq": optimizer._new_buffer(like, False)}

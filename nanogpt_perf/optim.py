@@ -1,25 +1,31 @@
-"""The optimizers a run can train with: nanoGPT's AdamW over every parameter ('adamw'), or Muon over the
-transformer blocks' matrices and AdamW over the rest ('muon'): the embeddings, an untied lm_head and every vector,
-as nanochat and modded-nanogpt train.
+"""The optimizers a run can train with: nanoGPT's AdamW over every parameter ('adamw'), or Muon over
+the transformer blocks' matrices and AdamW over the rest ('muon'): the embeddings, an untied lm_head
+and every vector, as nanochat and modded-nanogpt train. One table, OPTIMIZERS, holds them: how each
+is built, which of the memory savers' state formats it keeps (nanogpt_perf/lowmem.py) and their
+bytes; the one builder reads it, and a run that asks an optimizer for a format it lacks is refused
+in one line naming both. An optimizer is added with a row.
 
-'muon' is one torch.optim.Optimizer (MuonAdamW), so that step(), zero_grad(), param_groups, state_dict() and a
-GradScaler work on it as on AdamW. Each of its groups keeps its base learning rate under BASE_LR; set_lr scales
-every group by the schedule's ratio."""
+'muon' is one torch.optim.Optimizer (MuonAdamW), so that step(), zero_grad(), param_groups,
+state_dict() and a GradScaler work on it as on AdamW. Each of its groups keeps its base learning
+rate under BASE_LR; set_lr scales every group by the schedule's ratio."""
 
 import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import nn
 
 from model import adamw, decay_groups
-from nanogpt_perf.config import setting
+from nanogpt_perf.config import Config, setting
+from nanogpt_perf.lowbit import MOMENTUM_BYTES, MOMENTUM_DTYPES
+from nanogpt_perf.lowmem import LowMemConfig, import_torchao, offloaded_adamw, torchao_adamw
+from nanogpt_perf.lowmem_state import register_state_codec
 
-OPTIMIZERS = ("adamw", "muon")
+OPTIMIZERS: dict[str, "OptimizerKind"] = {}  # the table: its rows below the builders
 BASE_LR = "base_lr"  # each MuonAdamW group's own learning rate before the schedule: learning_rate or muon_lr
 # Keller Jordan's quintic Newton-Schulz coefficients and steps, as torch.optim.Muon has them
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -36,7 +42,8 @@ ADJUST_LR = "original"
 class OptimConfig:
     """The optimizer: AdamW over every parameter, or Muon over the blocks' matrices and AdamW over the rest"""
 
-    optimizer: str = setting("adamw", "'adamw', or 'muon' (nanogpt_perf/optim.py)", choices=OPTIMIZERS)
+    optimizer: str = setting("adamw", "'adamw', or 'muon' (OPTIMIZERS, nanogpt_perf/optim.py)",
+                             choices=OPTIMIZERS)  # fmt: skip
     learning_rate: float = setting(6e-4, "AdamW's peak learning rate", min=0)
     weight_decay: float = setting(1e-1, "AdamW's, on matrices and embeddings only", min=0)
     beta1: float = setting(0.9, "AdamW's first moment's decay", interval="[0, 1)")
@@ -56,35 +63,146 @@ class OptimConfig:
 def build_optimizer(
     model: nn.Module,
     cfg: OptimConfig,
+    spec: LowMemConfig | None = None,
     ns_dtype: torch.dtype | None = None,
-    momentum_dtype: str = "float32",
-    inner_adamw: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None = None,
 ) -> torch.optim.Optimizer:
-    """'adamw': exactly model.configure_optimizers' AdamW, its epsilon adam_eps. 'muon': a MuonAdamW whose Muon
-    group (lr muon_lr, decoupled decay muon_weight_decay) holds the 2-D weights of transformer.h, and whose two AdamW
-    groups (learning_rate, betas, adam_eps) hold the rest, split as configure_optimizers splits them
-    (model.decay_groups). ns_dtype: the Newton-Schulz iteration's dtype, None for bfloat16 on CUDA and float32
-    elsewhere. momentum_dtype and inner_adamw: MuonAdamW's (nanogpt_perf/lowmem.py chooses them; the defaults are
-    today's Muon)."""
+    """The one builder: cfg.optimizer's row of OPTIMIZERS builds it over model, its state in spec's
+    formats (the weights already in spec.weights_dtype: lowmem.cast_weights). With no saver on,
+    exactly today's optimizer; with one, its state_dict() is plain tensors and load_state_dict()
+    checks and rebuilds it (lowmem_state.py). ns_dtype: Muon's Newton-Schulz dtype, None for
+    bfloat16 on CUDA and float32 elsewhere."""
+    spec = (spec or LowMemConfig()).applied(cfg.optimizer)
+    if problem := format_problem(cfg.optimizer, spec):
+        raise ValueError(problem)
+    if spec.needs_torchao:
+        import_torchao()
+    saver = spec.torchao_adamw or spec.muon_momentum_dtype != "float32" or spec.offload  # a state not torch's
+    dtype = getattr(torch, spec.weights_dtype)
+    if saver and (stray := [n for n, p in model.named_parameters() if p.requires_grad and p.dtype != dtype]):
+        raise ValueError(f"weights_dtype={spec.weights_dtype!r}, but {stray[0]} is not: cast_weights(model, spec)")
+    built = OPTIMIZERS[cfg.optimizer].build(model, cfg, spec, ns_dtype)
+    if saver and not spec.offload:
+        register_state_codec(built)
+    return built
+
+
+def format_problem(optimizer: str, spec: LowMemConfig) -> str | None:
+    """The line that refuses spec to optimizer, the first saver's value its row does not keep; None
+    if it keeps them all."""
+    formats = OPTIMIZERS[optimizer].formats
+    for f in fields(Formats):
+        value, kept = getattr(spec, f.name), getattr(formats, f.name)
+        if value not in kept:
+            its = ", ".join(map(repr, kept))
+            return f"{optimizer=!r} does not keep {f.name}={value!r} (its {f.name}: {its}; OPTIMIZERS)"
+    return None
+
+
+def optimizer_rules(cfg: Config) -> None:
+    """The rule between the optimizer and the memory savers: it keeps every format asked of it."""
+    optimizer = cfg.optim.optimizer
+    if problem := format_problem(optimizer, cfg.lowmem.applied(optimizer)):
+        raise ValueError(problem)
+
+
+def adamw_optimizer(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig, ns_dtype: Any) -> torch.optim.Optimizer:
+    """Exactly model.configure_optimizers' AdamW, its epsilon adam_eps; over the same groups,
+    torchao's AdamW for bfloat16 weights or a low-bit state, or on the host (offload)."""
     betas = (cfg.beta1, cfg.beta2)
-    if cfg.optimizer == "adamw":
-        optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
-        for group in [*optimizer.param_groups, optimizer.defaults]:  # nanoGPT's call takes no epsilon
-            group["eps"] = cfg.adam_eps
-        return optimizer
+    if spec.offload or spec.torchao_adamw:
+        groups = decay_groups(model.parameters(), cfg.weight_decay)
+        make = offloaded_adamw if spec.offload else torchao_adamw
+        return make(spec, groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_eps)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
+    for group in [*optimizer.param_groups, optimizer.defaults]:  # nanoGPT's call takes no epsilon
+        group["eps"] = cfg.adam_eps
+    return optimizer
+
+
+def muon_optimizer(
+    model: nn.Module, cfg: OptimConfig, spec: LowMemConfig, ns_dtype: torch.dtype | None
+) -> torch.optim.Optimizer:
+    """A MuonAdamW whose Muon group (lr muon_lr, decoupled decay muon_weight_decay, momentum in
+    spec.muon_momentum_dtype) holds the 2-D weights of transformer.h, and whose two AdamW groups
+    (learning_rate, betas, adam_eps; torchao's AdamW for the savers' formats) hold the rest, split
+    as configure_optimizers splits them (model.decay_groups)."""
     if is_sharded(model):
         raise ValueError(MUON_ON_SHARDS)
+    betas = (cfg.beta1, cfg.beta2)
     muon, rest = split_parameters(model)
     groups = [
-        {"params": list(muon.values()), "muon": True, "lr": cfg.muon_lr, "weight_decay": cfg.muon_weight_decay}
+        {
+            "params": list(muon.values()),
+            "muon": True,
+            "lr": cfg.muon_lr,
+            "weight_decay": cfg.muon_weight_decay,
+        }
         | {"ns_steps": cfg.muon_ns_steps},
         *(
             group | {"muon": False, "lr": cfg.learning_rate, "eps": cfg.adam_eps}
             for group in decay_groups(rest, cfg.weight_decay)
         ),
     ]
+    inner = None
+    if spec.torchao_adamw:  # the AdamW groups' moments as state_bits asks, their weights' update rounded as due
+        inner = lambda groups: torchao_adamw(spec, groups, betas=betas)  # noqa: E731
     return MuonAdamW(groups, momentum=cfg.muon_momentum, betas=betas, fused=cfg.fused_adamw, ns_dtype=ns_dtype,
-                     momentum_dtype=momentum_dtype, inner_adamw=inner_adamw)  # fmt: skip
+                     momentum_dtype=spec.muon_momentum_dtype, inner_adamw=inner)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Formats:
+    """The memory savers' values an optimizer keeps its state in (each a LowMemConfig setting's)."""
+
+    weights_dtype: tuple[str, ...] = ("float32",)
+    state_bits: tuple[int, ...] = (32,)
+    muon_momentum_dtype: tuple[str, ...] = ("float32",)
+    in_backward: tuple[bool, ...] = (False,)
+    offload: tuple[bool, ...] = (False,)
+
+
+@dataclass(frozen=True)
+class OptimizerKind:
+    """A row of OPTIMIZERS: build(model, cfg, spec, ns_dtype), the formats it keeps, and
+    state_bytes(spec, matrix): the bytes of optimizer state it keeps for a value of a parameter, one
+    of the blocks' matrices or not (the memory report and the largest-model search read them)."""
+
+    build: Callable[[nn.Module, OptimConfig, LowMemConfig, Any], torch.optim.Optimizer]
+    formats: Formats
+    state_bytes: Callable[[LowMemConfig, bool], float]
+
+
+OPTIMIZERS |= {
+    "adamw": OptimizerKind(
+        adamw_optimizer,
+        Formats(("float32", "bfloat16"), (32, 8, 4), ("float32",), (False, True), (False, True)),
+        lambda spec, matrix: spec.moment_bytes,
+    ),
+    "muon": OptimizerKind(
+        muon_optimizer,
+        Formats(("float32", "bfloat16"), (32, 8, 4), MOMENTUM_DTYPES, (False, True), (False,)),
+        lambda spec, matrix: MOMENTUM_BYTES[spec.muon_momentum_dtype] if matrix else spec.moment_bytes,
+    ),
+}
+
+
+def state_arithmetic(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig) -> dict[str, int]:
+    """The training state's bytes by part as the formats say (arithmetic, beside
+    memory.training_state_bytes's measurement): weights and gradients (LowMemConfig's bytes), the
+    optimizer's state (its row's); torchao's scales and the small tensors it keeps plain are left
+    out."""
+    spec = spec.applied(cfg.optimizer)
+    matrices = {id(p) for p in split_parameters(model)[0].values()}
+    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    n = sum(p.numel() for p in params)
+    per_value = OPTIMIZERS[cfg.optimizer].state_bytes
+    optimizer = sum(p.numel() * per_value(spec, id(p) in matrices) for p in params)
+    return {
+        "weights": spec.weight_bytes * n,
+        "grads": spec.grad_bytes * n,
+        "optimizer": int(optimizer),
+        "params": n,
+    }
 
 
 MUON_ON_SHARDS = "optimizer='muon' cannot run Newton-Schulz on FSDP's shards: use parallelism='ddp'"
@@ -303,7 +421,9 @@ class MuonAdamW(torch.optim.Optimizer):
         elif weight is not p:
             p.copy_(weight)
 
-    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle keep the inner AdamW and the dtypes
+    def __getstate__(
+        self,
+    ) -> dict[str, Any]:  # copy.deepcopy and pickle keep the inner AdamW and the dtypes
         return {**super().__getstate__(), "adamw": self.adamw, "ns_dtype": self.ns_dtype} | {
             "momentum_dtype": self.momentum_dtype
         }
@@ -320,11 +440,12 @@ class MuonAdamW(torch.optim.Optimizer):
         self._share_with_adamw()
 
 
-MOMENTUM_DTYPES = ("float32", "bfloat16", "8bit")  # MuonAdamW's momentum_dtype
-
-
 def orthogonalize(
-    G: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+    G: torch.Tensor,
+    coefficients: tuple[float, float, float],
+    steps: int,
+    eps: float,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
     """torch.optim.Muon's quintic Newton-Schulz iteration, in dtype: G (2-D) with its singular values pushed
     towards 1 (into about [0.7, 1.2]), computed on the wide orientation so that the Gram matrix is the small one.

@@ -17,9 +17,9 @@ from model import GPT, GPTConfig
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.lowmem import check_lowmem_state
 from nanogpt_perf.in_backward import OptimizerInBackward
-from nanogpt_perf.lowmem import LowMemConfig, build_lowmem_optimizer, cast_weights, lowmem_rules, offload_rules
+from nanogpt_perf.lowmem import LowMemConfig, cast_weights, lowmem_rules, offload_rules
 from nanogpt_perf.memory import storage_bytes, training_state_bytes
-from nanogpt_perf.optim import MuonAdamW, OptimConfig, build_optimizer, set_lr
+from nanogpt_perf.optim import MuonAdamW, OptimConfig, build_optimizer, optimizer_rules, set_lr
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.train.step import TrainStep
 
@@ -57,7 +57,7 @@ def optim_config(optimizer: str) -> OptimConfig:
 
 def build(model: GPT, optimizer: str, spec: LowMemConfig) -> torch.optim.Optimizer:
     cast_weights(model, spec)
-    return build_lowmem_optimizer(model, optim_config(optimizer), spec)
+    return build_optimizer(model, optim_config(optimizer), spec)
 
 
 def train(model: GPT, optimizer: torch.optim.Optimizer, data: list[torch.Tensor], in_backward: bool = False) -> None:
@@ -407,18 +407,20 @@ def test_each_conflict_is_one_error_line(spec, settings, ranks, words, monkeypat
 
 
 @pytest.mark.parametrize(
-    "spec, optimizer, grad_clip, words",
+    "spec, grad_clip, words",
     [
-        (LowMemConfig(offload=True), "muon", 0.0, "not optimizer='muon'"),
-        (LowMemConfig(offload=True, state_bits=8), "adamw", 0.0, "not state_bits=8"),
-        (LowMemConfig(offload=True), "adamw", 1.0, "before grad_clip=1.0 could clip it"),
-        (LowMemConfig(offload=True, in_backward=True), "adamw", 0.0, "from its own copies of the gradients"),
+        (LowMemConfig(offload=True, state_bits=8), 0.0, "not state_bits=8"),
+        (LowMemConfig(offload=True), 1.0, "before grad_clip=1.0 could clip it"),
+        (LowMemConfig(offload=True, in_backward=True), 0.0, "from its own copies of the gradients"),
     ],
 )
-def test_each_conflict_of_the_offload_on_cuda_is_one_error_line(spec, optimizer, grad_clip, words):
+def test_each_conflict_of_the_offload_on_cuda_is_one_error_line(spec, grad_clip, words):
     with pytest.raises(ValueError, match=words):
-        offload_rules(spec, optimizer, "cuda", grad_clip)
-    offload_rules(LowMemConfig(offload=True), "adamw", "cuda", 0.0)  # what can run
+        offload_rules(spec, "cuda", grad_clip)
+    offload_rules(LowMemConfig(offload=True), "cuda", 0.0)  # what can run
+    muon_offloaded = SimpleNamespace(optim=optim_config("muon"), lowmem=LowMemConfig(offload=True))
+    with pytest.raises(ValueError, match="optimizer='muon' does not keep offload=True"):  # its row's
+        optimizer_rules(muon_offloaded)
 
 
 def test_a_saver_setting_out_of_its_choices_is_one_error_line():
@@ -437,7 +439,7 @@ def test_what_can_run_is_not_refused_and_a_wrong_build_raises(monkeypatch):
     every = LowMemConfig(weights_dtype="bfloat16", state_bits=4, muon_momentum_dtype="8bit", in_backward=True)
     lowmem_rules(run(every, optimizer="muon", dtype="bfloat16"))
     with pytest.raises(ValueError, match="cast_weights"):  # bfloat16 asked, the weights left in float32
-        build_lowmem_optimizer(tiny(), optim_config("adamw"), LowMemConfig(weights_dtype="bfloat16"))
+        build_optimizer(tiny(), optim_config("adamw"), LowMemConfig(weights_dtype="bfloat16"))
     model = tiny()
     optim = build(model, "adamw", LowMemConfig())
     runtime, hooks = Runtime(torch.device("cpu"), "float32", False, "test"), OptimizerInBackward(model, optim)
@@ -489,7 +491,7 @@ def test_adam_eps_reaches_torchaos_adamw(optimizer, bits):
         model = tiny()
         cast_weights(model, spec)
         cfg = OptimConfig(optimizer=optimizer, **HYPER | ({"adam_eps": eps} if given else {}))
-        built = build_lowmem_optimizer(model, cfg, spec)
+        built = build_optimizer(model, cfg, spec)
         if not given:  # the reference: today's build, its AdamW groups given the eps by hand
             for group in built.param_groups:
                 if not group.get("muon"):

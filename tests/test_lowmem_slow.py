@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from nanogpt_perf.lowmem import LowMemConfig, build_lowmem_optimizer, cast_weights
-from nanogpt_perf.optim import OptimConfig
+from nanogpt_perf.lowmem import LowMemConfig, cast_weights
+from nanogpt_perf.optim import OptimConfig, build_optimizer
 
 pytest.importorskip("torchao")
 pytestmark = pytest.mark.slow
@@ -21,7 +21,7 @@ def run(spec: LowMemConfig, eager: bool, steps: int = 3, resume_at: int | None =
     through a checkpoint at resume_at when given."""
     torch.manual_seed(0)
     model = cast_weights(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=64, block_size=16, vocab_size=64, bias=False)), spec)
-    optim = build_lowmem_optimizer(model, ADAMW, spec)
+    optim = build_optimizer(model, ADAMW, spec)
     compile_ = torch.compile
     if eager:
         torch.compile = lambda fn, **kwargs: fn
@@ -34,7 +34,7 @@ def run(spec: LowMemConfig, eager: bool, steps: int = 3, resume_at: int | None =
                 buffer.seek(0)
                 saved = torch.load(buffer, weights_only=True)
                 model.load_state_dict(saved["model"])
-                optim = build_lowmem_optimizer(model, ADAMW, spec)
+                optim = build_optimizer(model, ADAMW, spec)
                 optim.load_state_dict(saved["optimizer"])
             tokens = torch.randint(64, (4, 17), generator=g)
             _, loss = model(tokens[:, :-1], tokens[:, 1:])
@@ -70,7 +70,7 @@ def test_offloaded_adamw_trains_as_adamw_on_the_device_and_holds_no_state_there(
     for spec in (LowMemConfig(), LowMemConfig(offload=True)):
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=128, block_size=16, vocab_size=64, bias=False)).to(cuda)
-        optim = build_lowmem_optimizer(model, ADAMW, spec)
+        optim = build_optimizer(model, ADAMW, spec)
         for tokens in data:
             _, loss = model(tokens[:, :-1], tokens[:, 1:])
             loss.backward()

@@ -4,6 +4,7 @@ a tiny GPT trained by it, and the 'adamw' option as configure_optimizers' AdamW 
 
 import io
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,20 +12,26 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from conftest import assert_one_line_error, refuse_train
 from model import GPT, GPTConfig, decay_groups
 from nanogpt_perf.config import build, flat_defaults
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.lowmem import LowMemConfig
 from nanogpt_perf.optim import (
     BASE_LR,
     NS_COEFFICIENTS,
     NS_EPS,
+    OPTIMIZERS,
+    Formats,
     MuonAdamW,
     OptimConfig,
+    OptimizerKind,
     adamw_is_fused,
     build_optimizer,
     gram_is_cheaper,
     gram_newton_schulz,
     newton_schulz,
+    optimizer_rules,
     orthogonalize,
     set_lr,
     split_parameters,
@@ -335,3 +342,28 @@ def test_bad_choices_and_fsdp_shards_are_refused(tmp_path):
             build_optimizer(model, optim("muon"))
     finally:
         dist.destroy_process_group()
+
+
+def toy_sgd(formats: Formats) -> OptimizerKind:
+    """An optimizer added as a row of the table: torch's SGD, keeping the formats given (no state of
+    its own)."""
+
+    def build(model, cfg, spec, ns_dtype):
+        return torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
+
+    return OptimizerKind(build, formats, lambda spec, matrix: 0)
+
+
+def test_an_optimizer_is_a_row_refused_a_state_format_it_lacks(monkeypatch, tiny_data, tmp_path):
+    """A row is all an optimizer needs: the settings take its name and the builder builds it; a
+    saver's format its row lacks is refused by train.py in one line naming both, nothing written,
+    and by the builder itself."""
+    monkeypatch.setitem(OPTIMIZERS, "sgd", toy_sgd(Formats()))
+    assert isinstance(build_optimizer(tiny(), optim("sgd")), torch.optim.SGD)
+    refused = refuse_train(tiny_data, tmp_path / "out", "--optimizer=sgd", "--state_bits=8")
+    assert_one_line_error(refused, "optimizer='sgd' does not keep state_bits=8", "its state_bits: 32")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="optimizer='sgd' does not keep weights_dtype='bfloat16'"):
+        build_optimizer(tiny().bfloat16(), optim("sgd"), LowMemConfig(weights_dtype="bfloat16"))
+    monkeypatch.setitem(OPTIMIZERS, "sgd", toy_sgd(Formats(state_bits=(32, 8))))  # its row: 8 bits too
+    optimizer_rules(SimpleNamespace(optim=optim("sgd"), lowmem=LowMemConfig(state_bits=8)))

@@ -16,6 +16,7 @@ from typing import Any
 from nanogpt_perf.bench.cases import Case, largest_fitting, most_tries
 from nanogpt_perf.bench.measure import result
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.optim import OPTIMIZERS
 from nanogpt_perf.train.build import model_config
 
 Row = dict[str, Any]
@@ -37,15 +38,11 @@ def parameters(case: Case) -> int:
 
 
 def state_floor(case: Case) -> float:
-    """Bytes per parameter the state takes at the least by its formats: weights, gradients, optimizer state."""
-    s = case.settings
-    weight = 2 if s.weights_dtype == "bfloat16" else 4
-    grads = 0 if s.in_backward else weight
-    if s.optimizer == "muon":
-        optimizer = {"float32": 4, "bfloat16": 2, "8bit": 1}[s.muon_momentum_dtype]
-    else:
-        optimizer = 2 * weight if s.state_bits == 32 else s.state_bits / 4
-    return weight + grads + optimizer
+    """Bytes per parameter the state takes at the least by its formats: weights, gradients, and the
+    optimizer's state of the blocks' matrices (its row of optim.OPTIMIZERS), which hold most parameters."""
+    spec = case.settings.lowmem.applied(case.settings.optimizer)
+    optimizer = OPTIMIZERS[case.settings.optimizer].state_bytes(spec, True)
+    return spec.weight_bytes + spec.grad_bytes + optimizer
 
 
 def state_bytes(case: Case) -> float:

@@ -17,7 +17,7 @@ from nanogpt_perf.bench.cases import Case
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.errors import first_line
 from nanogpt_perf.files import write_through_path
-from nanogpt_perf.lowmem import LowMemConfig, state_arithmetic
+from nanogpt_perf.lowmem import LowMemConfig
 from nanogpt_perf.memory import (
     held_memory_bytes,
     memory_by_part,
@@ -25,7 +25,7 @@ from nanogpt_perf.memory import (
     peak_reserved_bytes,
     reset_peak_memory,
 )
-from nanogpt_perf.optim import adamw_is_fused
+from nanogpt_perf.optim import adamw_is_fused, state_arithmetic
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import Runtime, resolve_runtime

@@ -15,8 +15,9 @@ from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.in_backward import OptimizerInBackward
 from nanogpt_perf.kernels import triton_problem
-from nanogpt_perf.lowmem import LowMemConfig, build_lowmem_optimizer, cast_weights, lowmem_rules
+from nanogpt_perf.lowmem import LowMemConfig, cast_weights, lowmem_rules
 from nanogpt_perf.memory import model_size_problem
+from nanogpt_perf.optim import build_optimizer
 from nanogpt_perf.runtime import Runtime, resolve_device
 from nanogpt_perf.train.parallel import unwrap, wrap_model
 from nanogpt_perf.train.step import TrainStep
@@ -90,7 +91,7 @@ def build_training(
     cast_weights(model, spec)  # bfloat16 weights: before DDP or compile see the parameters
     parallelism = cfg.parallelism if "parallelism" in cfg else "ddp"
     wrapped = wrap_model(model, parallelism, runtime, cfg.compile, cfg.compile_mode)
-    optimizer = build_lowmem_optimizer(unwrap(wrapped), cfg.optim, spec)
+    optimizer = build_optimizer(unwrap(wrapped), cfg.optim, spec)
     scaler = runtime.grad_scaler()
     accumulation = cfg.gradient_accumulation_steps // (dist.get_world_size() if dist.is_initialized() else 1)
     in_backward = OptimizerInBackward(unwrap(wrapped), optimizer) if spec.in_backward else None

@@ -18,7 +18,7 @@ from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.files import write_atomically, write_through_path
 from nanogpt_perf.guard.checkpoint import ARCHITECTURE_DEFAULTS, saved_iterations
 from nanogpt_perf.guard.lowmem import check_lowmem_state
-from nanogpt_perf.lowmem_state import WITH_CODEC
+from nanogpt_perf.lowmem_state import has_state_codec
 from nanogpt_perf.train.parallel import Ranks, load_full_state
 
 
@@ -88,7 +88,7 @@ def restore_training(
     best val loss and this rank's random generators (to restore last, once everything that draws at start has)."""
     saved = checkpoint.get("ranks") or [None]
     assert len(saved) == ranks.world_size, "the guard counts the ranks first (guard/checkpoint.py's check_ranks)"
-    if optimizer in WITH_CODEC:  # a low-bit state: checked whole before any of it is loaded
+    if has_state_codec(optimizer):  # a low-bit state: checked whole before any of it is loaded
         check_lowmem_state(optimizer, checkpoint["optimizer"])
     try:
         load_full_state(model, optimizer, None, checkpoint["optimizer"])
