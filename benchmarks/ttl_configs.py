@@ -47,7 +47,7 @@ LOWMEM = {
     "4bit": ["--state_bits=4"],
     "bf16": ["--weights_dtype=bfloat16"],
     "low_memory": ["config/low_memory.py"],
-    "4bit-bf16": ["--state_bits=4", "--weights_dtype=bfloat16"],  # 5.06 B/param; its CPU step peaks higher
+    "4bit-bf16": ["--state_bits=4", "--weights_dtype=bfloat16"],  # 5.06 B/param; its CPU peak rise is higher
     "adamw-noclip": ["--grad_clip=0.0"],  # in_backward's own baseline: the same run unclipped
     "8bit-in_backward": ["--state_bits=8", *IN_BACKWARD],
     "muon": SPEEDRUN,

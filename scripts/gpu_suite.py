@@ -312,7 +312,7 @@ def memory_rows(s: Suite, name: str, label: str, flags: list[str]) -> list[dict[
         if m := measured.get("memory"):
             a = measured["memory_arithmetic"]
             parts = " + ".join(f"{k} {m[k]:.2f} ({a[k]:.2f})" for k in ("weights", "grads", "optimizer"))
-            r["note"] = f"{r['note']}; B/param {parts} = {m['state']:.2f}, step peak {m['peak']:.2f}"
+            r["note"] = f"{r['note']}; B/param {parts} = {m['state']:.2f}, peak rise {m['peak']:.2f}"
     return rows
 
 
