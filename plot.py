@@ -22,6 +22,7 @@ from configurator import configure
 from nanogpt_perf import charts
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError, report_errors
+from nanogpt_perf.files import read_file
 from nanogpt_perf.guard.paths import check_path, output_file
 
 Points = tuple[list[float], list[float]]  # iters, values
@@ -45,8 +46,8 @@ SERIES = {
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The records of a log.jsonl, in order; blank lines are skipped."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_file(path).decode()  # a FIFO or a folder: files.ReadFailed, one line naming it
+    except UnicodeDecodeError as e:
         raise UserError(f"cannot read {path}: {e}") from None
     records = []
     for n, line in enumerate(text.splitlines(), start=1):
@@ -120,7 +121,7 @@ def load_curves(out_dir: Path) -> list[Curves]:
         check_path(str(out_dir))
     except ValueError as e:
         raise UserError(f"OUT_DIR must be {e}, got {out_dir}") from None
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise UserError(f"no log.jsonl in {out_dir}: train with out_dir={out_dir} first")
     records = read_log(path)
     if not points(records, step_loss)[0]:

@@ -123,7 +123,7 @@ CASES = {
     "data-shard_is_a_folder": Case(
         T,
         "",
-        ("tiny_val_000001.bin: not a file",),
+        ("tiny_val_000001.bin is a folder, not a file",),
         SHARDS | {"data/tiny/tiny_val_000001.bin/x": "a folder named like a shard"},
     ),
 }

@@ -27,6 +27,7 @@ from conftest import (
     DATA,
     REGRESSION,
     ROOT,
+    SHARDS,
     B,
     P,
     ScriptCase,
@@ -34,6 +35,7 @@ from conftest import (
     bench_output,
     compare,
     contents,
+    hf,
     refuse_script_case,
     run_in_process,
     run_script,
@@ -604,6 +606,7 @@ REPORTS = {
     "regression-not-a-file": ScriptCase(B, REGRESSION, ("no bench output at",), {"new.json/x": "", "old.json": "{}"}),
     "plot-log-nested-without-end": ScriptCase(P, "", ("line 1", "nested too deeply"), {"run/log.jsonl": "[" * 100_000}),
     "plot-log-of-lists": ScriptCase(P, "", ("line 1 is not a JSON object",), {"run/log.jsonl": "[1, 2]\n"}),
+    "plot-log-a-folder": ScriptCase(P, "", ("log.jsonl is a folder, not",), {"run/log.jsonl/x": ""}),
 }
 
 
@@ -691,6 +694,80 @@ def test_a_cached_max_id_that_no_token_can_have_is_read_again(tmp_path):
     (tmp_path / CACHE_NAME).write_text(json.dumps(cache))
     check_token_ids(tmp_path, 29, cache_from_bytes=0)
     assert json.loads((tmp_path / CACHE_NAME).read_text())["files"]["train.bin"]["max_id"] == 28
+
+
+READ_ONE = """
+import sys
+from pathlib import Path
+from nanogpt_perf.errors import UserError
+from {module} import *
+folder = Path(sys.argv[1])
+try:
+    {call}
+    print("read it")
+except UserError as e:
+    print(f"error: {{e}}")
+"""
+FIFO, FOLDER = "a FIFO (a named pipe)", "a folder"
+MAKE = {FIFO: os.mkfifo, FOLDER: os.mkdir}
+HF_READ = ("nanogpt_perf.guard.weights", "check_hf_folder(folder / 'hf', UserError)")
+META_READ = ("nanogpt_perf.guard.vocabulary", "read_meta(folder / 'meta.pkl')")
+SPEC_READ = ("nanogpt_perf.guard.vocabulary", "folder_tokenizer_spec(folder / 'hf')")
+BIN_READ = ("nanogpt_perf.data.shards", "assert has_tokens(folder); split_files(folder, 'train')")
+TEXT_READ = ("nanogpt_perf.errors", "read_user_text(folder / 'p.txt', 'the prompt file')")
+PLOT_READ = ("plot", "load_curves(folder / 'run')")
+RUN_LOG = ("nanogpt_perf.train.progress", "RunLog(folder / 'run', True, None, {})")
+PLAIN, PLAIN_SHARDS = ({k.split("/")[-1]: v for k, v in d.items()} for d in (DATA, SHARDS))
+NOT_A_FILE = "{path} is {kind}, not a file"
+READERS = {  # name: (the files, the one made a FIFO or a folder, its reader, what the line says)
+    "hf-config.json": (hf({}), "hf/config.json", HF_READ, "no readable config.json: it is {kind}"),
+    "hf-weights": (hf({}), "hf/model.safetensors", HF_READ, "model.safetensors is {kind}, not a"),
+    "meta.pkl": ({}, "meta.pkl", META_READ, NOT_A_FILE),
+    "vocabulary.json": (hf({}), "hf/vocabulary.json", SPEC_READ, NOT_A_FILE),
+    "train.bin": (PLAIN, "train.bin", BIN_READ, NOT_A_FILE),
+    "a-shard": (PLAIN_SHARDS, "tiny_train_000001.bin", BIN_READ, NOT_A_FILE),
+    "a-prompt-file": ({}, "p.txt", TEXT_READ, "the prompt file " + NOT_A_FILE),
+    "plot-log.jsonl": ({}, "run/log.jsonl", PLOT_READ, NOT_A_FILE),
+    "train-log.jsonl": ({}, "run/log.jsonl", RUN_LOG, "cannot append to {path}: it is {kind}"),
+}
+
+
+@pytest.mark.parametrize("kind", MAKE)
+@pytest.mark.parametrize("name", READERS)
+def test_a_file_read_that_is_a_fifo_or_a_folder_is_named_never_waited_on(name, kind, tmp_path):
+    """Each reader in a process of its own: config.json a FIFO hung sample.py; a FIFO or a folder
+    was no meta.pkl (GPT-2's vocabulary), no vocabulary.json, no train.bin ('dataset not found'),
+    a prompt file or a log 'not found'; a FIFO log.jsonl took a run's records until it blocked."""
+    files, target, (module, call), said = READERS[name]
+    write_files(tmp_path, files)
+    (tmp_path / target).unlink(missing_ok=True)
+    (tmp_path / target).parent.mkdir(exist_ok=True)
+    MAKE[kind](tmp_path / target)
+    result = run_script("-c", READ_ONE.format(module=module, call=call), str(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.splitlines()[-1]
+    said = said.format(path=tmp_path / target, kind=kind)
+    assert line.startswith("error: ") and said in line, line
+
+
+def test_sampling_from_a_folder_whose_config_json_is_a_fifo_is_one_line(tmp_path):
+    """sample.py --init_from=FOLDER waited for ever on a config.json that is a FIFO."""
+    write_files(tmp_path, hf({}))
+    (tmp_path / "hf/config.json").unlink()
+    os.mkfifo(tmp_path / "hf/config.json")
+    result = run_script("sample.py", f"--init_from={tmp_path / 'hf'}", "--device=cpu", timeout=120)
+    assert_one_line_error(result, "no readable config.json: it is a FIFO (a named pipe)")
+
+
+def test_training_on_a_fifo_train_bin_names_it(tmp_path):
+    """A train.bin that is a FIFO was no train.bin: 'dataset not found'."""
+    write_files(tmp_path, DATA)
+    (tmp_path / "data/tiny/train.bin").unlink()
+    os.mkfifo(tmp_path / "data/tiny/train.bin")
+    result = run_script("train.py", f"--data_dir={tmp_path / 'data'}", "--dataset=tiny",
+                        f"--out_dir={tmp_path / 'out'}", "--device=cpu", timeout=120)  # fmt: skip
+    fifo = tmp_path / "data/tiny/train.bin"
+    assert_one_line_error(result, f"{fifo} is a FIFO (a named pipe), not a file")
 
 
 IN_THE_WAY = {"a FIFO (a named pipe)": os.mkfifo, "a link to nothing": lambda p: p.symlink_to("no")}

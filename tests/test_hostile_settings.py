@@ -184,6 +184,18 @@ CASES = {
         ("prompt file", "cannot be read as UTF-8"),
         CKPT | {"prompt.txt": b"\xff\xfe"},
     ),
+    "sample-prompt_file_a_folder": Case(
+        S,
+        "--start=FILE:{dir}/prompt",
+        ("prompt file {dir}/prompt is a folder, not a file",),
+        CKPT | {"prompt/x": ""},
+    ),
+    "hellaswag-file_a_folder": Case(
+        H,
+        "--init_from={dir}/hf --file={dir}/hs.jsonl",
+        ("the HellaSwag file {dir}/hs.jsonl is a folder, not a file",),
+        hf({}) | {"hs.jsonl/x": ""},
+    ),
     "bench-out_json_a_folder": Case(
         B, "--out_json={dir}/x.json", ("out_json must be '' or a .json file (a file, not a folder)",), {"x.json/a": ""}
     ),

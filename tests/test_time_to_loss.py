@@ -533,7 +533,7 @@ def test_what_used_to_be_a_traceback_is_one_error_line(tmp_path, case, fragments
     "script, flags, fragments",
     [
         ("muon", ["--text={tmp}/missing.txt"], ("the probe's text", "missing.txt is not found")),
-        ("muon", ["--text={tmp}"], ("the probe's text", "is not found")),  # a folder
+        ("muon", ["--text={tmp}"], ("the probe's text", "is a folder, not a file")),
         ("muon", ["--text={tmp}/binary.txt"], ("binary.txt cannot be read as UTF-8 text",)),
         ("muon", ["--text={tmp}/short.txt"], ("short.txt has 6 characters: it needs 660 at least",)),
         ("prepare", ["--input={tmp}/missing.txt"], ("input file", "missing.txt not found")),

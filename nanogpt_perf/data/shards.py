@@ -14,7 +14,7 @@ from typing import BinaryIO
 import numpy as np
 
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import write_atomically
+from nanogpt_perf.files import ReadFailed, open_file, write_atomically
 
 MAGIC, VERSION = 20240520, 1
 HEADER_INTS = 256
@@ -64,11 +64,12 @@ def signature(stat: os.stat_result) -> tuple[int, ...]:
 
 
 def open_tokens(path: Path) -> tuple[BinaryIO, os.stat_result]:
-    """path opened for reading, and its stat; ShardError (one line) where it cannot be."""
+    """path opened for reading, and its stat; ShardError (one line) where it cannot be, or is no
+    file: a folder, a FIFO (never waited on), a link to nothing."""
     try:
-        handle = open(path, "rb")
-    except OSError as e:
-        raise ShardError(f"{path}: cannot be read: {e.strerror or e}") from None
+        handle = open_file(path)
+    except ReadFailed as e:
+        raise ShardError(str(e)) from None
     return handle, os.fstat(handle.fileno())
 
 
@@ -88,8 +89,6 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
 def read_shard_header(path: Path, keep_open: bool = False) -> TokenFile:
     """The shard at path, checked: a header with the magic and version, and a token count that the file size
     agrees with; kept open where asked (see split_files)."""
-    if not path.is_file():
-        raise ShardError(f"{path}: not a file")
     handle, stat = open_tokens(path)
     try:
         shard = shard_in(path, handle, stat.st_size)
@@ -127,7 +126,7 @@ def split_files(data_path: Path, split: str, keep_open: bool = False) -> list[To
     open, read through that (a loader's files: a dataset prepared again under a run, its files replaced, leaves
     the run reading the files it started with)."""
     single = data_path / f"{split}.bin"
-    if single.is_file():
+    if os.path.lexists(single):  # a FIFO or a folder there: named, not taken for no train.bin
         handle, stat = open_tokens(single)
         if not keep_open:
             handle.close()
@@ -148,5 +147,6 @@ def split_files(data_path: Path, split: str, keep_open: bool = False) -> list[To
 
 
 def has_tokens(data_path: Path) -> bool:
-    """Whether data_path holds a training split in either layout."""
-    return os.path.isfile(data_path / "train.bin") or any(data_path.glob("*_train*.bin"))
+    """Whether data_path holds a training split in either layout (a train.bin that is no file too:
+    reading it says what it is)."""
+    return os.path.lexists(data_path / "train.bin") or any(data_path.glob("*_train*.bin"))

@@ -5,12 +5,14 @@ refusal is one UserError naming the file. This module imports no torch and nothi
 readers (nanogpt_perf/data/) call it where they open such a file."""
 
 import json
+import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from nanogpt_perf.errors import UserError, shown
+from nanogpt_perf.files import open_file, read_file
 
 VOCABULARY_FILE = "vocabulary.json"  # beside an exported model of a character vocabulary (export.py)
 
@@ -24,14 +26,15 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """A dataset's meta.pkl, read as plain data and checked consistent with itself; {} when there is none."""
-    if not path.is_file():
+    """A dataset's meta.pkl, read as plain data and checked consistent with itself; {} when there is
+    none (a folder or a FIFO there is refused: it is no file, not no meta.pkl)."""
+    if not os.path.lexists(path):
         return {}
-    try:
-        with open(path, "rb") as f:
+    with open_file(path) as f:
+        try:
             meta = _PlainDataUnpickler(f).load()
-    except Exception as e:  # no code runs (see above): whatever fails is a damaged file
-        raise UserError(f"{path} is not a valid meta.pkl: {type(e).__name__}: {e}") from None
+        except Exception as e:  # no code runs (see above): whatever fails is a damaged file
+            raise UserError(f"{path} is not a valid meta.pkl: {type(e).__name__}: {e}") from None
     check_meta(meta, lambda why: UserError(f"{path} is not a valid meta.pkl: {why}"))
     return meta
 
@@ -64,11 +67,12 @@ def folder_tokenizer_spec(folder: Path) -> dict[str, Any]:
     """The tokenizer of a model folder in transformers' format, as a checkpoint stores it (see tokenizer.py's
     tokenizer_spec): the character vocabulary that export.py wrote beside the weights, else GPT-2's BPE."""
     path = folder / VOCABULARY_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {"kind": "gpt2"}
+    text = read_file(path)  # a folder or a FIFO there: one line, not GPT-2's vocabulary
     try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
+        spec = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
         raise UserError(f"{path} is not a vocabulary ({type(e).__name__}): export the model again") from None
     itos = spec.get("itos") if isinstance(spec, dict) and spec.get("kind") == "characters" else None
     fail = lambda why: UserError(f"{path} is not a character vocabulary ({why}): export the model again")  # noqa: E731

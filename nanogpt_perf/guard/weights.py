@@ -14,6 +14,7 @@ import torch
 
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import UserError, first_line, shown
+from nanogpt_perf.files import MISSING, ReadFailed, file_kind, read_file
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, from_pretrained
 from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE
 from nanogpt_perf.memory import model_size_problem
@@ -22,6 +23,7 @@ Fail = Callable[[str], UserError]
 Shapes = dict[str, tuple[int, ...]]  # a weight's shape by its name
 # what save_pretrained writes (large weights in shards) and the vocabulary: all that an export replaces
 EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", VOCABULARY_FILE)
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the one read: the first there
 
 
 def load_gpt2(name_or_path: str, **overrides: Any) -> GPT:
@@ -60,15 +62,15 @@ def check_export_target(folder: Path) -> None:
 def check_hf_folder(folder: Path, fail: Fail) -> None:
     """Raise fail(why) unless folder is a transformers GPT-2 this model loads as is (see the module)."""
     try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as e:
+        config = json.loads(read_file(folder / "config.json"))
+    except ReadFailed as e:  # a FIFO is never waited on
+        raise fail(f"no readable config.json: it {e.why}") from None
+    except (ValueError, RecursionError) as e:
         raise fail(f"no readable config.json ({type(e).__name__})") from None
     if not isinstance(config, dict) or config.get("model_type") != "gpt2":
         raise fail("config.json does not describe a GPT-2 (model_type gpt2)")
     check_config(config, lambda why: fail(f"config.json: {why}"))
-    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
-    if weights is None:
-        raise fail("neither model.safetensors nor pytorch_model.bin")
+    weights = weights_file(folder, fail)
     try:
         found = {k.removeprefix("transformer."): v for k, v in weight_shapes(weights).items()}
     except Exception as e:  # truncated, not the format its name says
@@ -83,6 +85,17 @@ def check_hf_folder(folder: Path, fail: Fail) -> None:
         raise fail(
             f"{weights.name} holds {wrong} as {list(found[wrong])}, config.json makes it {list(expected[wrong])}"
         )
+
+
+def weights_file(folder: Path, fail: Fail) -> Path:
+    """folder's model.safetensors, else its pytorch_model.bin; fail naming what is there instead of
+    a file (a FIFO, a folder), or that neither is."""
+    paths = [folder / name for name in WEIGHT_FILES]
+    if weights := next((p for p in paths if p.is_file()), None):
+        return weights
+    if there := next((p for p in paths if file_kind(p) != MISSING), None):
+        raise fail(f"{there.name} is {file_kind(there)}, not a file")
+    raise fail(f"neither {' nor '.join(WEIGHT_FILES)}")
 
 
 def check_config(config: dict[str, Any], fail: Fail) -> None:

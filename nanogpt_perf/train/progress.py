@@ -9,16 +9,17 @@ alone and left out of the run's closing median and of the ETA."""
 import errno
 import json
 import os
+import stat
 import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, BinaryIO
 
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import REASONS
+from nanogpt_perf.files import KINDS, REASONS
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.timing import DeviceClock
 
@@ -101,7 +102,7 @@ class RunLog:
         self.out_dir, self.path, self.file = out_dir, out_dir / "log.jsonl", None
         if master:
             try:
-                self.file = open(self.path, "a+b", buffering=0)  # unbuffered: a record is one write(2)
+                self.file = open_log(self.path)
                 cut_torn_line(self.file.fileno())
             except OSError as e:
                 raise UserError(f"cannot append to {self.path}: {REASONS.get(e.errno, e.strerror or e)}") from None
@@ -166,6 +167,19 @@ class RunLog:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def open_log(path: Path) -> BinaryIO:
+    """path opened to append to, unbuffered (a record is one write(2)); a UserError where it is no
+    regular file: a FIFO is opened without waiting, then refused (its writes would block once its
+    buffer is full), as is a device or a socket."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    kind = KINDS.get(stat.S_IFMT(os.fstat(fd).st_mode), "no file")
+    if kind != "a file":
+        os.close(fd)
+        raise UserError(f"cannot append to {path}: it is {kind}, not a file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a+b", buffering=0)
 
 
 def cut_torn_line(fd: int) -> None:
