@@ -6,8 +6,8 @@
   changes included), the versions of Python and of the packages its steps run on, the machine
   that timed it, and its dataset's contents (dataset_content: prepared again from other text, it
   is other data);
-- files read only where they are regular files (open_regular): a FIFO, a socket or a device in a
-  file's place is never waited on, nor read without end;
+- files read only where they are regular files (files.open_file): a FIFO, a socket or a device in
+  a file's place is never waited on, nor read without end;
 - the mark (ttl_run.json) written in a run's out_dir once train.py has ended as a run the benchmark counts: finished
   (its log ends with the eval at max_iters) or diverged (stopped on non-finite steps), read back by finished();
 - what a train.py exit means (outcome): finished, diverged, or not a run at all (failed, killed by a signal,
@@ -16,14 +16,12 @@
   or one of them fails.
 """
 
-import errno
 import functools
 import hashlib
 import json
 import os
 import platform
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -31,11 +29,11 @@ import time
 from concurrent.futures import Future, wait
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
-from nanogpt_perf.files import write_json
+from nanogpt_perf.files import ReadFailed, open_file, read_file, write_json
 
 MARK = "ttl_run.json"  # in a run's out_dir, written once train.py has ended as a run that counts: what made it
 # folders whose Python files are not a run's code: no run executes them (a benchmark's part in a run is its command,
@@ -90,32 +88,15 @@ def python_files(root: Path, folder: str) -> list[str]:
     return paths
 
 
-def open_regular(path: Path) -> BinaryIO:
-    """path opened for reading; an OSError where it is not a regular file. A FIFO is opened without
-    waiting for a writer (O_NONBLOCK), then refused, as are a device (/dev/zero never ends), a
-    socket and a folder."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_regular(path: Path) -> bytes:
-    with open_regular(path) as f:
-        return f.read()
+read_regular = read_file  # the name benchmarks/time_to_loss.py imports it by
 
 
 def file_digest(path: Path) -> str | None:
     """The SHA-256 of a regular file's bytes; None where it cannot be read or is not one."""
     try:
-        with open_regular(path) as f:
+        with open_file(path) as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
+    except (OSError, ReadFailed):
         return None
 
 
@@ -156,9 +137,9 @@ def package_version(name: str) -> str | None:
 def machine() -> dict[str, Any]:
     """What times a run: the CPU's model, the cores this process may use, nvidia-smi's GPUs."""
     try:
-        cpuinfo = read_regular(Path("/proc/cpuinfo")).decode(errors="replace").splitlines()
+        cpuinfo = read_file(Path("/proc/cpuinfo")).decode(errors="replace").splitlines()
         cpu = next(line.split(":", 1)[1] for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
+    except (OSError, ReadFailed, StopIteration):
         cpu = platform.processor() or platform.machine()
     cpu = cpu.strip()
     try:
@@ -194,10 +175,10 @@ def dataset_content(out_dir: Path, root: Path) -> dict[str, str | None] | None:
     contents, not its name nor its files' times: the same command names the same folder, which may
     have been prepared again from other text."""
     try:
-        settings = json.loads(read_regular(out_dir / "manifest.json"))["settings"]
+        settings = json.loads(read_file(out_dir / "manifest.json"))["settings"]
         folder = root / settings["data_dir"] / settings["dataset"]
         names = sorted({path.name for pattern in DATA_FILES for path in folder.glob(pattern)})
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ReadFailed, ValueError, KeyError, TypeError):
         return None
     return {name: kept_digest(folder / name) for name in names}
 
@@ -205,9 +186,9 @@ def dataset_content(out_dir: Path, root: Path) -> dict[str, str | None] | None:
 def read_records(out_dir: Path) -> list[dict[str, Any]] | None:
     """The records of out_dir/log.jsonl; None where it is missing or not a log."""
     try:
-        lines = read_regular(out_dir / "log.jsonl").decode().splitlines()
+        lines = read_file(out_dir / "log.jsonl").decode().splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError):
+    except (OSError, ReadFailed, ValueError):
         return None
     return records if all(isinstance(r, dict) and "iter" in r for r in records) else None
 
@@ -225,8 +206,8 @@ def finished(out_dir: Path, identity: dict[str, Any], max_iters: int) -> dict[st
     its wall seconds, its outcome); else None. It counts when its mark says so and its log ends with the eval at
     max_iters, or when it diverged (stopped on non-finite steps, its log ending where it stopped)."""
     try:
-        mark = json.loads(read_regular(out_dir / MARK))
-    except (OSError, ValueError):
+        mark = json.loads(read_file(out_dir / MARK))
+    except (OSError, ReadFailed, ValueError):
         return None
     if not isinstance(mark, dict) or mark.get("identity") != identity or not isinstance(mark.get("ran"), dict):
         return None
@@ -242,9 +223,9 @@ def mark_finished(out_dir: Path, identity: dict[str, Any], ran: dict[str, Any]) 
 def last_said(output: Path) -> str:
     """What a run said last: its last error or 'stopped by' line, else its last line."""
     try:
-        text = read_regular(output).decode(errors="replace")
+        text = read_file(output).decode(errors="replace")
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-    except OSError:
+    except (OSError, ReadFailed):
         lines = []
     told = [line for line in lines if line.startswith(("error:", "stopped by"))]
     return (told or lines or ["(no output)"])[-1]
