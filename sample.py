@@ -24,7 +24,8 @@ from configurator import configure
 from model import GPT
 from nanogpt_perf.config import setting
 from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
-from nanogpt_perf.errors import UserError, read_user_text
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import read_user_text
 from nanogpt_perf.generate import Engine, Sampling, cache_length, for_inference
 from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
 from nanogpt_perf.guard.checkpoint import load_checkpoint

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure
 from model import GPT, GPTConfig
 from nanogpt_perf.config import Config, setting
-from nanogpt_perf.errors import UserError, read_user_text
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import read_user_text
 from nanogpt_perf.guard.paths import a_path, comma_separated
 from nanogpt_perf.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, OptimConfig, build_optimizer, orthogonalize, set_lr
 from nanogpt_perf.runtime import DeviceConfig, resolve_device

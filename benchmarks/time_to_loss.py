@@ -51,14 +51,13 @@ from ttl_runs import (
     finished,
     mark_finished,
     outcome,
-    read_regular,
     run_identity,
 )
 
 from configurator import configure, read_config_file
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import write_json, write_text
+from nanogpt_perf.files import ReadFailed, read_file, write_json, write_text
 from nanogpt_perf.guard.paths import a_path
 from nanogpt_perf.manifest import git_state
 from plot import read_log
@@ -302,8 +301,8 @@ def train(name: str, seed: int, args: list[str], out_dir: Path, runs: Runs) -> d
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(read_regular(path))
-    except (OSError, ValueError) as e:
+        doc = json.loads(read_file(path))
+    except (OSError, ValueError, ReadFailed) as e:
         raise UserError(f"cannot read {path}: {e}") from None
     if not isinstance(doc, dict):
         raise UserError(f"{path} is not a JSON object")

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 
 from data.tiny_shakespeare import check_folder
-from nanogpt_perf.errors import UserError, read_user_text, report_errors
-from nanogpt_perf.files import write_text
+from nanogpt_perf.errors import UserError, report_errors
+from nanogpt_perf.files import read_user_text, write_text
 
 PREPARE = {"char": ROOT / "data/shakespeare_char/prepare.py", "gpt2": ROOT / "data/shakespeare/prepare.py"}
 KIND = {"char": "characters", "gpt2": "gpt2"}  # the kind each script records in meta.pkl

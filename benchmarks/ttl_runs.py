@@ -88,9 +88,6 @@ def python_files(root: Path, folder: str) -> list[str]:
     return paths
 
 
-read_regular = read_file  # the name benchmarks/time_to_loss.py imports it by
-
-
 def file_digest(path: Path) -> str | None:
     """The SHA-256 of a regular file's bytes; None where it cannot be read or is not one."""
     try:

@@ -4,7 +4,6 @@ it), which prints an uncaught one as one line, 'error: ...', with exit status 1 
 too (a KeyboardInterrupt's message, if any, says what to do next), with the status of a process ended by SIGINT
 (130). Everything else keeps Python's traceback: it is a bug."""
 
-import io
 import logging
 import math
 import os
@@ -75,20 +74,6 @@ def first_line(error: BaseException) -> str:
         text = "(its message cannot be shown)"
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()] or [""]
     return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
-
-
-def read_user_text(path: Path, what: str) -> str:
-    """The UTF-8 text of a file the user named (what it is: 'the prompt file'), or a UserError
-    saying why not: not found, no file (a folder; a FIFO, never waited on), not UTF-8."""
-    from nanogpt_perf.files import ReadFailed, open_file  # files.py imports this module
-
-    try:
-        with open_file(path, what) as f:
-            return io.TextIOWrapper(f, encoding="utf-8").read()  # newlines as read_text reads them
-    except ReadFailed as e:
-        raise UserError(f"{what} {path} is not found" if e.missing else str(e)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{what} {path} cannot be read as UTF-8 text: {e}") from None
 
 
 @contextmanager

@@ -13,6 +13,7 @@ is never waited on (a FIFO's plain open waits for a writer forever)."""
 
 import ctypes
 import errno
+import io
 import json
 import os
 import re
@@ -101,6 +102,18 @@ def read_file(path: Path, what: str = "") -> bytes:
     """The bytes of a regular file at path, or ReadFailed (open_file)."""
     with open_file(path, what) as f:
         return f.read()
+
+
+def read_user_text(path: Path, what: str) -> str:
+    """The UTF-8 text of a file the user named (what it is: 'the prompt file'), or a UserError
+    saying why not: not found, no file (a folder; a FIFO, never waited on), not UTF-8."""
+    try:
+        with open_file(path, what) as f:
+            return io.TextIOWrapper(f, encoding="utf-8").read()  # newlines as read_text reads them
+    except ReadFailed as e:
+        raise UserError(f"{what} {path} is not found" if e.missing else str(e)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{what} {path} cannot be read as UTF-8 text: {e}") from None
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], None], follow_links: bool = True) -> None:

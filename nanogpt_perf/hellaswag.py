@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from model import GPT
-from nanogpt_perf.errors import UserError, read_user_text
-from nanogpt_perf.files import write_bytes
+from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import read_user_text, write_bytes
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10_042

@@ -603,7 +603,9 @@ REPORTS = {
     "regression-ok-without-settings": ScriptCase(
         B, REGRESSION, ("its result 'a' has no settings",), compare(bench_output(settings=None))
     ),
-    "regression-not-a-file": ScriptCase(B, REGRESSION, ("no bench output at",), {"new.json/x": "", "old.json": "{}"}),
+    "regression-not-a-file": ScriptCase(
+        B, REGRESSION, ("new.json is a folder, not a file",), {"new.json/x": "", "old.json": "{}"}
+    ),
     "plot-log-nested-without-end": ScriptCase(P, "", ("line 1", "nested too deeply"), {"run/log.jsonl": "[" * 100_000}),
     "plot-log-of-lists": ScriptCase(P, "", ("line 1 is not a JSON object",), {"run/log.jsonl": "[1, 2]\n"}),
     "plot-log-a-folder": ScriptCase(P, "", ("log.jsonl is a folder, not",), {"run/log.jsonl/x": ""}),
@@ -714,9 +716,11 @@ HF_READ = ("nanogpt_perf.guard.weights", "check_hf_folder(folder / 'hf', UserErr
 META_READ = ("nanogpt_perf.guard.vocabulary", "read_meta(folder / 'meta.pkl')")
 SPEC_READ = ("nanogpt_perf.guard.vocabulary", "folder_tokenizer_spec(folder / 'hf')")
 BIN_READ = ("nanogpt_perf.data.shards", "assert has_tokens(folder); split_files(folder, 'train')")
-TEXT_READ = ("nanogpt_perf.errors", "read_user_text(folder / 'p.txt', 'the prompt file')")
+TEXT_READ = ("nanogpt_perf.files", "read_user_text(folder / 'p.txt', 'the prompt file')")
 PLOT_READ = ("plot", "load_curves(folder / 'run')")
 RUN_LOG = ("nanogpt_perf.train.progress", "RunLog(folder / 'run', True, None, {})")
+BENCH_OUTPUT = ("nanogpt_perf.bench.regression", "load_results(folder / 'b.json')")
+AN_INPUT = ("nanogpt_perf.data.documents", "check_input(folder / 'in.jsonl')")
 PLAIN, PLAIN_SHARDS = ({k.split("/")[-1]: v for k, v in d.items()} for d in (DATA, SHARDS))
 NOT_A_FILE = "{path} is {kind}, not a file"
 READERS = {  # name: (the files, the one made a FIFO or a folder, its reader, what the line says)
@@ -729,6 +733,8 @@ READERS = {  # name: (the files, the one made a FIFO or a folder, its reader, wh
     "a-prompt-file": ({}, "p.txt", TEXT_READ, "the prompt file " + NOT_A_FILE),
     "plot-log.jsonl": ({}, "run/log.jsonl", PLOT_READ, NOT_A_FILE),
     "train-log.jsonl": ({}, "run/log.jsonl", RUN_LOG, "cannot append to {path}: it is {kind}"),
+    "bench-output": ({}, "b.json", BENCH_OUTPUT, "bench output " + NOT_A_FILE),
+    "an-input-file": ({}, "in.jsonl", AN_INPUT, "{path} is {kind}"),
 }
 
 

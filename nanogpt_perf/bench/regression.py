@@ -8,6 +8,7 @@ from typing import Any
 
 from nanogpt_perf.bench.report import fmt, markdown_table
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import read_file
 
 # each compared figure, and whether a higher value is better
 METRICS = {
@@ -25,10 +26,11 @@ SAME_MACHINE = ("device_name", "torch")
 def load_results(path: Path) -> dict[str, Any]:
     """A bench.py output, checked to be one (the figures compared are numbers, each result named), so that the
     comparison cannot fail on a file of another kind: one error line naming the file for anything else."""
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise UserError(f"no bench output at {path}")
+    text = read_file(Path(path), "bench output")  # a folder or a FIFO named, never waited on
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(text.decode("utf-8"))
     except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{path} is not JSON: {e}") from None
     except RecursionError:

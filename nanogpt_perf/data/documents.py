@@ -17,6 +17,7 @@ import numpy as np
 
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 from nanogpt_perf.errors import UserError, first_line
+from nanogpt_perf.files import MISSING, file_kind
 
 EOT = 50256  # GPT-2's <|endoftext|>
 CHUNK = 128  # documents per task sent to a worker
@@ -71,8 +72,9 @@ def check_input(path: Path) -> None:
         raise UserError(
             f"{path}: unknown kind of input {path.suffix or '(no extension)'!r}; use {', '.join(INPUT_KINDS)}"
         )
-    if not path.is_file():
-        raise UserError(f"input file {path} not found")
+    if (kind := file_kind(path)) != "a file":
+        why = "not found" if kind == MISSING else f"is {kind}, not a file"
+        raise UserError(f"input file {path} {why}")
     if not os.access(path, os.R_OK):
         raise UserError(f"input file {path} is not readable (permission denied)")
     if path.stat().st_size == 0 and path.suffix.lower() != ".txt":  # an empty text file is one empty document
