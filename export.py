@@ -32,7 +32,7 @@ from nanogpt_perf.errors import UserError, quiet_loggers
 from nanogpt_perf.files import replace_folder
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, output_file, output_folder
-from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE, check_vocabulary
+from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE
 from nanogpt_perf.guard.weights import check_export_target
 
 
@@ -81,8 +81,7 @@ recipe = [k for k in RECIPE_ARCHITECTURE if model_args[k] != fields[k].default]
 if cfg.format == "hf" and recipe:
     why = "only a model of GPT-2's architecture exports"
     raise UserError(f"transformers' GPT-2 has no {', '.join(recipe)}: {why}")
-tokenizer = Tokenizer.for_checkpoint(checkpoint)
-check_vocabulary(tokenizer.n_vocab, tokenizer.name, model_args["vocab_size"])
+tokenizer = Tokenizer.for_checkpoint(checkpoint)  # refused where it does not fit the model
 model = GPT.from_checkpoint(checkpoint)
 vocab_size = tokenizer.n_vocab  # the real vocabulary, without the padding
 size = f"{model.get_num_params() / 1e6:.2f}M parameters"

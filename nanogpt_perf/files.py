@@ -82,19 +82,26 @@ def file_kind(path: Path | str) -> str:
     return KINDS.get(stat.S_IFMT(mode), "no file")
 
 
-def open_file(path: Path, what: str = "") -> BinaryIO:
-    """path opened for reading where it is a regular file (links followed), else ReadFailed
-    naming what is there (what: the file's role in the line, 'checkpoint'). Never blocks: opened
-    without waiting for a FIFO's writer, then judged by what was opened (no race with the name)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, ValueError) as e:  # a socket refuses to open (ENXIO); a NUL in the name
-        raise ReadFailed(path, file_kind(path), what, e) from None
+def regular_fd(path: Path, flags: int, what: str = "") -> int:
+    """os.open(path, flags) where path is a regular file (links followed), else ReadFailed naming
+    what is there; an OSError of the open itself is the caller's. Never blocks: opened without
+    waiting for a FIFO's other end, then judged by what was opened (no race with the name)."""
+    fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
     kind = KINDS.get(stat.S_IFMT(os.fstat(fd).st_mode), "no file")
     if kind != "a file":
         os.close(fd)
         raise ReadFailed(path, kind, what)
     os.set_blocking(fd, True)
+    return fd
+
+
+def open_file(path: Path, what: str = "") -> BinaryIO:
+    """path opened for reading where it is a regular file, else ReadFailed naming what is there
+    (what: the file's role in the line, 'checkpoint'); never waits on a FIFO (regular_fd)."""
+    try:
+        fd = regular_fd(path, os.O_RDONLY, what)
+    except (OSError, ValueError) as e:  # a socket refuses to open (ENXIO); a NUL in the name
+        raise ReadFailed(path, file_kind(path), what, e) from None
     return os.fdopen(fd, "rb")
 
 

@@ -9,7 +9,6 @@ alone and left out of the run's closing median and of the ETA."""
 import errno
 import json
 import os
-import stat
 import statistics
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from types import ModuleType
 from typing import Any, BinaryIO
 
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import KINDS, REASONS
+from nanogpt_perf.files import REASONS, ReadFailed, regular_fd
 from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.timing import DeviceClock
 
@@ -173,12 +172,10 @@ def open_log(path: Path) -> BinaryIO:
     """path opened to append to, unbuffered (a record is one write(2)); a UserError where it is no
     regular file: a FIFO is opened without waiting, then refused (its writes would block once its
     buffer is full), as is a device or a socket."""
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
-    kind = KINDS.get(stat.S_IFMT(os.fstat(fd).st_mode), "no file")
-    if kind != "a file":
-        os.close(fd)
-        raise UserError(f"cannot append to {path}: it is {kind}, not a file")
-    os.set_blocking(fd, True)
+    try:
+        fd = regular_fd(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    except ReadFailed as e:
+        raise UserError(f"cannot append to {path}: it {e.why}") from None
     return os.fdopen(fd, "a+b", buffering=0)
 
 
