@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from configurator import configure
-from nanogpt_perf import charts
+from lab import charts
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError, report_errors
 from nanogpt_perf.files import read_file
