@@ -24,11 +24,10 @@ from nanogpt_perf.config import setting
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path, output_file
 from nanogpt_perf.guard.vocabulary import check_vocabulary
-from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.hellaswag import GPT2_124M_ACC_NORM, download_val, read_examples, score
 from nanogpt_perf.runtime import DeviceConfig, PrecisionConfig, resolve_runtime
 

@@ -27,10 +27,9 @@ from nanogpt_perf.data.tokenizer import TextStream, Tokenizer
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import read_user_text
 from nanogpt_perf.generate import Engine, Sampling, cache_length, for_inference
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, init_from_one_of
-from nanogpt_perf.guard.weights import load_gpt2
 from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.quantize import CPU_DTYPE, QuantizeConfig, int4_problem
 from nanogpt_perf.runtime import (

@@ -21,16 +21,21 @@ import torch
 import torch.distributed as dist
 
 from configurator import configure
-from model import GPTConfig
+from model import GPT, GPTConfig
 from nanogpt_perf.config import setting
+from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
+from nanogpt_perf.data.identity import checked_identity
 from nanogpt_perf.data.loader import LoaderConfig, TokenBatches
-from nanogpt_perf.data.tokenizer import tokenizer_spec
+from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, tokenizer_spec
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_json
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES
-from nanogpt_perf.guard.admission import claim_out_dir, preflight, resolve_settings
+from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
+from nanogpt_perf.guard.checkpoint import resume_checkpoint
+from nanogpt_perf.guard.out_dir import admit_out_dir
 from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path
-from nanogpt_perf.hellaswag import score
+from nanogpt_perf.guard.vocabulary import check_hellaswag_tokens, check_same_vocabulary, folder_tokenizer_spec
+from nanogpt_perf.guard.weights import check_fits_model, check_pretrained_settings
+from nanogpt_perf.hellaswag import examples_for_run, score
 from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
@@ -46,12 +51,13 @@ from nanogpt_perf.optim import (
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
-from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, build_training, kernels_run_here
-from nanogpt_perf.train.checkpoint import restore_training, save_iteration, training_state
-from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks
+from nanogpt_perf.train.autobatch import micro_batch, step_shape
+from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, build_training, kernels_run_here, model_config
+from nanogpt_perf.train.checkpoint import claim_out_dir, restore_training, save_iteration, training_state
+from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks, torchrun_rank
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
-from nanogpt_perf.train.progress import Progress, RunLog, nonfinite_end
-from nanogpt_perf.train.resume import rng_state, set_rng_state
+from nanogpt_perf.train.progress import Progress, RunLog, import_wandb, nonfinite_end
+from nanogpt_perf.train.resume import merged_settings, rng_state, set_rng_state
 
 
 # -----------------------------------------------------------------------------
@@ -121,16 +127,18 @@ cfg = configure(
 )  # fmt: skip
 # -----------------------------------------------------------------------------
 
-# the guard (nanogpt_perf/guard/admission.py), before anything is written and before torch.distributed starts, so
-# that a refused command ends before its ranks meet: torchrun's variables, an out_dir that is this run's to use, and
-# on resume the checkpoint's settings overridden by the config files and flags given now
+# before anything is written and before torch.distributed starts (a refused command ends before its ranks meet):
+# out_dir is this run's to use (one run each; nanogpt_perf/guard/out_dir.py), and on resume the checkpoint is read
+# whole and its settings are overridden by the config files and flags given now (nanogpt_perf/train/resume.py)
+master, out_dir, resuming = torchrun_rank(os.environ) == 0, Path(cfg.out_dir), cfg.init_from == "resume"
+seen = admit_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only) if master else None
+checkpoint = resume_checkpoint(out_dir, cfg.resume_fallback) if resuming else None
 rules = (schedule_rules, muon_rules, kernels_run_here, lowmem_rules, optimizer_rules)
-settings = resolve_settings(cfg, cross=rules)
-cfg = settings.cfg
+cfg = merged_settings(cfg, checkpoint, rules, int(os.environ.get("WORLD_SIZE", 1)), master)
 
 # DDP: torchrun sets RANK; each process drives one device (its own GPU) and sees 1/world of the micro-batches
 ranks = start_ranks(cfg.device, cfg.backend)
-master, ddp = ranks.master, ranks.distributed
+ddp = ranks.distributed
 print0 = lambda *args: print(*args, flush=True) if master else None  # rank 0 (or the only process) prints
 
 # device and precision, chosen once every override is in; TF32 is set here (CUDA only)
@@ -138,25 +146,65 @@ runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print0(runtime.describe())
 torch.manual_seed(cfg.seed + ranks.rank)
 
-# the guard's second part, which needs the ranks and the device: the data, prepared on first use (rank 0; a small
-# dataset), its token ids checked against its vocabulary; the micro-batch and the accumulation as set, or with
-# tokens_per_iter the accumulation that makes exactly that many tokens a step, at batch_size or at the largest that
-# fits ('auto': nanogpt_perf/train/autobatch.py); the model: new (nanogpt_perf/train/build.py's model_config: the
-# vocabulary padded to a multiple of pad_vocab), the weights and architecture of out_dir/ckpt.pt, or GPT-2's
-# weights, cropped to block_size; HellaSwag's examples (downloaded once) and wandb when asked for
-plan = preflight(settings, ranks, runtime)
-cfg, data, checkpoint, model = plan.cfg, plan.data, plan.checkpoint, plan.model  # cfg: the batch shape as it runs
-sequences = data.batch_size * data.accumulation // ranks.world_size  # this rank's, a step
+# the data: prepared on first use (rank 0; a small dataset), every token id checked against its vocabulary and
+# its files against a resumed checkpoint's (nanogpt_perf/data/identity.py)
+data_path = Path(cfg.data_dir) / cfg.dataset
+if master:
+    prepare_if_missing(data_path, cfg.run_data_preparer)
+if ddp:
+    dist.barrier()
+vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
+saved_identity = checkpoint.get("data_identity") if checkpoint else None
+data_identity = checked_identity(data_path, vocab_size, saved_identity, cfg.allow_changed_data) if master else None
+
+# the step's shape: the micro-batch and the accumulation as set, or with tokens_per_iter the accumulation that makes
+# exactly that many tokens a step, at batch_size or at the largest that fits ('auto': nanogpt_perf/train/autobatch.py)
+choose = lambda rows: micro_batch(rows, cfg, vocab_size, runtime, print0)
+batch_size, accumulation = step_shape(cfg, ranks.world_size, choose)
+cfg = cfg.replace(batch_size=batch_size, gradient_accumulation_steps=accumulation)
+sequences = batch_size * accumulation // ranks.world_size  # this rank's, a step
+print0(f"vocab_size {vocab_size} from {data_path}")
+print0(
+    f"tokens per iteration: {accumulation * batch_size * cfg.block_size:,} ({sequences // batch_size} "
+    f"micro-batches x {ranks.world_size} ranks x {batch_size} x {cfg.block_size})"
+)
+
+# the model: new (the vocabulary padded to a multiple of pad_vocab), the checkpoint's weights and architecture, or
+# GPT-2's weights (a hub name or a transformers folder); cropped to block_size, checked against the data and the
+# settings given (nanogpt_perf/guard/weights.py)
+config = model_config(cfg, vocab_size)
+if cfg.init_from == "scratch":
+    model = GPT(config)
+elif resuming:
+    model = GPT.from_checkpoint(checkpoint, config)
+else:
+    check_pretrained_settings(cfg.model, cfg.init_from)
+    check_same_vocabulary(folder_tokenizer_spec(Path(cfg.init_from)), tokenizer_spec(data_path), cfg.dataset)
+    model = load_gpt2(cfg.init_from, config)
+if cfg.init_from != "scratch":
+    source = "checkpoint" if resuming else cfg.init_from
+    check_fits_model(cfg.model, cfg.given, model.config, source, cfg.dataset, vocab_size)
+    if cfg.block_size < model.config.block_size:
+        model.crop_block_size(cfg.block_size)
+model_args = asdict(model.config)
+print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
+
+# HellaSwag's examples (downloaded once) and encoder, scored by every rank's share; wandb, imported before anything
+# is written
+hellaswag = None
+if cfg.hellaswag_interval:
+    tokenizer = Tokenizer.for_dataset(data_path)
+    check_hellaswag_tokens(tokenizer.name, tokenizer.itos is not None, cfg.parallelism, ddp)
+    examples = examples_for_run(cfg.hellaswag_file, cfg.data_dir, cfg.hellaswag_examples, master, ddp)
+    hellaswag = examples, tokenizer.encode
+wandb = import_wandb(cfg.wandb_log, master)
 
 # the batches: in data_order, each rank its own share, built ahead by a background thread into pinned buffers (CUDA)
 # and copied without blocking; evaluation reads fixed windows of its own (the training stream does not depend on it)
 batches = TokenBatches(
-    data.path, cfg.batch_size, cfg.block_size, runtime.device, cfg.seed, ranks.rank, ranks.world_size,
+    data_path, cfg.batch_size, cfg.block_size, runtime.device, cfg.seed, ranks.rank, ranks.world_size,
     cfg.data_order, cfg.prefetch,
 )  # fmt: skip
-
-model_args = asdict(model.config)
-print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
 # what trains it, built as bench.py builds it (nanogpt_perf/train/build.py): the model's weights in weights_dtype
 # (bfloat16: stochastically rounded updates), on the device, compiled when asked, under torchrun in DDP or FSDP2
@@ -172,9 +220,7 @@ model, raw_model, optimizer, scaler, step = build_training(cfg, runtime, batches
 iter_num, best_val_loss, rng = 0, float("inf"), None
 if checkpoint is not None:
     iter_num, best_val_loss, rng = restore_training(checkpoint, model, optimizer, scaler, batches, ranks)
-# free them: the checkpoint's memory, and the model (under FSDP it holds the process group close() must end)
-checkpoint, settings, plan = None, None, plan._replace(checkpoint=None, model=None)
-hellaswag, wandb = plan.hellaswag, plan.wandb  # HellaSwag's examples and encoder, scored by every rank's share
+checkpoint = None  # its memory freed
 
 
 @torch.no_grad()
@@ -208,8 +254,8 @@ def save(best: bool) -> str | None:
     if master:
         state = training_state(
             model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict(), model_args=model_args,
-            iter_num=iter_num, best_val_loss=best_val_loss, config=cfg.as_dict(), tokenizer=tokenizer_spec(data.path),
-            ranks=every_rank, data_identity=data.identity,
+            iter_num=iter_num, best_val_loss=best_val_loss, config=cfg.as_dict(), tokenizer=tokenizer_spec(data_path),
+            ranks=every_rank, data_identity=data_identity,
         )  # fmt: skip
         path = save_iteration(state, Path(cfg.out_dir), iter_num, best, cfg.keep_last)
         print(f"saved checkpoint {path}" + (" (the best so far)" if best else ""))
@@ -220,7 +266,7 @@ def save(best: bool) -> str | None:
 # every check has passed: out_dir is this run's (rank 0 holds out_dir/train.lock, and under it finds out_dir as the
 # guard saw it; overwrite=True deletes an earlier run's checkpoints and log first), and SIGTERM or Ctrl-C stops the
 # run cleanly (finish the step, save, exit)
-lock = claim_out_dir(plan, ranks)
+lock = claim_out_dir(out_dir, resuming, cfg.overwrite, cfg.eval_only, seen, ranks)
 stop = StopRequest(lock.release if lock else None)
 stop_asked = lambda: stop.requested(ddp, runtime.device)  # every rank the same answer, so that they stop together
 

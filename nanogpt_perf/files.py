@@ -260,6 +260,14 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, where the OS tells it."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
 # ----------------------------------------------------------------------------- the disk
 
 

@@ -1,14 +1,37 @@
-"""GPT-2 weights in: GPT.from_pretrained, quiet, of a name or folder that the guard has checked
-(nanogpt_perf/guard/weights.py: load_gpt2 with one clear line for what goes wrong). The conversion both ways
-(from_hf_state_dict, to_hf_state_dict, for export.py) is model.py's, which imports nothing of the project."""
+"""GPT-2 weights in: GPT.from_pretrained, quiet, of a name or a folder that the guard has checked
+(nanogpt_perf/guard/weights.py), with one clear line for what still goes wrong. The conversion both
+ways (from_hf_state_dict, to_hf_state_dict, for export.py) is model.py's."""
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from model import GPT
+from model import GPT, GPTConfig, fields_of_kind
+from nanogpt_perf.errors import UserError, first_line
+from nanogpt_perf.guard.weights import check_hf_folder
 
 HF_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+FREE_OF_WEIGHTS = fields_of_kind("kernel", "training")  # GPTConfig fields that leave the weights as they are
+
+
+def load_gpt2(name_or_path: str, settings: GPTConfig | None = None) -> GPT:
+    """GPT.from_pretrained, one UserError line for what fails (no such folder or hub name, a folder this
+    model cannot be, no transformers or network); with settings, its fields the weights leave free."""
+    overrides = {k: getattr(settings, k) for k in FREE_OF_WEIGHTS} if settings else {}
+    folder = Path(name_or_path)
+    if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
+        raise UserError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
+    if importlib.util.find_spec("transformers") is None:
+        raise UserError(f"loading {name_or_path} needs transformers: pip install -e '.[hf]'")
+    if folder.is_dir():
+        check_hf_folder(folder, lambda why: UserError(f"{folder} is not a GPT-2 folder in transformers' format: {why}"))
+    try:
+        return from_pretrained(name_or_path, **overrides)
+    except Exception as e:  # no network, hub down, unreadable weights: one line, not transformers' traceback
+        how = "" if folder.is_dir() else " from the Hugging Face hub"
+        raise UserError(f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}") from e
 
 
 def from_pretrained(name_or_path: str, **overrides: Any) -> GPT:

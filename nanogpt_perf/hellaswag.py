@@ -65,6 +65,17 @@ def read_examples(path: Path, limit: int = 0) -> list[dict[str, Any]]:
     return examples
 
 
+def examples_for_run(file: str, data_dir: str, limit: int, master: bool, distributed: bool) -> list:
+    """train.py's HellaSwag examples: file, else the official ones (downloaded once by rank 0, into
+    data_dir/hellaswag/, while the other ranks wait)."""
+    path = Path(file) if file else Path(data_dir) / "hellaswag" / "hellaswag_val.jsonl"
+    if master and not file:
+        download_val(path)
+    if distributed:
+        dist.barrier()
+    return read_examples(path, limit)
+
+
 def render(example: dict[str, Any], encode, block_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The 4 rows of an example: context then ending (a space before it), padded with 0 to the longest; and the
     mask of the ending's tokens. With block_size, each row is cropped from the left to the block_size + 1 tokens

@@ -18,12 +18,10 @@ from typing import Any
 
 import torch
 
-LOWBIT = "lowbit"  # the key of an encoded low-bit state: its bits
-ENCODED_KEYS = {LOWBIT, "signed", "codes", "scale"}
-
+from nanogpt_perf.guard.lowmem import LOWBIT, check_lowmem_state
 
 CODEC = "lowbit_state_codec"  # marks an optimizer whose state a resume checks first
-# (nanogpt_perf/guard/lowmem.py, from train/checkpoint.restore_training): the hooks below trust what they load
+# (nanogpt_perf/guard/lowmem.py, through check_saved_state): the hooks below trust what they load
 
 
 def register_state_codec(optimizer: torch.optim.Optimizer) -> None:
@@ -94,6 +92,12 @@ def saved_params(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -
     """(saved id, parameter) pairs, as torch.optim.Optimizer.load_state_dict pairs them: group by group, in order."""
     saved = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
     return zip(saved, chain.from_iterable(g["params"] for g in optimizer.param_groups), strict=False)
+
+
+def check_saved_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
+    """The guard's check (nanogpt_perf/guard/lowmem.py) of a saved state against what optimizer keeps."""
+    groups = [g["params"] for g in optimizer.param_groups]
+    check_lowmem_state(state_dict, groups, lambda p: expected_state(optimizer, p, "meta"))
 
 
 def expected_state(optimizer: torch.optim.Optimizer, p: torch.Tensor, device: torch.device | str) -> dict:

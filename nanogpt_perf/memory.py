@@ -9,8 +9,6 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from nanogpt_perf.runtime import host_memory_bytes
-
 
 def peak_memory_bytes(device: torch.device) -> int | None:
     """Peak memory of this run: allocated on the GPU, or the process's peak resident set on CPU."""
@@ -50,20 +48,6 @@ def reset_peak_memory(device: torch.device) -> bool:
         except OSError:
             return False
     return False
-
-
-def model_size_problem(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> str | None:
-    """Why a GPT of this shape cannot be built here (its float32 weights alone outweigh this machine's memory),
-    or None: an absurd size is one error line, not an allocation failure or hours of building layers."""
-    params = n_layer * 12 * n_embd**2 + (vocab_size + block_size) * n_embd  # the blocks, the embeddings
-    memory = host_memory_bytes()
-    if memory is None or 4 * params <= memory:
-        return None
-    return (
-        f"a GPT of n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size} has "
-        f"about {params:.3g} parameters, {4 * params / 1e9:,.0f} GB in float32: more than this machine's "
-        f"{memory / 1e9:,.0f} GB of memory"
-    )
 
 
 def training_state_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, int]:

@@ -1,7 +1,6 @@
 """The device and the precision a run uses, chosen once after the settings are applied, and how to wait for the
 device (it runs ahead of Python) before reading a clock."""
 
-import os
 import platform
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ import torch
 
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.files import host_memory_bytes
 
 PTDTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -70,14 +70,6 @@ def device_name(device: torch.device) -> str:
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
     return platform.processor() or device.type
-
-
-def host_memory_bytes() -> int | None:
-    """This machine's physical memory, where the OS tells it."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a POSIX system
-        return None
 
 
 def device_memory_bytes(device: torch.device) -> int | None:

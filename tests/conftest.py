@@ -128,7 +128,7 @@ def tiny_data(tmp_path_factory) -> Path:
 
 class Declarations(NamedTuple):
     """What a script hands configure(): its parts, every setting's default as it declares them, and its rules
-    between settings (train.py's are those it hands admission, once a resumed run's settings are merged)."""
+    between settings (train.py's are those it hands merged_settings, once a resumed run's settings are merged)."""
 
     parts: dict
     defaults: dict
@@ -192,9 +192,9 @@ COMMON = {
     "sample.py": "--out_dir={dir}/out --device=cpu --start=abc",
     "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
     "bench.py": "--out_json={dir}/bench.json --device=cpu --compile=false",
-    "benchmarks/generate.py": "--device=cpu",
-    "benchmarks/loader.py": "--device=cpu",
-    "benchmarks/prepare.py": "",
+    "lab/generate.py": "--device=cpu",
+    "lab/loader.py": "--device=cpu",
+    "lab/prepare.py": "",
     "hellaswag.py": "--out_dir={dir}/out --device=cpu",
     "data/openwebtext/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
     "data/fineweb/prepare.py": "--out_dir={dir}/out --input={dir}/docs.txt",
@@ -246,9 +246,9 @@ def write_files(folder: Path, files: dict[str, str | bytes]) -> None:
 
 
 from model import GPT, GPTConfig  # noqa: E402
+from nanogpt_perf.data.identity import dataset_identity  # noqa: E402
 from nanogpt_perf.data.shards import HEADER_INTS, MAGIC, VERSION  # noqa: E402
-from nanogpt_perf.guard.dataset import dataset_identity  # noqa: E402
-from nanogpt_perf.lock import LOCK_NAME, process_start  # noqa: E402
+from nanogpt_perf.guard.lock import LOCK_NAME, process_start  # noqa: E402
 
 
 # a character dataset 'tiny' of 29 tokens (a to z, {, |, }), each file as bytes
@@ -302,8 +302,8 @@ def hf(config: dict | str | None = None, weights: bytes | None = None, name: str
 HF_OK = json.dumps(HF_CONFIG)
 
 
-T, S, E, H, B, G = "train.py", "sample.py", "export.py", "hellaswag.py", "bench.py", "benchmarks/generate.py"
-BL, BP, P = "benchmarks/loader.py", "benchmarks/prepare.py", "plot.py"
+T, S, E, H, B, G = "train.py", "sample.py", "export.py", "hellaswag.py", "bench.py", "lab/generate.py"
+BL, BP, P = "lab/loader.py", "lab/prepare.py", "lab/plot.py"
 OWT, FW, CHAR, BPE = (
     "data/openwebtext/prepare.py",
     "data/fineweb/prepare.py",

@@ -19,7 +19,7 @@ from nanogpt_perf.generate import (
     for_inference,
     sample_next,
 )
-from nanogpt_perf.guard.weights import load_gpt2
+from nanogpt_perf.gpt2_weights import load_gpt2
 from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
 

@@ -220,7 +220,7 @@ def test_a_tokenizer_refused_with_one_line_and_nothing_written(name, checkpoints
 
 def test_a_transformers_folder_that_is_whole_loads_quietly(tmp_path, capfd):
     """The cases' folder unspoilt loads, and transformers says nothing on stderr (no progress bar, no notes)."""
-    from nanogpt_perf.guard.weights import load_gpt2
+    from nanogpt_perf.gpt2_weights import load_gpt2
 
     for path, data in hf({}).items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -347,7 +347,7 @@ def test_a_resume_refuses_a_change_to_what_its_weights_fix(tiny_data, tmp_path, 
 
 def test_every_architecture_and_init_field_is_fixed_on_resume():
     from model import ARCHITECTURE, fields_of_kind
-    from nanogpt_perf.guard.admission import FIXED_ON_RESUME
+    from nanogpt_perf.train.resume import FIXED_ON_RESUME
 
     assert set(ARCHITECTURE) - {"vocab_size"} <= set(FIXED_ON_RESUME)  # vocab_size: the data's, through pad_vocab
     assert set(fields_of_kind("init")) <= set(FIXED_ON_RESUME) and "pad_vocab" in FIXED_ON_RESUME
@@ -402,7 +402,7 @@ SHORT_VOCABULARY = {  # issue 44's: each path to a checkpoint's tokenizer
     "sample": (S, "--out_dir={dir}/out --device=cpu --start=ab"),
     "export-hf": (E, "--out_dir={dir}/out --export_dir={dir}/hf"),
     "export-gguf": (E, "--out_dir={dir}/out --format=gguf"),
-    "generate": ("benchmarks/generate.py", "--out_dir={dir}/out --device=cpu"),
+    "generate": ("lab/generate.py", "--out_dir={dir}/out --device=cpu"),
 }
 
 

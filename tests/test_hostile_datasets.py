@@ -51,9 +51,9 @@ from conftest import (
     with_data,
     write_files,
 )
+from nanogpt_perf.data.identity import BLOCK, CACHE_NAME, SAMPLES, check_token_ids, dataset_identity
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard import dataset as token_check
-from nanogpt_perf.guard.dataset import BLOCK, CACHE_NAME, SAMPLES, check_token_ids, dataset_identity
 
 CASES = {
     "train-dataset_past_the_model's_vocabulary": Case(
@@ -314,7 +314,7 @@ def test_the_repositorys_own_preparer_runs_for_its_copy_and_a_foreign_one_only_w
 
 
 def test_the_same_folder_by_other_names(tmp_path, monkeypatch):
-    from nanogpt_perf.guard.dataset import canonical_folder
+    from nanogpt_perf.data.identity import canonical_folder
 
     data = tmp_path / "data" / "tiny"
     data.mkdir(parents=True)

@@ -61,8 +61,8 @@ class Hostile(NamedTuple):
 COMMON = {  # so that whatever a script would write lands in the case's folder
     "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
     "bench.py": "--device=cpu --compile=false",
-    "benchmarks/generate.py": "--device=cpu",
-    "plot.py": "{dir}/run",
+    "lab/generate.py": "--device=cpu",
+    "lab/plot.py": "{dir}/run",
     OWT: "--out_dir={dir}/out --processes=1 --block_size=8",
     FW: "--out_dir={dir}/out --processes=1 --block_size=8",
     CHAR: "",
@@ -93,7 +93,7 @@ CASES = {
         "export.py", "", ("tokenizer.json",), EXPORTED | {"hf/tokenizer.json": "{}"}
     ),
     "export-over-an-export-with-a-subfolder": Hostile("export.py", "", ("extra",), EXPORTED | {"hf/extra/a": "x"}),
-    # bench.py's and benchmarks/generate.py's out_json, plot.py's --out
+    # bench.py's and lab/generate.py's out_json, lab/plot.py's --out
     "bench-out_json-a-folder": Hostile(
         "bench.py",
         "--out_json={dir}/res.json",
@@ -103,14 +103,14 @@ CASES = {
     "bench-out_json-a-new-folder": Hostile("bench.py", "--out_json={dir}/new.json/", ("not a folder",)),
     "bench-out_json-a-csv": Hostile("bench.py", "--out_json={dir}/res.csv", ("out_json must be '' or a .json file",)),
     "bench-out_json-under-a-file": Hostile("bench.py", "--out_json={dir}/f/res.json", ("is a file",), {"f": "x"}),
-    "generate-out_json-a-png": Hostile("benchmarks/generate.py", "--out_json={dir}/g.png", ("'' or a .json file",)),
+    "generate-out_json-a-png": Hostile("lab/generate.py", "--out_json={dir}/g.png", ("'' or a .json file",)),
     "generate-out_json-a-folder": Hostile(
-        "benchmarks/generate.py", "--out_json={dir}/g.json", ("not a folder",), {"g.json/a": ""}
+        "lab/generate.py", "--out_json={dir}/g.json", ("not a folder",), {"g.json/a": ""}
     ),
     "plot-out-a-folder": Hostile(
-        "plot.py", "--out={dir}/c.png", ("out must be '' or a .png file", "folder"), RUN | {"c.png/a": ""}
+        "lab/plot.py", "--out={dir}/c.png", ("out must be '' or a .png file", "folder"), RUN | {"c.png/a": ""}
     ),
-    "plot-out-under-a-file": Hostile("plot.py", "--out={dir}/f/c.png", ("is a file",), RUN | {"f": "x"}),
+    "plot-out-under-a-file": Hostile("lab/plot.py", "--out={dir}/f/c.png", ("is a file",), RUN | {"f": "x"}),
     # the web-scale preparation: inputs refused before reading
     "prepare-missing-input": Hostile(OWT, "--input={dir}/none.jsonl", ("none.jsonl not found",)),
     "prepare-input-a-folder": Hostile(OWT, "--input={dir}/in", ("is a folder", "--input="), {"in/a.jsonl": DOCS}),
@@ -275,7 +275,7 @@ def test_bench_and_plot_on_a_full_disk_say_so_in_one_line(tmp_path, monkeypatch)
     """matplotlib's savefig failing with ENOSPC: bench.py's chart and plot.py's curves, the previous PNG kept."""
     import matplotlib.figure
 
-    from nanogpt_perf.bench.report import write_chart
+    from lab.charts import bench_bars as write_chart
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: enospc())
     (tmp_path / "b.png").write_bytes(b"previous chart")
@@ -287,7 +287,7 @@ def test_bench_and_plot_on_a_full_disk_say_so_in_one_line(tmp_path, monkeypatch)
     (tmp_path / "run" / "log.jsonl").write_text(RUN["run/log.jsonl"])
     (tmp_path / "run" / "curves.png").write_bytes(b"previous curves")
     before = contents(tmp_path)
-    drawn = run_in_process("plot.py", str(tmp_path / "run"))
+    drawn = run_in_process("lab/plot.py", str(tmp_path / "run"))
     assert_one_line_error(drawn, "curves.png: no space left on the device")
     assert contents(tmp_path) == before
 
@@ -656,7 +656,7 @@ READ_DATASET = """
 import sys
 from pathlib import Path
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.guard.dataset import check_token_ids, dataset_identity
+from nanogpt_perf.data.identity import check_token_ids, dataset_identity
 folder = Path(sys.argv[1])
 try:
     digests = check_token_ids(folder, 29, cache_from_bytes=0)
@@ -687,7 +687,7 @@ def test_a_datasets_file_that_is_no_file_is_one_line_and_never_waited_on(name, t
 
 def test_a_cached_max_id_that_no_token_can_have_is_read_again(tmp_path):
     """A token_ids.json whose max_id is past uint16's ids (a hand-edited one) refused the data."""
-    from nanogpt_perf.guard.dataset import CACHE_NAME, check_token_ids
+    from nanogpt_perf.data.identity import CACHE_NAME, check_token_ids
 
     write_files(tmp_path, {k.removeprefix("data/tiny/"): v for k, v in DATA.items()})
     check_token_ids(tmp_path, 29, cache_from_bytes=0)
@@ -719,7 +719,7 @@ BIN_READ = ("nanogpt_perf.data.shards", "assert has_tokens(folder); split_files(
 TEXT_READ = ("nanogpt_perf.files", "read_user_text(folder / 'p.txt', 'the prompt file')")
 PLOT_READ = ("plot", "load_curves(folder / 'run')")
 RUN_LOG = ("nanogpt_perf.train.progress", "RunLog(folder / 'run', True, None, {})")
-BENCH_OUTPUT = ("nanogpt_perf.bench.regression", "load_results(folder / 'b.json')")
+BENCH_OUTPUT = ("lab.bench_regression", "load_results(folder / 'b.json')")
 AN_INPUT = ("nanogpt_perf.data.documents", "check_input(folder / 'in.jsonl')")
 PLAIN, PLAIN_SHARDS = ({k.split("/")[-1]: v for k, v in d.items()} for d in (DATA, SHARDS))
 NOT_A_FILE = "{path} is {kind}, not a file"
@@ -806,15 +806,14 @@ def test_a_torch_logs_that_torch_refuses_is_one_line():
 # every path setting of the benchmarks and tools, pointing nowhere: one line naming it, before any work
 NOWHERE = "/nowhere/at/all"
 MISSING_INPUTS = [
-    ("benchmarks/loader.py", f"--data={NOWHERE}"),
-    ("benchmarks/generate.py", f"--nanogpt_dir={NOWHERE}"),
-    ("benchmarks/muon.py", f"--text={NOWHERE}.txt"),
-    ("benchmarks/prepare.py", f"--input={NOWHERE}.jsonl"),
-    ("benchmarks/time_to_loss.py", f"--configs={NOWHERE}.py"),
-    ("benchmarks/ttl_data.py", f"--text={NOWHERE}.txt --name=x --data_dir={NOWHERE}"),
+    ("lab/loader.py", f"--data={NOWHERE}"),
+    ("lab/generate.py", f"--nanogpt_dir={NOWHERE}"),
+    ("lab/prepare.py", f"--input={NOWHERE}.jsonl"),
+    ("lab/time_to_loss.py", f"--configs={NOWHERE}.py"),
+    ("lab/ttl_data.py", f"--text={NOWHERE}.txt --name=x --data_dir={NOWHERE}"),
     ("scripts/gloo_soak.py", f"--root={NOWHERE}"),
     ("hellaswag.py", f"--file={NOWHERE}.jsonl --init_from=gpt2"),
-    ("plot.py", NOWHERE),
+    ("lab/plot.py", NOWHERE),
     ("bench.py", f"--compare={NOWHERE}.json --baseline={NOWHERE}.json"),
 ]
 

@@ -33,7 +33,7 @@ from conftest import (
     train_case,
 )
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.lock import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
+from nanogpt_perf.guard.lock import LOCK_NAME, OutDirLock, is_running, process_start, process_stat
 
 
 def lock_of(pid: int, start=None) -> dict:
@@ -131,7 +131,7 @@ def test_a_lock_of_a_process_that_ended_unreaped_is_stale():
 RELEASE = """
 import os, signal, sys
 from pathlib import Path
-from nanogpt_perf.lock import OutDirLock
+from nanogpt_perf.guard.lock import OutDirLock
 from nanogpt_perf.train.preemption import StopRequest
 lock = OutDirLock(Path(sys.argv[1]))
 lock.claim()
@@ -242,57 +242,50 @@ def test_a_run_refused_at_its_last_check_has_written_nothing(tiny_data, tmp_path
 SHORT = ("--eval_interval=2", "--eval_iters=1", "--log_interval=1")
 
 
-def plan_for(tiny_data: Path, out: Path, *flags: str):
-    """train.py's settings and the guard's Plan for them, in this process, up to the claim of out_dir."""
-    from configurator import configure
-    from conftest import declarations
-    from nanogpt_perf.guard.admission import preflight, resolve_settings
-    from nanogpt_perf.runtime import resolve_runtime
-    from nanogpt_perf.train.build import TRAINING_DEFAULTS
-    from nanogpt_perf.train.parallel import Ranks
+def seen_at_start(out: Path) -> tuple:
+    """What train.py's start sees of out_dir (guard/out_dir.admit_out_dir), in this process: claim_out_dir
+    checks it again under the lock."""
+    from nanogpt_perf.guard.out_dir import admit_out_dir
 
-    argv = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", "--eval_iters=1", *flags]
-    decl = declarations("train.py")
-    settings = resolve_settings(configure(argv, defaults=TRAINING_DEFAULTS, **decl.parts), decl.cross)
-    return preflight(settings, Ranks(device="cpu"), resolve_runtime("cpu", "float32", False))
+    return admit_out_dir(out, scratch=False, overwrite=False, eval_only=False)
 
 
 def test_a_run_admitted_into_an_empty_out_dir_is_refused_if_another_used_it_meanwhile(tiny_data, tmp_path):
     from nanogpt_perf.errors import UserError
-    from nanogpt_perf.guard.admission import claim_out_dir
+    from nanogpt_perf.train.checkpoint import claim_out_dir
     from nanogpt_perf.train.parallel import Ranks
 
     out = tmp_path / "out"
-    waiting = plan_for(tiny_data, out, "--max_iters=2")  # admitted while out_dir is empty
+    seen = seen_at_start(out)  # admitted while out_dir is empty
     other = run_train(tiny_data, out, *SHORT, "--max_iters=2")  # another run starts, trains and ends there
     assert other.returncode == 0, other.stderr
     before = contents(out)
     with pytest.raises(UserError, match="holds an earlier run's checkpoints"):
-        claim_out_dir(waiting, Ranks(device="cpu"))
+        claim_out_dir(out, False, False, False, seen, Ranks(device="cpu"))
     assert contents(out) == before  # the other run's checkpoints and log as it left them, the lock released
 
 
 def test_a_resume_admitted_on_one_checkpoint_is_refused_if_another_run_saved_meanwhile(tiny_data, tmp_path):
     from nanogpt_perf.errors import UserError
-    from nanogpt_perf.guard.admission import claim_out_dir
+    from nanogpt_perf.train.checkpoint import claim_out_dir
     from nanogpt_perf.train.parallel import Ranks
 
     out = tmp_path / "out"
     assert run_train(tiny_data, out, *SHORT, "--max_iters=2").returncode == 0
-    waiting = plan_for(tiny_data, out, "--init_from=resume", "--max_iters=6")  # has read ckpt.pt at iter 2
+    seen = seen_at_start(out)  # a resume that has seen ckpt.pt at iter 2
     other = run_train(tiny_data, out, *SHORT, "--init_from=resume", "--max_iters=4")  # resumed and saved at iter 4
     assert other.returncode == 0, other.stderr
     with pytest.raises(UserError, match="changed while this run was starting"):
-        claim_out_dir(waiting, Ranks(device="cpu"))
+        claim_out_dir(out, True, False, False, seen, Ranks(device="cpu"))
     assert not (out / "train.lock").exists()
 
 
 def test_a_claim_on_an_unchanged_out_dir_takes_the_lock(tiny_data, tmp_path):
-    from nanogpt_perf.guard.admission import claim_out_dir
+    from nanogpt_perf.train.checkpoint import claim_out_dir
     from nanogpt_perf.train.parallel import Ranks
 
     out = tmp_path / "out"
-    lock = claim_out_dir(plan_for(tiny_data, out, "--max_iters=2"), Ranks(device="cpu"))
+    lock = claim_out_dir(out, False, False, False, seen_at_start(out), Ranks(device="cpu"))
     assert (out / "train.lock").is_file()
     lock.release()
 
@@ -380,7 +373,7 @@ def test_a_lock_that_is_a_fifo_never_blocks_a_release(tmp_path):
     code = f"""
 import os
 from pathlib import Path
-from nanogpt_perf.lock import OutDirLock
+from nanogpt_perf.guard.lock import OutDirLock
 lock = OutDirLock(Path({str(tmp_path)!r}))
 lock.claim()
 os.unlink(lock.path)

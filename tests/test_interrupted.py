@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_train, sigterm_at
+from nanogpt_perf.data.identity import BLOCK, SAMPLES, dataset_identity
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.shards import write_shard
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes
-from nanogpt_perf.guard.dataset import BLOCK, SAMPLES, dataset_identity, identity_change
-from nanogpt_perf.lock import LOCK_NAME
+from nanogpt_perf.guard.dataset import identity_change
+from nanogpt_perf.guard.lock import LOCK_NAME
 from nanogpt_perf.train.preemption import resume_command
 
 CPU = torch.device("cpu")
@@ -65,13 +66,13 @@ def environment(**changes: str) -> dict[str, str]:
         ("torch", "sample.py", ["--device=cpu"]),
         ("torch", "export.py", []),
         ("torch", "hellaswag.py", []),
-        ("torch", "benchmarks/generate.py", []),
-        ("torch", "benchmarks/loader.py", []),
-        ("configurator", "benchmarks/prepare.py", []),
+        ("torch", "lab/generate.py", []),
+        ("torch", "lab/loader.py", []),
+        ("configurator", "lab/prepare.py", []),
         ("numpy", "data/shakespeare_char/prepare.py", ["--help"]),
         ("numpy", "data/shakespeare/prepare.py", ["--help"]),
         ("configurator", "data/openwebtext/prepare.py", []),
-        ("matplotlib", "plot.py", ["{run}"]),
+        ("matplotlib", "lab/plot.py", ["{run}"]),
     ],
 )
 def test_ctrl_c_while_a_script_loads_is_one_line_and_status_130(module, script, args, tmp_path):
@@ -116,7 +117,7 @@ def test_sigterm_ends_the_loader_benchmark_through_its_temporary_folders_removal
     flags = ["--shards=2", "--shard_tokens=5000", "--batch_size=2", "--block_size=16", "--batches=2000"]
     env = environment(TMPDIR=str(tmp_path))
     flags.append("--repeats=1000")  # minutes in all: stopped after the first
-    returncode, output = signal_at("benchmarks/loader.py", *flags, line="run 1", sig=signal.SIGTERM, env=env)
+    returncode, output = signal_at("lab/loader.py", *flags, line="run 1", sig=signal.SIGTERM, env=env)
     assert returncode == 128 + signal.SIGTERM and "Traceback" not in output, output
     assert os.listdir(tmp_path) == []  # the synthetic shards went with their folder
 

@@ -1,12 +1,12 @@
 """The house's layout: imports point down through the layers, never up or round in a circle, and none hides in a
 string. model.py stands alone, torch only, importing nothing of the project when it is imported: the hand-written
 kernels below it (which import nothing of the project) only inside the function that needs one, when a setting asks
-for it (tests/test_standalone.py runs it copied alone). The package's core (errors, files, rules, the runtime and
-what measures it) imports only the model; data sits on the core and the guard's checks of paths and vocabularies;
-the guard room (nanogpt_perf/guard/) on data; training and generation on those, the guard's entry for train.py
-(guard/admission.py) on training; the performance
-lab, which times the training step, on top (training imports nothing from it); the configurator, which reads a
-script's command line, above the package (which never imports it); the scripts above it all."""
+for it (tests/test_standalone.py runs it copied alone). The basic modules (errors, files, config) import only one
+another; the guard (nanogpt_perf/guard/), which only checks, stands on them and the model's shape; the package's
+core (rules, the runtime and what measures it, the savers) on the guard; data on the core; training and generation
+on those; the performance lab, which times the training step, on top (training imports nothing from it); the
+configurator, which reads a script's command line, above the package (which never imports it); the scripts above
+it all."""
 
 import ast
 from pathlib import Path
@@ -17,17 +17,17 @@ from conftest import ROOT
 LAYERS = {
     "nanogpt_perf.kernels": -1,  # Triton kernels: torch and triton only
     "model": 0,
-    "nanogpt_perf": 1,  # the core: errors, files, rules, runtime, timing, memory, peak_flops, manifest, ...
-    "nanogpt_perf.guard.paths": 1.5,  # the guard's checks that settings' declarations and the data's readers call
-    "nanogpt_perf.guard.vocabulary": 1.5,
+    "nanogpt_perf.errors": 0.1,  # the basic modules: the one error type, files, settings' declarations
+    "nanogpt_perf.files": 0.2,
+    "nanogpt_perf.config": 0.2,
+    "nanogpt_perf.guard": 0.5,  # the guard: it only checks, on the basic modules (and the model's shape)
+    "nanogpt_perf": 1,  # the core: rules, runtime, timing, memory, peak_flops, manifest, the savers, ...
     "nanogpt_perf.data": 2,
-    "nanogpt_perf.guard": 3,  # the guard room: forensics on checkpoints, datasets, weights, the out_dir
     "nanogpt_perf.train": 4,
-    "nanogpt_perf.guard.admission": 4.5,  # the guard's entry for train.py: it prepares data and builds the model
     "nanogpt_perf.generate": 4,  # generation: the engine, speculative decoding, GGUF out
     "nanogpt_perf.speculative": 4.2,  # on the engine
     "nanogpt_perf.gguf_export": 4,
-    "nanogpt_perf.bench": 5,
+    "lab": 5,  # what measures: bench.py's library, the GPU suite
     "configurator": 6,  # a script's command line, over the core's rules and errors: the package never imports it
 }
 LIBRARY = [ROOT / "model.py", ROOT / "configurator.py", *sorted((ROOT / "nanogpt_perf").rglob("*.py"))]
@@ -89,7 +89,7 @@ def test_there_are_no_circular_imports():
 
 
 def test_no_import_hides_in_a_string():
-    sources = [*LIBRARY, *ROOT.glob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "data").rglob("*.py")]
+    sources = [*LIBRARY, *ROOT.glob("*.py"), *(ROOT / "lab").glob("*.py"), *(ROOT / "data").rglob("*.py")]
     hidden = [
         str(p.relative_to(ROOT)) for p in sources if "import_module(" in p.read_text() or "__import__(" in p.read_text()
     ]
@@ -97,9 +97,9 @@ def test_no_import_hides_in_a_string():
 
 
 def modules_of_the_house() -> list[str]:
-    """Every Python module a reader may open, as a path from the root: the scripts, the package, the benchmarks,
+    """Every Python module a reader may open, as a path from the root: the scripts, the package, the lab,
     the scripts/ tools and the datasets' preparers (not the tests, nor the config files)."""
-    folders = [ROOT.glob("*.py"), (ROOT / "nanogpt_perf").rglob("*.py"), (ROOT / "benchmarks").glob("*.py")]
+    folders = [ROOT.glob("*.py"), (ROOT / "nanogpt_perf").rglob("*.py"), (ROOT / "lab").glob("*.py")]
     folders += [(ROOT / "scripts").glob("*.py"), (ROOT / "data").rglob("*.py")]
     paths = [p.relative_to(ROOT).as_posix() for folder in folders for p in folder]
     return sorted(p for p in paths if not p.endswith("__init__.py"))
@@ -107,7 +107,7 @@ def modules_of_the_house() -> list[str]:
 
 def test_docs_architecture_names_every_module():
     """A row of its table names the module: its path, or its file's name in a row that names its folder
-    (`benchmarks/generate.py`, `loader.py`; `data/*/prepare.py` for every dataset's)."""
+    (`lab/generate.py`, `loader.py`; `data/*/prepare.py` for every dataset's)."""
     rows = [line for line in (ROOT / "docs" / "architecture.md").read_text().splitlines() if line.startswith("|")]
     cells = [row.split("|")[1] for row in rows if row.count("|") >= 3]
 

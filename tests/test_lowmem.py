@@ -15,9 +15,9 @@ import torch
 
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.guard.lowmem import check_lowmem_state
 from nanogpt_perf.in_backward import OptimizerInBackward
 from nanogpt_perf.lowmem import LowMemConfig, cast_weights, lowmem_rules, offload_rules
+from nanogpt_perf.lowmem_state import check_saved_state
 from nanogpt_perf.memory import storage_bytes, training_state_bytes
 from nanogpt_perf.optim import MuonAdamW, OptimConfig, build_optimizer, optimizer_rules, set_lr
 from nanogpt_perf.runtime import Runtime
@@ -354,7 +354,7 @@ def test_a_corrupt_or_foreign_low_bit_state_is_one_error_line_and_loads_nothing(
     before = saved(model, optim)["optimizer"]
     spoil(state)
     with pytest.raises(UserError) as error:  # as train/checkpoint.restore_training checks it before loading
-        check_lowmem_state(optim, state)
+        check_saved_state(optim, state)
     assert words in str(error.value) and "\n" not in str(error.value)
     assert str(error.value).startswith("the checkpoint's optimizer state ")
     assert same(saved(model, optim)["optimizer"], before)
@@ -375,7 +375,7 @@ def test_a_state_of_another_precision_is_refused_in_one_line(source, words):
     state = saved(model, other)["optimizer"]
     _, optim, _ = eight_bit_checkpoint()
     with pytest.raises(UserError, match=words):
-        check_lowmem_state(optim, state)
+        check_saved_state(optim, state)
 
 
 # --- refusals ----------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from nanogpt_perf.config import setting
 from nanogpt_perf.data.order import DATA_ORDERS, RandomWindows, Window, window_order
 from nanogpt_perf.data.shards import TokenFile, split_files
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.runtime import host_memory_bytes
+from nanogpt_perf.files import host_memory_bytes
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -2,19 +2,28 @@
 is corrupt (scales not finite, codes of another shape), foreign (a Tensor subclass, which our checkpoints never
 hold), or of another precision than this run keeps is one error line, before anything is loaded."""
 
+from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.lowmem_state import ENCODED_KEYS, LOWBIT, expected_state, saved_params
+
+LOWBIT = "lowbit"  # the key of an encoded low-bit state: its bits
+ENCODED_KEYS = {LOWBIT, "signed", "codes", "scale"}
 
 
-def check_lowmem_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
-    """A UserError unless state_dict is a state this optimizer keeps: each parameter's entries against
-    expected_state on the meta device (names, precision, shapes, dtypes), low-bit scales finite and >= 0,
-    no Tensor subclass (a foreign file's); the checks below raise ValueError, told with the parameter."""
+def check_lowmem_state(
+    state_dict: Any,
+    param_groups: list[list[torch.Tensor]],
+    expected_state: Callable[[torch.Tensor], dict[str, Any]],
+) -> None:
+    """A UserError unless state_dict is the state an optimizer of these parameter groups keeps: each
+    parameter's entries against expected_state(p) (names, precision, shapes, dtypes; on the meta device),
+    low-bit scales finite and >= 0, no Tensor subclass (a foreign file's). Saved parameters pair with
+    these group by group, in order, as torch.optim.Optimizer.load_state_dict pairs them."""
     fail = lambda why: UserError(f"the checkpoint's optimizer state {why}")  # noqa: E731
     group = lambda g: isinstance(g, dict) and type(g.get("params")) is list  # noqa: E731
     state_dict = state_dict if isinstance(state_dict, dict) else {}
@@ -22,13 +31,14 @@ def check_lowmem_state(optimizer: torch.optim.Optimizer, state_dict: Any) -> Non
     if not (isinstance(state_dict.get("state"), dict) and isinstance(groups, list) and all(map(group, groups))):
         raise fail("is not an optimizer's state dict (state and param_groups)")
     saved = [len(g["params"]) for g in groups]
-    mine = [len(g["params"]) for g in optimizer.param_groups]
+    mine = [len(params) for params in param_groups]
     if saved != mine:
         raise fail(f"has groups of {saved} parameters, this optimizer's are of {mine}")
-    for index, (saved_id, p) in enumerate(saved_params(optimizer, state_dict)):
+    saved_ids = chain.from_iterable(g["params"] for g in groups)
+    for index, (saved_id, p) in enumerate(zip(saved_ids, chain.from_iterable(param_groups), strict=False)):
         if (entries := state_dict["state"].get(saved_id)) is not None:
             try:
-                check_entries(entries, expected_state(optimizer, p, "meta"))
+                check_entries(entries, expected_state(p))
             except ValueError as e:
                 raise fail(f"for parameter {index} {tuple(p.shape)} {e}") from None
 

@@ -1,4 +1,4 @@
-"""An out_dir belongs to one run: its lock (nanogpt_perf/lock.py) and the checks around it.
+"""An out_dir belongs to one run: its lock (nanogpt_perf/guard/lock.py) and the checks around it.
 
 A scratch run (init_from=scratch, GPT-2's weights or a transformers folder, eval_only alike) into an out_dir that
 holds checkpoints is refused unless overwrite=True, which deletes the earlier run's checkpoints and log first: kept,
@@ -6,7 +6,7 @@ they would mix with the new run's (keep_last keeps the highest iterations, which
 ckpt-best.pt would point at either).
 
 admit_out_dir writes nothing but a probe it removes at once (the one sure test that a folder can be written:
-/proc, a read-only mount or a full quota pass os.access); claim_out_dir (admission.py) checks again under the
+/proc, a read-only mount or a full quota pass os.access); claim_out_dir (train/checkpoint.py) checks again under the
 lock, where a run admitted beside another that has since used the out_dir is refused.
 
 An out_dir that is a link to a folder elsewhere is taken as that folder (a link to a larger disk is common); the
@@ -24,7 +24,7 @@ from pathlib import Path
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import REASONS, file_kind
 from nanogpt_perf.guard.checkpoint import saved_iterations
-from nanogpt_perf.lock import LOCK_NAME, check_lock, read_holder
+from nanogpt_perf.guard.lock import LOCK_NAME, check_lock, read_holder
 
 # what a run leaves in out_dir besides its checkpoints, deleted with them by overwrite=True (manifest.json is
 # rewritten at the start of every run)
@@ -50,7 +50,7 @@ def run_files(out_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
 
 
 def check_unchanged(out_dir: Path, seen: tuple) -> None:
-    """A UserError when out_dir's run files are not seen, run_files(out_dir) as admission found them."""
+    """A UserError when out_dir's run files are not seen, run_files(out_dir) as train.py's start saw them."""
     if (now := run_files(out_dir)) != seen:
         changed = sorted({f[0] for f in set(now) ^ set(seen)})
         raise UserError(

@@ -121,3 +121,9 @@ def check_same_vocabulary(model_spec: dict[str, Any], data_spec: dict[str, Any],
         f"the model folder's vocabulary ({len(model_spec['itos'])} characters, its {VOCABULARY_FILE}) is not dataset "
         f"{dataset}'s ({theirs}): its token ids would mean other characters"
     )
+
+
+def check_hellaswag_tokens(tokenizer: str, characters: bool, parallelism: str, distributed: bool) -> None:
+    """HellaSwag is scored in GPT-2's tokens, on whole models (not FSDP's shards)."""
+    if characters or parallelism == "fsdp" and distributed:
+        raise UserError(f"hellaswag_interval needs GPT-2's tokens and no FSDP, not {tokenizer} with {parallelism}")

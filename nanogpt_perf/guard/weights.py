@@ -1,9 +1,8 @@
-"""Forensics on GPT-2's weights from elsewhere: a hub name or a folder in transformers' format, checked before
-anything is built (its config.json of GPT-2's shape and computation, its weights' names and shapes read without
-loading them); then loaded, with one line for whatever still fails (no transformers, no network, unreadable
-weights). And the folder an export may replace."""
+"""Forensics on GPT-2's weights from elsewhere: a folder in transformers' format, checked before anything is
+built (its config.json of GPT-2's shape and computation, its weights' names and shapes read without loading
+them; nanogpt_perf/gpt2_weights.py loads it); a model's size against this machine's memory; and the folder an
+export may replace."""
 
-import importlib.util
 import json
 from collections.abc import Callable
 from fnmatch import fnmatch
@@ -12,35 +11,16 @@ from typing import Any
 
 import torch
 
-from model import GPT, GPTConfig
+from model import ARCHITECTURE, RECIPE_ARCHITECTURE, GPTConfig, fields_of_kind
 from nanogpt_perf.errors import UserError, first_line, shown
-from nanogpt_perf.files import MISSING, ReadFailed, file_kind, read_file
-from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, from_pretrained
+from nanogpt_perf.files import MISSING, ReadFailed, file_kind, host_memory_bytes, read_file
 from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE
-from nanogpt_perf.memory import model_size_problem
 
 Fail = Callable[[str], UserError]
 Shapes = dict[str, tuple[int, ...]]  # a weight's shape by its name
 # what save_pretrained writes (large weights in shards) and the vocabulary: all that an export replaces
 EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", VOCABULARY_FILE)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the one read: the first there
-
-
-def load_gpt2(name_or_path: str, **overrides: Any) -> GPT:
-    """GPT.from_pretrained, one UserError line for what fails (no such folder or hub name, a folder this
-    model cannot be, no transformers or network); overrides: GPTConfig fields the weights leave free."""
-    folder = Path(name_or_path)
-    if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
-        raise UserError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
-    if importlib.util.find_spec("transformers") is None:
-        raise UserError(f"loading {name_or_path} needs transformers: pip install -e '.[hf]'")
-    if folder.is_dir():
-        check_hf_folder(folder, lambda why: UserError(f"{folder} is not a GPT-2 folder in transformers' format: {why}"))
-    try:
-        return from_pretrained(name_or_path, **overrides)
-    except Exception as e:  # no network, hub down, unreadable weights: one line, not transformers' traceback
-        how = "" if folder.is_dir() else " from the Hugging Face hub"
-        raise UserError(f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}") from e
 
 
 def check_export_target(folder: Path) -> None:
@@ -155,3 +135,50 @@ def expected_shapes(config: dict[str, Any]) -> Shapes:
     shapes = {"wte.weight": (config["vocab_size"], d), "wpe.weight": (config["n_positions"], d)}
     shapes |= {f"h.{i}.{name}": shape for i in range(config["n_layer"]) for name, shape in block.items()}
     return shapes | {"ln_f.weight": (d,), "ln_f.bias": (d,)}
+
+
+def model_size_problem(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> str | None:
+    """Why a GPT of this shape cannot be built here (its float32 weights alone outweigh this machine's memory),
+    or None: an absurd size is one error line, not an allocation failure or hours of building layers."""
+    params = n_layer * 12 * n_embd**2 + (vocab_size + block_size) * n_embd  # the blocks, the embeddings
+    memory = host_memory_bytes()
+    if memory is None or 4 * params <= memory:
+        return None
+    return (
+        f"a GPT of n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size} has "
+        f"about {params:.3g} parameters, {4 * params / 1e9:,.0f} GB in float32: more than this machine's "
+        f"{memory / 1e9:,.0f} GB of memory"
+    )
+
+
+def check_pretrained_settings(settings: GPTConfig, name: str) -> None:
+    """A UserError where the settings ask GPT-2's weights for an architecture of the recipe's."""
+    default = lambda k: GPTConfig.__dataclass_fields__[k].default  # noqa: E731
+    if recipe := [k for k in RECIPE_ARCHITECTURE if getattr(settings, k) != default(k)]:
+        raise UserError(f"init_from={name}: GPT-2's weights fix its architecture; drop {', '.join(recipe)}")
+
+
+def check_fits_model(
+    settings: GPTConfig, given: frozenset[str], weights: GPTConfig, source: str, dataset: str, vocab_size: int
+) -> None:
+    """A UserError where the model loaded from source (a checkpoint, GPT-2's weights) cannot be the one the
+    settings describe: block_size beyond its own (a smaller one crops it), a dataset of more tokens than its
+    vocabulary; for GPT-2's weights a setting given that they lack (architecture) or loading skips (an
+    initialisation): the run would train one model and record another."""
+    if source != "checkpoint":
+        differs = lambda k: k in given and getattr(settings, k) != getattr(weights, k)  # noqa: E731
+        shape = [k for k in ARCHITECTURE if k != "block_size" and differs(k)]
+        init = [k for k in fields_of_kind("init") if differs(k)]
+        if shape or init:
+            asked = ", ".join(f"{k}={getattr(settings, k)!r}" for k in shape + init)
+            theirs = [f"{k}={getattr(weights, k)!r}" for k in shape] + [f"{k} not applied" for k in init]
+            raise UserError(
+                f"init_from={source}: the weights fix {', '.join(theirs)}, not {asked}: drop them, or train "
+                "from scratch"
+            )
+    if settings.block_size > weights.block_size:
+        raise UserError(f"block_size={settings.block_size} is larger than the {source}'s {weights.block_size}")
+    if vocab_size > weights.vocab_size:
+        raise UserError(
+            f"dataset {dataset} has {vocab_size} tokens, more than the {source}'s vocabulary of {weights.vocab_size}"
+        )

@@ -124,6 +124,8 @@ def step_shape(cfg: Config, world_size: int, choose: Callable[[int], int]) -> tu
     if not tokens:
         if batch == "auto":
             raise UserError("batch_size='auto' needs tokens_per_iter, the tokens of one optimizer step (e.g. 491520)")
+        if accumulation % world_size:
+            raise UserError(f"gradient_accumulation_steps={accumulation} is not divisible by {world_size} ranks")
         return batch, accumulation
     if "gradient_accumulation_steps" in cfg.given:
         raise UserError(

@@ -13,10 +13,10 @@ from model import GPT, GPTConfig
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.errors import UserError
+from nanogpt_perf.guard.weights import model_size_problem
 from nanogpt_perf.in_backward import OptimizerInBackward
 from nanogpt_perf.kernels import triton_problem
 from nanogpt_perf.lowmem import LowMemConfig, cast_weights, lowmem_rules
-from nanogpt_perf.memory import model_size_problem
 from nanogpt_perf.optim import build_optimizer
 from nanogpt_perf.runtime import Runtime, resolve_device
 from nanogpt_perf.train.parallel import unwrap, wrap_model

@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from model import ARCHITECTURE, RECIPE_ARCHITECTURE
 from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.files import write_atomically, write_through_path
 from nanogpt_perf.guard.checkpoint import ARCHITECTURE_DEFAULTS, saved_iterations
-from nanogpt_perf.guard.lowmem import check_lowmem_state
-from nanogpt_perf.lowmem_state import has_state_codec
-from nanogpt_perf.train.parallel import Ranks, load_full_state
+from nanogpt_perf.guard.lock import OutDirLock
+from nanogpt_perf.guard.out_dir import check_no_earlier_run, check_unchanged, run_paths
+from nanogpt_perf.lowmem_state import check_saved_state, has_state_codec
+from nanogpt_perf.train.parallel import Ranks, close, load_full_state
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
@@ -58,7 +60,7 @@ def training_state(**state: Any) -> dict[str, Any]:
     """What a training checkpoint holds, as plain data (loadable with weights_only): model (the plain state dict),
     optimizer, scaler, model_args (the GPTConfig), iter_num, best_val_loss, config (every setting), tokenizer (so
     that sample.py and export.py need no data folder), ranks (each rank's generators and loader position) and
-    data_identity (the dataset's files as the run found them: nanogpt_perf/guard/dataset.py). A
+    data_identity (the dataset's files as the run found them: nanogpt_perf/data/identity.py). A
     checkpoint of nanoGPT's has the first six of these but the scaler."""
     if set(state) != set(CHECKPOINT_KEYS):
         raise TypeError(f"a training checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}")
@@ -89,7 +91,7 @@ def restore_training(
     saved = checkpoint.get("ranks") or [None]
     assert len(saved) == ranks.world_size, "the guard counts the ranks first (guard/checkpoint.py's check_ranks)"
     if has_state_codec(optimizer):  # a low-bit state: checked whole before any of it is loaded
-        check_lowmem_state(optimizer, checkpoint["optimizer"])
+        check_saved_state(optimizer, checkpoint["optimizer"])
     try:
         load_full_state(model, optimizer, None, checkpoint["optimizer"])
         if checkpoint.get("scaler"):
@@ -103,3 +105,38 @@ def restore_training(
         batches.load_state_dict(mine["data"])  # before the step fetches its first batch
     best = float(checkpoint["best_val_loss"])  # nanoGPT saves a 0-d tensor
     return checkpoint["iter_num"], best, mine["rng"] if mine else None
+
+
+def claim_out_dir(
+    out_dir: Path, resuming: bool, overwrite: bool, eval_only: bool, seen: tuple | None, ranks: Ranks
+) -> OutDirLock | None:
+    """Rank 0 takes out_dir's lock, checks under it that out_dir is still as it was seen before the run started
+    (another run may have used it and ended meanwhile) and, for a new run with overwrite=True, deletes the earlier
+    run's files, saying so. Under DDP every rank learns whether it did and, when not, they all stop with rank 0's
+    line: a rank left waiting at its next collective would hang until torchrun's timeout."""
+    lock, problem, replace_earlier = None, None, overwrite and not resuming
+    if ranks.master:
+        lock = OutDirLock(out_dir)
+        try:
+            lock.claim()
+            if not resuming and not overwrite:
+                check_no_earlier_run(out_dir, eval_only)
+            if not replace_earlier:
+                check_unchanged(out_dir, seen)
+        except UserError as e:
+            lock.release()
+            problem = str(e)
+        if problem is None and replace_earlier and (earlier := run_paths(out_dir)):
+            for path in earlier:
+                path.unlink()
+            names = ", ".join(p.name for p in earlier)
+            print(f"overwrite=True: deleted the earlier run's {names} from {out_dir}", flush=True)
+    if ranks.distributed:
+        said = [problem]
+        dist.broadcast_object_list(said, src=0)
+        problem = said[0]
+        if problem:
+            close()  # together: gloo aborts a process that exits with its process group still up
+    if problem:
+        raise UserError(problem)  # every rank, with rank 0's line
+    return lock

@@ -89,6 +89,19 @@ class Progress:
         )
 
 
+def import_wandb(wandb_log: bool, master: bool) -> ModuleType | None:
+    """wandb, where wandb_log asks for it (rank 0): imported before the run writes anything (the last check)."""
+    if not (wandb_log and master):
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise UserError(
+            "wandb_log=True needs wandb: pip install wandb (WANDB_MODE=offline works with no network)"
+        ) from None
+    return wandb
+
+
 class RunLog:
     """The records of a run: printed, appended to out_dir/log.jsonl and sent to wandb (import_wandb's) when asked;
     on rank 0 only (master=False: nothing at all).

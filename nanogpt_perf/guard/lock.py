@@ -110,7 +110,7 @@ class OutDirLock:
         """Take the lock (a dead process's taken over, saying so), or a UserError saying why not."""
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # a link to nothing, a file in the way (admission says so first)
+        except OSError as e:  # a link to nothing, a file in the way (admit_out_dir says so first)
             why = REASONS.get(e.errno, e)
             raise UserError(f"out_dir {self.out_dir} cannot be made: {why}") from None
         for _ in range(3):  # a stale lock taken over, or a race lost to another run taking one over
