@@ -13,7 +13,7 @@ where the time goes.
 Each timed iteration is bracketed by device synchronisations; burn_in iterations (the first includes compilation,
 allocator and kernel warm-up) are timed apart and left out of the median. What is timed is the training step that
 train.py runs (nanogpt_perf/train/step.py), built from the same settings; the measuring lives in
-nanogpt_perf/bench/measure.py.
+lab/bench_measure.py.
 """
 
 from nanogpt_perf.errors import report_errors
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from configurator import configure, sweep_values
+from lab.bench_cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
+from lab.bench_fit import check_budget, family, in_a_fresh_process, largest_model, parameters
+from lab.bench_measure import add_speedups, run_case
+from lab.bench_regression import compare_results, comparison_table, load_results, machine_difference, verdict
+from lab.bench_report import beside, report, write_outputs
 from model import GPTConfig
-from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
-from nanogpt_perf.bench.fit import check_budget, family, in_a_fresh_process, largest_model, parameters
-from nanogpt_perf.bench.measure import add_speedups, run_case
-from nanogpt_perf.bench.regression import compare_results, comparison_table, load_results, machine_difference, verdict
-from nanogpt_perf.bench.report import beside, report, write_outputs
 from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
 from nanogpt_perf.data.loader import LoaderConfig, SyntheticBatches, TokenBatches
@@ -188,7 +188,7 @@ if find_max_batch:
 
     largest = largest_fitting(fits, limit=16384)
     print(f"largest batch_size that fits: {largest} (x {cfg.block_size} tokens, compile={cfg.compile})")
-elif cfg.fit_memory_gb:  # one step of each size tried (nanogpt_perf/bench/fit.py)
+elif cfg.fit_memory_gb:  # one step of each size tried (lab/bench_fit.py)
     one_step = lambda c: run_case(c, **(measure_args | {"steps": 1, "burn_in": 1}))  # noqa: E731
     one_step = in_a_fresh_process(sys.argv) if runtime.device_type == "cpu" else one_step
     say = lambda line: print(line, flush=True)  # noqa: E731

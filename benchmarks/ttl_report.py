@@ -11,7 +11,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
-from nanogpt_perf.bench.report import fmt, markdown_table
+from lab.bench_report import fmt, markdown_table
 from nanogpt_perf.charts import NO_MATPLOTLIB, close, figure, save
 
 

@@ -371,7 +371,7 @@ def summary_table(doc: dict[str, Any]) -> str:
     """Every row so far, as a Markdown table: figures, or the status and its reason."""
     if not doc["rows"]:
         return "(no results yet)"
-    from nanogpt_perf.bench.report import fmt, markdown_table  # imports torch: only once the sub-runs are done
+    from lab.bench_report import fmt, markdown_table  # imports torch: only once the sub-runs are done
 
     lines = []
     for r in doc["rows"]:

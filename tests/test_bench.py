@@ -10,10 +10,10 @@ import torch
 
 from configurator import sweep_values
 from conftest import ROOT, SMALL, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
+from lab.bench_cases import NOT_MEASURED, Case, ladder_cases, largest_fitting, most_tries
+from lab.bench_measure import FIGURES, run_case
+from lab.bench_regression import compare_results, verdict
 from model import GPT, GPTConfig
-from nanogpt_perf.bench.cases import NOT_MEASURED, Case, ladder_cases, largest_fitting, most_tries
-from nanogpt_perf.bench.measure import FIGURES, run_case
-from nanogpt_perf.bench.regression import compare_results, verdict
 from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.manifest import git_state, gpu_driver_version

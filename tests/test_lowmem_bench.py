@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
-from nanogpt_perf.bench.cases import Case, most_tries
-from nanogpt_perf.bench.fit import family, largest_model, most_layers, parameters
-from nanogpt_perf.bench.measure import result, run_case
-from nanogpt_perf.bench.report import MEMORY_PARTS
+from lab.bench_cases import Case, most_tries
+from lab.bench_fit import family, largest_model, most_layers, parameters
+from lab.bench_measure import result, run_case
+from lab.bench_report import MEMORY_PARTS
 from nanogpt_perf.config import declared
 from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.runtime import host_memory_bytes

@@ -152,7 +152,7 @@ def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(
     from gpu_suite_io import write_chart as gpu_chart
 
     from benchmarks.ttl_report import write_chart as ttl_chart
-    from nanogpt_perf.bench.report import write_chart as bench_chart
+    from lab.charts import bench_bars as bench_chart
     from nanogpt_perf.charts import NO_MATPLOTLIB
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.bench.cases import Case, largest_fitting, most_tries
-from nanogpt_perf.bench.measure import result
+from lab.bench_cases import Case, largest_fitting, most_tries
+from lab.bench_measure import result
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.optim import OPTIMIZERS
 from nanogpt_perf.train.build import model_config

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.bench.report import fmt, markdown_table
+from lab.bench_report import fmt, markdown_table
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import read_file
 

@@ -6,8 +6,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from nanogpt_perf.bench.measure import FIGURES
-from nanogpt_perf.charts import NO_MATPLOTLIB, figure, save
+from lab.bench_measure import FIGURES
+from lab.charts import bench_bars
 from nanogpt_perf.files import write_json, write_text
 from nanogpt_perf.timing import PHASES
 
@@ -135,26 +135,5 @@ def write_outputs(out_json: Path, doc: dict[str, Any]) -> list[str]:
             + [doc["manifest"][k] for k in CSV_MANIFEST]
         )
     write_text(csv_path, rows.getvalue())
-    return [f"wrote {out_json}", f"wrote {csv_path}", write_chart(out_json.with_suffix(".png"), doc)]
+    return [f"wrote {out_json}", f"wrote {csv_path}", bench_bars(out_json.with_suffix(".png"), doc)]
 
-
-def write_chart(path: Path, doc: dict[str, Any]) -> str:
-    """A horizontal bar per result: median ms/iter with a whisker to p90, labelled with the speed-up."""
-    results, m = doc["results"], doc["manifest"]
-    if (made := figure(figsize=(9, 1.5 + 0.45 * len(results)))) is None:
-        return NO_MATPLOTLIB
-    fig, ax = made
-    median = [r["ms_median"] or 0.0 for r in results]
-    p90 = [(r["ms_p90"] or 0.0) - (r["ms_median"] or 0.0) for r in results]
-    ax.barh(range(len(results)), median, xerr=[[0] * len(results), p90], color="tab:blue", capsize=3)
-    for i, r in enumerate(results):
-        label = f" {r['ms_median']:,.1f} ms ({r['speedup_first']:.2f}x)" if r["status"] == "ok" else f" {r['status']}"
-        ax.text(median[i] + p90[i], i, label, va="center", fontsize=8)
-    ax.set_yticks(range(len(results)), [r["name"] for r in results], fontsize=8)
-    ax.invert_yaxis()
-    ax.margins(x=0.3)  # room for the labels right of the longest bar
-    ax.set_xlabel("ms per iteration (median, whisker to p90; lower is better)")
-    dirty = "+dirty" if m["git_dirty"] else ""
-    ax.set_title(f"{doc['kind']}: {m['device_name']}, torch {m['torch']}, {m['git_commit'][:10]}{dirty}", fontsize=9)
-    fig.tight_layout()
-    return save(fig, path, dpi=120)

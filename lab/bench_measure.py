@@ -13,11 +13,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nanogpt_perf.bench.cases import Case
+from lab.bench_cases import Case
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.errors import first_line
 from nanogpt_perf.files import write_through_path
-from nanogpt_perf.lowmem import LowMemConfig
 from nanogpt_perf.memory import (
     held_memory_bytes,
     memory_by_part,
@@ -165,7 +164,7 @@ def measure(
         times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
     peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
     memory = memory_by_part(step, model, optimizer, runtime.device, baseline)  # one more step, its bytes by part
-    arithmetic = state_arithmetic(model, s.optim, s.lowmem if "weights_dtype" in s else LowMemConfig())
+    arithmetic = state_arithmetic(model, s.optim, s.lowmem)
     n = arithmetic.pop("params")
     manual = s.attention == "manual"
     kernel = "manual (matmul + softmax)" if manual else sdpa_kernel_that_ran(step, runtime.device)
