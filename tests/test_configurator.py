@@ -226,9 +226,7 @@ SCRIPTS = [
     "benchmarks/muon.py",
     "benchmarks/prepare.py",
     "benchmarks/time_to_loss.py",
-    "scripts/soak.py",
-    "scripts/gloo_soak.py",
-    "scripts/preemption_check.py",
+    "lab/soak.py",
     "data/openwebtext/prepare.py",
     "data/fineweb/prepare.py",
 ]
@@ -441,8 +439,7 @@ BOUNDED = [
     ("benchmarks/prepare.py", "repeats", 1_000),
     ("benchmarks/time_to_loss.py", "seeds", 1_000),
     ("benchmarks/time_to_loss.py", "eval_iters", 1_000_000),
-    ("scripts/soak.py", "kills", 10_000),
-    ("scripts/gloo_soak.py", "rounds", 10_000),
+    ("lab/soak.py", "kills", 10_000),
 ]
 
 

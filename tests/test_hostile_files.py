@@ -811,7 +811,6 @@ MISSING_INPUTS = [
     ("lab/prepare.py", f"--input={NOWHERE}.jsonl"),
     ("lab/time_to_loss.py", f"--configs={NOWHERE}.py"),
     ("lab/ttl_data.py", f"--text={NOWHERE}.txt --name=x --data_dir={NOWHERE}"),
-    ("scripts/gloo_soak.py", f"--root={NOWHERE}"),
     ("hellaswag.py", f"--file={NOWHERE}.jsonl --init_from=gpt2"),
     ("lab/plot.py", NOWHERE),
     ("bench.py", f"--compare={NOWHERE}.json --baseline={NOWHERE}.json"),

@@ -414,8 +414,7 @@ def test_inf_is_taken_where_it_means_no_limit_and_nan_nowhere():
 ENTRY_SCRIPTS = [
     "train.py", "bench.py", "sample.py", "export.py", "hellaswag.py", "plot.py", "benchmarks/generate.py",
     "benchmarks/loader.py", "benchmarks/losses.py", "benchmarks/muon.py", "benchmarks/prepare.py",
-    "benchmarks/time_to_loss.py", "benchmarks/ttl_data.py", "scripts/gpu_suite.py", "scripts/soak.py",
-    "scripts/preemption_check.py",
+    "benchmarks/time_to_loss.py", "benchmarks/ttl_data.py", "scripts/gpu_suite.py", "lab/soak.py",
 ]  # fmt: skip
 
 

@@ -3,8 +3,8 @@ Soak test of resumption (not in CI: about two minutes): train a tiny model, SIGK
 during checkpoint writes: it saves every step), resume it each time, and check that no checkpoint was ever
 unreadable and that the final weights equal those of a run never interrupted.
 
-    python scripts/soak.py                  # 20 kills
-    python scripts/soak.py --kills=50 --seed=3
+    python lab/soak.py                  # 20 kills
+    python lab/soak.py --kills=50 --seed=3
 """
 
 import random
@@ -27,7 +27,7 @@ from nanogpt_perf.guard.checkpoint import NotWhole, check_whole  # noqa: E402
 # -----------------------------------------------------------------------------
 @dataclass
 class SoakConfig:
-    """Settings of scripts/soak.py: the kills and the run they interrupt"""
+    """Settings of lab/soak.py: the kills and the run they interrupt"""
 
     kills: int = setting(20, "SIGKILLs, each followed by a resume; at most 10,000", min=1, max=10_000)
     max_iters: int = setting(3000, "the run's length (it saves every step)", min=1)
