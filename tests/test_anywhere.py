@@ -13,12 +13,14 @@ MODULES = (
     "model.py",
     "configurator.py",
     "ttl_configs.py",
+    "__init__.py",
+    "charts.py",
     "gpu_suite_io.py",
     "gpu_suite_args.py",
     "gpu_suite_run.py",
 )  # no scripts
 ENTRY = sorted(
-    str(p.relative_to(ROOT)) for pattern in ("*.py", "benchmarks/*.py", "scripts/*.py", "data/*/prepare.py")
+    str(p.relative_to(ROOT)) for pattern in ("*.py", "lab/*.py", "scripts/*.py", "data/*/prepare.py")
     for p in ROOT.glob(pattern) if p.name not in MODULES
 )  # fmt: skip
 
@@ -56,6 +58,6 @@ def test_every_entry_script_says_its_usage_from_another_folder(tmp_path):
     assert len(ENTRY) >= 25 and set(results) == set(ENTRY)
     for script, (code, out, err) in results.items():
         assert "Traceback" not in err, f"{script}: {err}"
-        module = err.strip().startswith("error: ") and "is a module of" in err  # benchmarks/ttl_*.py's modules
+        module = err.strip().startswith("error: ") and "is a module of" in err  # lab/ttl_*.py's modules
         assert (code == 0 and out.strip()) or module, f"{script} exits {code}: {err}"
     assert not list(tmp_path.iterdir()), "a script wrote into the folder it was run from"

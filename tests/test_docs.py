@@ -25,7 +25,7 @@ def test_settings_tables_are_the_declarations():
 
 # a file named by a path from the root (or from the package, as docs/architecture.md names its modules), or by its
 # name alone; placeholders (data/NAME/...), globs and what runs write under data/ are not files of the checkout
-FOLDERS = ("nanogpt_perf", "docs", "config", "data", "benchmarks", "scripts", "tests", "train", "bench", "kernels")
+FOLDERS = ("nanogpt_perf", "docs", "config", "data", "lab", "scripts", "tests", "train", "bench", "kernels")
 PATH = re.compile(r"(?<![\w/.~$-])((?:" + "|".join(FOLDERS) + r")/[\w./*-]*[\w/])")
 BARE = re.compile(r"(?<![\w/.~$*-])([a-z_]\w*\.(?:py|md|sh|toml))\b")
 LINK = re.compile(r"\]\(([^)#\s]+)\)")
@@ -111,8 +111,8 @@ def parse(script: str, args: list[str], tmp_path: Path, monkeypatch) -> None:
 
         parse_args("the GPU suite", ["train", "bench", "generate"])
         return
-    if script == "benchmarks/ttl_data.py":
-        from benchmarks.ttl_data import BUILT_IN
+    if script == "lab/ttl_data.py":
+        from lab.ttl_data import BUILT_IN
 
         assert set(args) <= set(BUILT_IN), args
         return

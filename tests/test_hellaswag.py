@@ -129,7 +129,7 @@ def test_train_py_scores_it_periodically_and_two_ranks_count_as_one(official_fil
         runs[ranks] = [r for r in records if "hellaswag_acc" in r]
     assert [r["iter"] for r in runs[1]] == [0, 2] and all(r["hellaswag_examples"] == 5 for r in runs[1])
     assert runs[2][0] == runs[1][0]  # the same weights at iter 0: 3 examples on one rank, 2 on the other, summed
-    plot = run_script("plot.py", str(tmp_path / "out1"))
+    plot = run_script("lab/plot.py", str(tmp_path / "out1"))
     assert plot.returncode == 0 and (tmp_path / "out1" / "curves.png").is_file()
     chars = refuse_train(tiny_data, tmp_path / "chars", "--hellaswag_interval=1")  # a character vocabulary
     assert_one_line_error(chars, "hellaswag_interval needs GPT-2's tokens")

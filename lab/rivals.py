@@ -1,4 +1,4 @@
-"""What a user would run instead, on our weights, for benchmarks/generate.py's interleaved rounds: llama.cpp
+"""What a user would run instead, on our weights, for lab/generate.py's interleaved rounds: llama.cpp
 (llama-cpp-python, reading a GGUF file written by export.py's writer) and transformers' GPT-2 (its generate, with
 its KV cache). Each runner decodes greedily one token at a time from the same prompt and gives back
 (seconds to the first token, new tokens per second, bytes read per token); None when its package is missing."""
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 if __name__ == "__main__":  # before the project's imports, which only generate.py's sys.path finds
-    raise SystemExit("error: rivals.py is a module of benchmarks/generate.py: run that one (--help)")
+    raise SystemExit("error: rivals.py is a module of lab/generate.py: run that one (--help)")
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import quiet_loggers
 
 Runner = Callable[[], tuple[float, float, float]]
-# our weights' names in benchmarks/generate.py -> the GGUF file type llama.cpp reads them from
+# our weights' names in lab/generate.py -> the GGUF file type llama.cpp reads them from
 LLAMA_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "q8_0", "int4": "q4_0"}
 LLAMA_CACHE_BYTES = 2  # llama.cpp's KV cache holds float16 keys and values by default
 

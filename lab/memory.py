@@ -3,10 +3,10 @@ training state by part (weights, gradients at their fullest, optimizer state; ex
 tensors' storages) and a whole step's peak rise, each configuration in a fresh process; and, with
 time=True, each saver's CPU time per step at a small size.
 
-    python benchmarks/memory.py                    # 124M (12 x 768) and 350M (24 x 1024), every one
-    python benchmarks/memory.py --sizes=124M --configs=adamw,adamw-bf16-8bit
-    python benchmarks/memory.py --time=True --rounds=7   # ms per step at 4 x 256, interleaved
-    python benchmarks/memory.py --state_only=True        # the state's bytes alone, no forward
+    python lab/memory.py                    # 124M (12 x 768) and 350M (24 x 1024), every one
+    python lab/memory.py --sizes=124M --configs=adamw,adamw-bf16-8bit
+    python lab/memory.py --time=True --rounds=7   # ms per step at 4 x 256, interleaved
+    python lab/memory.py --state_only=True        # the state's bytes alone, no forward
 
 The peak rise is the step's process peak less what the process held before the model was built
 (the interpreter, torch and torchao loaded). The process peak: on CUDA the caching allocator's peak
@@ -67,7 +67,7 @@ HYPER = dict(learning_rate=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95)
 
 @dataclass
 class MemoryBenchConfig:
-    """Settings of benchmarks/memory.py: the sizes and configurations, a step's shape, the timing"""
+    """Settings of lab/memory.py: the sizes and configurations, a step's shape, the timing"""
 
     sizes: str = setting("124M,350M", "comma-separated sizes: 124M (12 x 768), 350M (24 x 1024), "
                          "small (4 x 256)", check=comma_separated(*SIZES))  # fmt: skip
@@ -163,7 +163,7 @@ def state_only(size: str, config: str) -> dict:
 
 
 # a measurement in a fresh process: FUNCTION(**ARGS) of this module, printed as JSON
-CHILD = "import json, sys; sys.path.insert(0, sys.argv[1]); import benchmarks.memory as m; " \
+CHILD = "import json, sys; sys.path.insert(0, sys.argv[1]); import lab.memory as m; " \
         "print(json.dumps(getattr(m, sys.argv[2])(**json.loads(sys.argv[3]))))"  # fmt: skip
 
 

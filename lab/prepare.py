@@ -2,8 +2,8 @@
 Time the web-scale preparation (data/openwebtext/prepare.py, run as a user runs it) on a local corpus with 1 and
 with 2 tokenising processes, the runs interleaved so that a change in the machine's load touches both alike.
 
-    python benchmarks/prepare.py                 # the King James Bible and Shakespeare's plays, 10 times
-    python benchmarks/prepare.py --input=docs.jsonl --process_counts=1,2,4 --repeats=5
+    python lab/prepare.py                 # the King James Bible and Shakespeare's plays, 10 times
+    python lab/prepare.py --input=docs.jsonl --process_counts=1,2,4 --repeats=5
 
 tokens/s is the tokens over the preparation's elapsed time in its prepare.json: from its start (worker processes
 started, the input opened) to the last shard written; Python's own start and imports are not counted.
@@ -38,7 +38,7 @@ from nanogpt_perf.files import write_atomically
 # -----------------------------------------------------------------------------
 @dataclass
 class PrepareBenchConfig:
-    """Settings of benchmarks/prepare.py: the corpus, the process counts compared and the runs"""
+    """Settings of lab/prepare.py: the corpus, the process counts compared and the runs"""
 
     input: str = setting("", "a local corpus (as data/openwebtext/prepare.py's --input); '' = the Bible and the plays "
                          "as JSONL")  # fmt: skip

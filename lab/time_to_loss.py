@@ -2,11 +2,11 @@
 Time to a loss: the tokens and the training seconds each configuration takes to reach a target val loss (by default
 the baseline's final one), over several seeds, each run a train.py subprocess.
 
-    python benchmarks/time_to_loss.py --sweep=learning_rate=3e-3,2e-3,1e-3     # AdamW's best lr on the CPU demo
-    python benchmarks/time_to_loss.py --config_set=recipe --max_iters=2000     # baseline, recipe, recipe minus each
-    python benchmarks/time_to_loss.py --config_set=recipe --task=kjv_char      # on text the tuning never saw
+    python lab/time_to_loss.py --sweep=learning_rate=3e-3,2e-3,1e-3     # AdamW's best lr on the CPU demo
+    python lab/time_to_loss.py --config_set=recipe --max_iters=2000     # baseline, recipe, recipe minus each
+    python lab/time_to_loss.py --config_set=recipe --task=kjv_char      # on text the tuning never saw
 
-The configurations are named in a Python file (benchmarks/ttl_configs.py): tasks (the data and the model's shape)
+The configurations are named in a Python file (lab/ttl_configs.py): tasks (the data and the model's shape)
 and sets of configurations (train.py's config files and flags), the first of a set being the baseline. Runs go
 seed-major (every configuration's first seed, then every second seed, ...) so that drift in the machine's speed
 touches all alike, one at a time by default (torch's threads on every core). Every run evaluates every
@@ -18,7 +18,7 @@ Writes OUT/time_to_loss.json (every run's curve, the summary), .csv (the summary
 and against seconds, the median over seeds with the seeds' range as a band), and prints the tables. A run already
 finished in its out_dir is not run again where everything that made it is the same (its command and threads, its
 config files' contents, the code, the versions of Python and torch, the machine, its dataset's contents:
-benchmarks/ttl_runs.py), so an interrupted benchmark resumes; --fresh=True runs everything again. A run
+lab/ttl_runs.py), so an interrupted benchmark resumes; --fresh=True runs everything again. A run
 that train.py stops on non-finite steps (diverged) is "never" in the tables. SIGTERM or Ctrl-C stops the
 runs going (SIGTERM to each, SIGKILL 30 s later or at a second signal), says which, and ends the
 benchmark: a stopped run is never taken as a finished one.
@@ -38,11 +38,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (0, 1)]  # benchmarks/ and the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
-from ttl_curves import best_values, run_curve, seed_major, summarize
-from ttl_report import run_line, summary_csv, summary_table, sweep_table, write_chart
-from ttl_runs import (
+from configurator import configure, read_config_file
+from lab.plot import read_log
+from lab.ttl_curves import best_values, run_curve, seed_major, summarize
+from lab.ttl_report import run_line, summary_csv, summary_table, sweep_table, write_chart
+from lab.ttl_runs import (
     COUNTED,
     MARK,
     Runs,
@@ -53,14 +55,11 @@ from ttl_runs import (
     outcome,
     run_identity,
 )
-
-from configurator import configure, read_config_file
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import ReadFailed, read_file, write_json, write_text
 from nanogpt_perf.guard.paths import a_path
 from nanogpt_perf.manifest import git_state
-from plot import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,9 +77,9 @@ def no_nul(value: str) -> None:
 
 @dataclass
 class TimeToLossConfig:
-    """Settings of benchmarks/time_to_loss.py: the configurations, the runs and where the results go"""
+    """Settings of lab/time_to_loss.py: the configurations, the runs and where the results go"""
 
-    configs: str = setting("benchmarks/ttl_configs.py", "a Python file naming TASKS and SETS of configurations "
+    configs: str = setting("lab/ttl_configs.py", "a Python file naming TASKS and SETS of configurations "
                            "(train.py arguments)", check=a_path)  # fmt: skip
     task: str = setting("char", "a task of that file: the data and model shape every configuration starts from")
     config_set: str = setting("adamw", "a set of that file: its configurations, the first being the baseline")
@@ -260,7 +259,7 @@ def run_train(which: str, cmd: list[str], env: dict[str, str], out_dir: Path, ru
     output = out_dir / "train.out"
     if kind == "failed":
         raise UserError(f"{which} failed (exit {returncode}): {said} (all of it: {output}; "
-                        f"benchmarks/ttl_data.py prepares the datasets)")  # fmt: skip
+                        f"lab/ttl_data.py prepares the datasets)")  # fmt: skip
     if kind not in COUNTED:  # killed, or stopped early (train.py saves and exits 0 on SIGTERM)
         raise UserError(f"{which}: train.py was {said if kind == 'killed' else f'stopped ({said})'} before "
                         f"max_iters={cfg.max_iters}: not a finished run, not kept (its output: {output})")  # fmt: skip

@@ -1,4 +1,4 @@
-"""What benchmarks/time_to_loss.py prints and writes from its results: the markdown tables (the summary, a sweep's
+"""What lab/time_to_loss.py prints and writes from its results: the markdown tables (the summary, a sweep's
 learning rates), the CSV of the summary and the chart of val loss against tokens and against training seconds."""
 
 import csv
@@ -155,4 +155,4 @@ def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: di
 
 
 if __name__ == "__main__":
-    raise SystemExit("error: ttl_report.py is a module of benchmarks/time_to_loss.py: run that one (--help)")
+    raise SystemExit("error: ttl_report.py is a module of lab/time_to_loss.py: run that one (--help)")

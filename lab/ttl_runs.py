@@ -1,4 +1,4 @@
-"""How benchmarks/time_to_loss.py runs train.py, and when it takes a finished run instead (no torch):
+"""How lab/time_to_loss.py runs train.py, and when it takes a finished run instead (no torch):
 
 - a run's identity: everything that made it, all of which must be the same for a finished run to be reused: its
   train.py command, its threads, the contents of the config files the command names, the code (code_digest: every
@@ -38,7 +38,7 @@ from nanogpt_perf.files import ReadFailed, open_file, read_file, write_json
 MARK = "ttl_run.json"  # in a run's out_dir, written once train.py has ended as a run that counts: what made it
 # folders whose Python files are not a run's code: no run executes them (a benchmark's part in a run is its command,
 # compared whole), or they are config files, in a run's identity by their contents where its command names them
-NOT_CODE = ("tests/", "benchmarks/", "scripts/", "docs/", "config/")
+NOT_CODE = ("tests/", "lab/", "scripts/", "docs/", "config/")
 COUNTED = ("finished", "diverged")  # the outcomes that are runs of the benchmark
 GRACE_S = 30  # after SIGTERM, the seconds a run has to finish its step, save and exit before it is killed
 PACKAGES = ("torch", "triton", "numpy")  # what a run's steps run on, besides Python and the code
@@ -320,4 +320,4 @@ def catch_signals(asked: list[str]) -> dict[int, Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit("error: ttl_runs.py is a module of benchmarks/time_to_loss.py: run that one (--help)")
+    raise SystemExit("error: ttl_runs.py is a module of lab/time_to_loss.py: run that one (--help)")

@@ -1,4 +1,4 @@
-# The configurations of benchmarks/time_to_loss.py: each is a name and train.py's arguments (config files and
+# The configurations of lab/time_to_loss.py: each is a name and train.py's arguments (config files and
 # --key=value flags, applied in order, a later one winning). A run's command is its task's arguments, then its
 # configuration's, then the benchmark's --train_args, then the benchmark's own (out_dir, seed, max_iters and
 # lr_decay_iters, eval_interval, log_interval, eval_iters: a --flag here for one of them is refused, a config file's

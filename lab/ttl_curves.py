@@ -1,4 +1,4 @@
-"""The arithmetic of benchmarks/time_to_loss.py, on the records train.py writes (no training, no torch):
+"""The arithmetic of lab/time_to_loss.py, on the records train.py writes (no training, no torch):
 
 - a run's curve: its evals' val loss against iterations, tokens and training seconds. Training seconds are the sum
   of the logging windows' ms_per_iter x the window's iterations: train.py's windows leave out evals and checkpoint
@@ -169,4 +169,4 @@ def seed_major(configs: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, 
 
 
 if __name__ == "__main__":
-    raise SystemExit("error: ttl_curves.py is a module of benchmarks/time_to_loss.py: run that one (--help)")
+    raise SystemExit("error: ttl_curves.py is a module of lab/time_to_loss.py: run that one (--help)")

@@ -6,11 +6,11 @@ transformers on the same weights when they are installed, all in interleaved rou
 random weights (speed does not depend on what the weights are), or a checkpoint's (out_dir): then also each
 quantized model's val loss and its greedy agreement with float32's.
 
-    python benchmarks/generate.py                                  # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
-    python benchmarks/generate.py --weights=float32,bfloat16,int8,int4 --rivals=True --temperature=0 --repeats=5
-    python benchmarks/generate.py --out_dir=out-shakespeare-cpu --weights=float32,int8,int4 --draft=ngram
-    python benchmarks/generate.py --batch_size=16 --compile=True --uncached=False --device=cuda
-    python benchmarks/generate.py --nanogpt_dir=../nanoGPT --uncached=False --repeats=3
+    python lab/generate.py                                  # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
+    python lab/generate.py --weights=float32,bfloat16,int8,int4 --rivals=True --temperature=0 --repeats=5
+    python lab/generate.py --out_dir=out-shakespeare-cpu --weights=float32,int8,int4 --draft=ngram
+    python lab/generate.py --batch_size=16 --compile=True --uncached=False --device=cuda
+    python lab/generate.py --nanogpt_dir=../nanoGPT --uncached=False --repeats=3
 
 The engine and the reference produce exactly the same tokens (the tests check it); this measures what it saves.
 """
@@ -35,8 +35,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks.rivals import llama_cpp_runner, transformers_runner
 from configurator import configure
+from lab.rivals import llama_cpp_runner, transformers_runner
 from model import GPT, NANOGPT_FIELDS, RECIPE_ARCHITECTURE, GPTConfig
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.data.loader import TokenBatches
@@ -70,7 +70,7 @@ def weights_list(value: str) -> None:
 # -----------------------------------------------------------------------------
 @dataclass
 class GenerateConfig:
-    """Settings of benchmarks/generate.py: what is generated, what is timed, where the figures go"""
+    """Settings of lab/generate.py: what is generated, what is timed, where the figures go"""
 
     out_dir: str = setting("", "a checkpoint's folder: its model, val loss and greedy agreement; '' = random weights "
                            "of the shape given", check=optional_path)  # fmt: skip
@@ -235,7 +235,7 @@ def time_nanogpt() -> Measured:
 
 
 def rival_rows(w: str, folder: Path) -> dict[str, Callable[[], Measured]]:
-    """llama.cpp and transformers on the model's weights as w, where installed (benchmarks/rivals.py)."""
+    """llama.cpp and transformers on the model's weights as w, where installed (lab/rivals.py)."""
     ids, out = prompt[0].tolist(), {}
     if B == 1 and (run := llama_cpp_runner(model, tokenizer, w, ids, new_tokens, folder)):
         out[f"llama.cpp, {w}"] = lambda run=run: Measured(*run())

@@ -3,8 +3,8 @@ Time the loader alone: batches per second that train.py's training step can take
 and the process's memory over a long run. An H100 training GPT-2 (124M) takes about 30 batches of 16 x 1024 a
 second; the loader should never be what it waits for.
 
-    python benchmarks/loader.py                                    # 20 synthetic shards of 10M tokens in a temp folder
-    python benchmarks/loader.py --data=data/fineweb --batches=10000 --device=cuda
+    python lab/loader.py                                    # 20 synthetic shards of 10M tokens in a temp folder
+    python lab/loader.py --data=data/fineweb --batches=10000 --device=cuda
 
 Each order runs `repeats` times, interleaved; the figure is the median.
 """
@@ -41,7 +41,7 @@ from nanogpt_perf.runtime import DeviceConfig, resolve_device
 # -----------------------------------------------------------------------------
 @dataclass
 class LoaderBenchConfig:
-    """Settings of benchmarks/loader.py: the data, the batches and the runs"""
+    """Settings of lab/loader.py: the data, the batches and the runs"""
 
     data: str = setting("", "a dataset folder (train.bin or llm.c shards); '' = synthetic shards written to a temp "
                         "folder", check=optional_path)  # fmt: skip
