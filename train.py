@@ -54,7 +54,7 @@ from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
 from nanogpt_perf.train.autobatch import micro_batch, step_shape
 from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, build_training, kernels_run_here, model_config
 from nanogpt_perf.train.checkpoint import claim_out_dir, restore_training, save_iteration, training_state
-from nanogpt_perf.train.parallel import PARALLELISMS, close, full_state, mean_over_ranks, start_ranks, torchrun_rank
+from nanogpt_perf.train.parallel import close, full_state, mean_over_ranks, start_ranks, torchrun_rank
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
 from nanogpt_perf.train.progress import Progress, RunLog, import_wandb, nonfinite_end
 from nanogpt_perf.train.resume import merged_settings, rng_state, set_rng_state
@@ -111,8 +111,6 @@ class TrainConfig:
                                    "(over 300 times GPT-3's 3.2M)", min=0, max=2**30, note=" (0 = unset)")  # fmt: skip
     max_iters: int = setting(600000, "optimizer steps", min=0)
     # system
-    parallelism: str = setting("ddp", "under torchrun: a whole model per rank, or FSDP2 (all of it sharded)",
-                               choices=PARALLELISMS)  # fmt: skip
     backend: str = setting("auto", "DDP's: 'auto' is nccl on CUDA, gloo on CPU", choices=("auto", "nccl", "gloo"))
     profile: bool = setting(False, "torch.profiler over steps 3-5 (rank 0): a Chrome trace in out_dir/trace.json")
     max_bad_steps: int = setting(10, "stop after this many steps in a row with a non-finite loss or gradient norm",
@@ -291,7 +289,8 @@ if rng is not None:
 tokens_per_step = sequences * ranks.world_size * cfg.block_size
 start_iter, bad_steps, progress = iter_num, 0, Progress(runtime, iter_num, cfg.max_iters, tokens_per_step)
 while True:
-    lr = get_lr(iter_num, cfg)  # the schedule (nanogpt_perf/optim.py): warmup, then cosine or wsd to min_lr
+    # the schedule (nanogpt_perf/optim.py): warmup, then cosine or wsd to min_lr
+    lr = get_lr(iter_num, cfg.schedule, cfg.learning_rate)
     set_lr(optimizer, lr, cfg.learning_rate)  # every group by the schedule's ratio (Muon's from muon_lr)
 
     stopping = stop_asked()  # then the evaluation and HellaSwag ask before each batch: a stop saves within seconds

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanogpt_perf.config import setting
+from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import quiet_loggers
 from nanogpt_perf.lowbit import MOMENTUM_DTYPES
 from nanogpt_perf.runtime import resolve_device, resolve_dtype
@@ -86,7 +86,7 @@ class LowMemConfig:
         return ", ".join(f"{k}={getattr(self, k)!r}" for k in on) or "no saver"
 
 
-def lowmem_rules(cfg: Any) -> None:
+def lowmem_rules(cfg: Config) -> None:
     """The rules between the savers and the rest of a run (a cross rule: the first conflict raises its one line).
     Under torchrun (WORLD_SIZE > 1) the run is DDP or FSDP by parallelism; else one process. muon_momentum_dtype is
     not applied under optimizer='adamw' (as muon_lr is not), so that config/low_memory.py serves either."""
@@ -94,7 +94,7 @@ def lowmem_rules(cfg: Any) -> None:
     if spec.needs_torchao and find_spec(TORCHAO) is None:
         raise ValueError(f"{spec.describe()} needs torchao: pip install -e '.[lowmem]'")
     ranks = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    parallelism = getattr(cfg, "parallelism", "ddp") if ranks else None
+    parallelism = cfg.parallelism if ranks else None
     if spec != LowMemConfig() and parallelism == "fsdp":
         raise ValueError(f"{spec.describe()} is for whole tensors, not FSDP's shards: use parallelism='ddp'")
     if spec.weights_dtype == "bfloat16" and parallelism == "ddp":

@@ -208,12 +208,12 @@ def state_arithmetic(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig) -> 
 MUON_ON_SHARDS = "optimizer='muon' cannot run Newton-Schulz on FSDP's shards: use parallelism='ddp'"
 
 
-def muon_rules(cfg: Any) -> None:
+def muon_rules(cfg: Config) -> None:
     """The rules between the optimizer and the rest of a run: Muon needs each matrix whole (not FSDP's shards), and
     a learning_rate to scale muon_lr by (the schedule's ratio to it)."""
     if cfg.optimizer != "muon":
         return
-    if getattr(cfg, "parallelism", "ddp") == "fsdp":
+    if cfg.parallelism == "fsdp":
         raise ValueError(MUON_ON_SHARDS)
     if cfg.learning_rate == 0:
         raise ValueError(
@@ -260,28 +260,29 @@ class ScheduleConfig:
     min_lr: float = setting(6e-5, "~= learning_rate / 10 per Chinchilla", min=0)
 
 
-def schedule_rules(cfg: Any) -> None:
+def schedule_rules(cfg: Config) -> None:
     """The schedule's settings agree: the warmup ends before the decay, which ends at min_lr <= learning_rate."""
-    for name, limit in (("warmup_iters", "lr_decay_iters"), ("min_lr", "learning_rate")):
-        if cfg.decay_lr and getattr(cfg, name) > getattr(cfg, limit):
-            raise ValueError(
-                f"{name} must be <= {limit} ({getattr(cfg, limit)}) when decay_lr=True, not {getattr(cfg, name)}"
-            )
+    schedule = cfg.schedule
+    pairs = [("warmup_iters", schedule.warmup_iters, "lr_decay_iters", schedule.lr_decay_iters)]
+    pairs += [("min_lr", schedule.min_lr, "learning_rate", cfg.optim.learning_rate)]
+    for name, value, limit, bound in pairs:
+        if schedule.decay_lr and value > bound:
+            raise ValueError(f"{name} must be <= {limit} ({bound}) when decay_lr=True, not {value}")
 
 
-def get_lr(it: int, cfg: Any) -> float:
+def get_lr(it: int, schedule: ScheduleConfig, peak: float) -> float:
     """The learning rate of iteration it for a peak of learning_rate: linear warmup (non-zero from the first
     step), cosine decay to min_lr (wsd: the peak, then a linear cooldown over the last cooldown_frac of
-    lr_decay_iters), then min_lr; learning_rate throughout without decay_lr."""
-    warmup, decay, peak, low = cfg.warmup_iters, cfg.lr_decay_iters, cfg.learning_rate, cfg.min_lr
-    if not cfg.decay_lr:
+    lr_decay_iters), then min_lr; the peak throughout without decay_lr."""
+    warmup, decay, low = schedule.warmup_iters, schedule.lr_decay_iters, schedule.min_lr
+    if not schedule.decay_lr:
         return peak
     if it < warmup:
         return peak * (it + 1) / (warmup + 1)
     if it >= decay:
         return low
-    if cfg.lr_schedule == "wsd":
-        left = (decay - it) / (cfg.cooldown_frac * decay)  # 1 as the cooldown starts, 0 at its end
+    if schedule.lr_schedule == "wsd":
+        left = (decay - it) / (schedule.cooldown_frac * decay)  # 1 as the cooldown starts, 0 at its end
         return low + min(left, 1.0) * (peak - low)
     ratio = (it - warmup) / (decay - warmup)
     return low + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - low)

@@ -4,7 +4,7 @@ through build_training, so that what bench.py times is what train.py runs, and a
 
 import importlib.util
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -16,10 +16,10 @@ from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.weights import model_size_problem
 from nanogpt_perf.in_backward import OptimizerInBackward
 from nanogpt_perf.kernels import triton_problem
-from nanogpt_perf.lowmem import LowMemConfig, cast_weights, lowmem_rules
+from nanogpt_perf.lowmem import cast_weights, lowmem_rules
 from nanogpt_perf.optim import build_optimizer
 from nanogpt_perf.runtime import Runtime, resolve_device
-from nanogpt_perf.train.parallel import unwrap, wrap_model
+from nanogpt_perf.train.parallel import PARALLELISMS, unwrap, wrap_model
 from nanogpt_perf.train.step import TrainStep
 
 # nanoGPT's train.py trains without biases; GPTConfig's default (True) is GPT-2's, which its checkpoints need
@@ -28,10 +28,12 @@ TRAINING_DEFAULTS = {"bias": False}
 
 @dataclass
 class BuildConfig:
-    """How the model is made from the settings and the data"""
+    """How the model is made from the settings and the data, and wrapped for torchrun's ranks"""
 
     pad_vocab: int = setting(64, "vocab_size rounded up to a multiple of this (50257 -> 50304); 1 = off", min=1,
                              note=" (1 = off)")  # fmt: skip
+    parallelism: str = setting("ddp", "under torchrun: a whole model per rank, or FSDP2 (all of it sharded)",
+                               choices=PARALLELISMS)  # fmt: skip
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -48,7 +50,7 @@ def model_config(cfg: Config, vocab_size: int) -> GPTConfig:
     return replace(cfg.model, vocab_size=padded)
 
 
-def kernels_run_here(cfg: Any) -> None:
+def kernels_run_here(cfg: Config) -> None:
     """The rule between loss_impl and the device: 'triton' needs triton and a device its kernel runs on, 'liger'
     needs liger-kernel."""
     if cfg.loss_impl == "triton" and (problem := triton_problem(resolve_device(cfg.device))):
@@ -82,15 +84,14 @@ def build_training(
     step, stepping inside backward when in_backward asks. The caller seeds torch's generator first: a new model
     draws its weights here."""
     model = model if model is not None else GPT(model_config(cfg, vocab_size))
-    spec = cfg.lowmem if "weights_dtype" in cfg else LowMemConfig()
+    spec = cfg.lowmem
     if spec.in_backward or spec.offload:  # the savers' rules again, on the step's shape as it runs (batch 'auto')
         try:
             lowmem_rules(cfg)
         except ValueError as e:
             raise UserError(str(e)) from None
     cast_weights(model, spec)  # bfloat16 weights: before DDP or compile see the parameters
-    parallelism = cfg.parallelism if "parallelism" in cfg else "ddp"
-    wrapped = wrap_model(model, parallelism, runtime, cfg.compile, cfg.compile_mode)
+    wrapped = wrap_model(model, cfg.parallelism, runtime, cfg.compile, cfg.compile_mode)
     optimizer = build_optimizer(unwrap(wrapped), cfg.optim, spec)
     scaler = runtime.grad_scaler()
     accumulation = cfg.gradient_accumulation_steps // (dist.get_world_size() if dist.is_initialized() else 1)
