@@ -11,6 +11,8 @@ The API (stable; lab/*.py, bench.py and plot.py call it):
 - save(fig, path, dpi): fig written to path as a PNG and closed; 'wrote PATH'
 - close(fig): forget a figure without saving it
 - bench_bars(path, doc): bench.py's chart of its results document (median ms/iter, whisker to p90)
+- run_curves(runs, path): lab/plot.py's panels of runs' curves (loss, lr, tokens/s, ms, HellaSwag)
+- loss_curves(path, curves, summary, title): lab/time_to_loss.py's val loss against tokens, seconds
 """
 
 from pathlib import Path
@@ -79,3 +81,129 @@ def bench_bars(path: Path, doc: dict[str, Any]) -> str:
     ax.set_title(f"{doc['kind']}: {where}", fontsize=9)
     fig.tight_layout()
     return save(fig, path, dpi=120)
+
+
+# lab/plot.py's curves: each series' panel (loss, learning rate, tokens/s, ms, HellaSwag), the label
+# of its style in the panel's legend, and its style
+FIGSIZE, DPI = (12, 8), 100  # inches, at DPI: 1200 x 800 pixels
+SERIES = {
+    "step_loss": (0, "step loss", dict(ls="-", lw=1, alpha=0.7)),
+    "train_loss": (0, "train loss (eval)", dict(ls="--", marker="s", lw=1, ms=3, alpha=0.8)),
+    "val_loss": (0, "val loss (eval)", dict(ls="-", marker="o", lw=1.5, ms=5)),
+    "lr": (1, "", dict(ls="-", lw=1.2)),
+    "tokens_per_s": (2, "", dict(ls="-", marker=".", lw=1, ms=3)),
+    "ms_per_iter": (3, "ms/iter (the whole loop)", dict(ls="-", marker=".", lw=1, ms=3)),
+    "step_ms": (3, "step_ms (the training step)", dict(ls=":", lw=1.2)),
+    "hellaswag_acc_norm": (4, "acc_norm", dict(ls="-", marker="o", lw=1.5, ms=5)),
+    "hellaswag_acc": (4, "acc", dict(ls="--", marker="s", lw=1, ms=3, alpha=0.8)),
+}
+
+
+def draw_run(axes: list[Any], runs: list[dict[str, Any]], colour: str) -> None:
+    """One run's lines, one per run appended to its log, in each panel."""
+    for c in runs:
+        for key, (panel, _, style) in SERIES.items():
+            # an empty series would still count as data and hide the panel's "no records" note
+            if c[key][0] and panel < len(axes):
+                lone = {"marker": style.get("marker") or "."} if len(c[key][0]) == 1 else {}
+                axes[panel].plot(*c[key], color=colour, **(style | lone))
+
+
+def style_legend(ax: Any, panel: int) -> None:
+    """A legend of the panel's line styles, in grey: the colours are the runs', in the figure's."""
+    from matplotlib.lines import Line2D
+
+    styles = {label: style for p, label, style in SERIES.values() if p == panel}
+    lines = [Line2D([], [], color="grey", **s) for s in styles.values()]
+    ax.legend(lines, list(styles), fontsize=8)
+
+
+def run_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> str:
+    """lab/plot.py's chart: four panels (a fifth, HellaSwag, when a run scored it), one colour per
+    run; runs: name -> the curves (key -> (iters, values)) of each run appended to its log."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    hellaswag = any(c["hellaswag_acc_norm"][0] for run in runs.values() for c in run)
+    shape = (2, 3 if hellaswag else 2)
+    fig, grid = pyplot().subplots(*shape, figsize=FIGSIZE, sharex=True, layout="constrained")
+    axes = list(grid.T.flat) if hellaswag else list(grid.flat)  # by columns
+    if hellaswag:
+        axes[1], axes[2] = axes[2], axes[1]  # the first four in the 2x2 order
+        axes[5].set_visible(False)
+    for i, run in enumerate(runs.values()):
+        draw_run(axes, run, f"C{i}")
+    loss, lr, speed, ms = axes[:4]
+    titles = [
+        (loss, "loss", "loss"),
+        (lr, "learning rate", "learning rate"),
+        (speed, "tokens/s (first step left out: compilation, warm-up)", "tokens/s"),
+        (ms, "time per iteration (first step left out)", "ms"),
+    ]
+    if hellaswag:
+        titles.append((axes[4], "HellaSwag (GPT-2 124M: acc_norm 0.2955)", "accuracy"))
+        style_legend(axes[4], 4)
+    for ax, title, ylabel in titles:
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if not ax.has_data():
+            grey = dict(transform=ax.transAxes, ha="center", va="center", color="grey")
+            ax.text(0.5, 0.5, "no records", **grey)
+            ax.set_yticks([])
+    for ax in (speed, ms):
+        ax.set_xlabel("iter")
+        ax.set_ylim(bottom=0)
+    speed.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    style_legend(loss, 0)
+    style_legend(ms, 3)
+    colours = [Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))]
+    fig.legend(colours, list(runs), loc="outside lower center", ncols=min(len(runs), 5), fontsize=9)
+    fig.suptitle(", ".join(runs))
+    return save(fig, path, dpi=DPI)
+
+
+def loss_curves(path: Path, curves: dict[str, Any], summary: dict[str, Any], title: str) -> str:
+    """lab/time_to_loss.py's chart: val loss against tokens and against training seconds, per
+    configuration the median over seeds as a line and the seeds' range as a band, the target
+    dashed. curves: name -> its seeds' curves; the band from lab/ttl_curves.py's median_curve."""
+    from lab.ttl_curves import median_curve
+
+    if (made := figure(1, 2, figsize=(13, 5), sharey=True, layout="constrained")) is None:
+        return NO_MATPLOTLIB
+    fig, axes = made
+    target, lowest, highest = summary["target"], [], []
+    most = max((c["tokens"][-1] for run in curves.values() for c in run if c["tokens"]), default=0)
+    per, unit = (1e6, "millions") if most >= 1e6 else (1e3, "thousands")
+    for i, (name, runs) in enumerate(curves.items()):
+        for ax, axis in zip(axes, ("tokens", "seconds"), strict=True):
+            xs, median, low, high = median_curve(runs, axis)
+            xs = [x / per for x in xs] if axis == "tokens" else xs
+            ax.plot(xs, median, color=f"C{i}", lw=1.5, label=name)
+            ax.fill_between(xs, low, high, color=f"C{i}", alpha=0.2, lw=0)
+            if low:  # a configuration every seed of which diverged at once has none
+                lowest.append(min(low))
+                highest.append(max(high))
+    if not lowest:
+        close(fig)
+        return "no chart: no run has a finite val loss"
+    labels = (f"tokens ({unit})", "training seconds (evals left out)")
+    for ax, label in zip(axes, labels, strict=True):
+        if target is not None:
+            ax.axhline(target, color="grey", ls="--", lw=1)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    # the last stretch, where the configurations part and cross the target, not the first evals
+    bottom = min(lowest)
+    ends = [target, *(row["final_val_loss"]["median"] for row in summary["rows"].values())]
+    worst_end = max((end for end in ends if end is not None), default=bottom)
+    top = max(highest)
+    top = min(top, bottom + 3 * (worst_end - bottom)) if worst_end > bottom else top
+    if top > bottom:  # not a single point
+        axes[0].set_ylim(bottom - 0.02 * (top - bottom), top)
+    axes[0].set_ylabel("val loss (median over seeds; band: min to max)")
+    axes[0].legend(fontsize=8)
+    shown = "no target" if target is None else f"target val loss {target:.4f} (dashed)"
+    fig.suptitle(f"{title}: {shown}", fontsize=10)
+    return save(fig, path, dpi=110)

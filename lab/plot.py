@@ -29,20 +29,6 @@ from nanogpt_perf.guard.paths import check_path, output_file
 
 Points = tuple[list[float], list[float]]  # iters, values
 Curves = dict[str, Points]  # one run's series, by log key
-FIGSIZE = (12, 8)  # inches, at DPI: 1200 x 800 pixels
-DPI = 100
-# each series: its panel (loss, learning rate, tokens/s, ms), the label of its style in the panel's legend, its style
-SERIES = {
-    "step_loss": (0, "step loss", dict(ls="-", lw=1, alpha=0.7)),
-    "train_loss": (0, "train loss (eval)", dict(ls="--", marker="s", lw=1, ms=3, alpha=0.8)),
-    "val_loss": (0, "val loss (eval)", dict(ls="-", marker="o", lw=1.5, ms=5)),
-    "lr": (1, "", dict(ls="-", lw=1.2)),
-    "tokens_per_s": (2, "", dict(ls="-", marker=".", lw=1, ms=3)),
-    "ms_per_iter": (3, "ms/iter (the whole loop)", dict(ls="-", marker=".", lw=1, ms=3)),
-    "step_ms": (3, "step_ms (the training step)", dict(ls=":", lw=1.2)),
-    "hellaswag_acc_norm": (4, "acc_norm", dict(ls="-", marker="o", lw=1.5, ms=5)),
-    "hellaswag_acc": (4, "acc", dict(ls="--", marker="s", lw=1, ms=3, alpha=0.8)),
-}
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -146,69 +132,6 @@ def pyplot() -> Any:
     return plt
 
 
-def draw_run(axes: list[Any], runs: list[Curves], colour: str) -> None:
-    """One run's lines, one per run appended to its log, in each panel."""
-    for c in runs:
-        for key, (panel, _, style) in SERIES.items():
-            if c[key][0] and panel < len(
-                axes
-            ):  # an empty series would still count as data and hide the panel's "no records" note
-                lone = {"marker": style.get("marker") or "."} if len(c[key][0]) == 1 else {}  # a line of one point
-                axes[panel].plot(*c[key], color=colour, **(style | lone))
-
-
-def style_legend(ax: Any, panel: int) -> None:
-    """A legend of the panel's line styles, in grey: the colours are the runs', in the figure's legend."""
-    from matplotlib.lines import Line2D
-
-    styles = {label: style for p, label, style in SERIES.values() if p == panel}
-    ax.legend([Line2D([], [], color="grey", **s) for s in styles.values()], list(styles), fontsize=8)
-
-
-def draw(runs: dict[str, list[Curves]], path: Path) -> None:
-    """The four panels (a fifth, HellaSwag, when a run scored it), one colour per run, saved as a PNG at path."""
-    plt = pyplot()
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import FuncFormatter
-
-    hellaswag = any(c["hellaswag_acc_norm"][0] for run in runs.values() for c in run)
-    fig, grid = plt.subplots(2, 3 if hellaswag else 2, figsize=FIGSIZE, sharex=True, layout="constrained")
-    axes = list(grid.T.flat) if hellaswag else list(grid.flat)  # by columns: loss and lr, speed and ms, HellaSwag
-    if hellaswag:
-        axes[1], axes[2] = axes[2], axes[1]  # the first four in the 2x2 order: loss, lr / tokens/s, ms
-        axes[5].set_visible(False)
-    for i, run in enumerate(runs.values()):
-        draw_run(axes, run, f"C{i}")
-    loss, lr, speed, ms = axes[:4]
-    titles = [
-        (loss, "loss", "loss"),
-        (lr, "learning rate", "learning rate"),
-        (speed, "tokens/s (first step left out: compilation, warm-up)", "tokens/s"),
-        (ms, "time per iteration (first step left out)", "ms"),
-    ]
-    if hellaswag:
-        titles.append((axes[4], "HellaSwag (GPT-2 124M: acc_norm 0.2955)", "accuracy"))
-        style_legend(axes[4], 4)
-    for ax, title, ylabel in titles:
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if not ax.has_data():
-            ax.text(0.5, 0.5, "no records", transform=ax.transAxes, ha="center", va="center", color="grey")
-            ax.set_yticks([])
-    for ax in (speed, ms):
-        ax.set_xlabel("iter")
-        ax.set_ylim(bottom=0)
-    speed.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    style_legend(loss, 0)
-    style_legend(ms, 3)
-    colours = [Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))]
-    fig.legend(colours, list(runs), loc="outside lower center", ncols=min(len(runs), 5), fontsize=9)
-    fig.suptitle(", ".join(runs))
-    charts.save(fig, path, dpi=DPI)
-
-
 @dataclass(frozen=True)
 class PlotConfig:
     out: str = setting(
@@ -233,8 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"out must be {e}, not {out}") from None
     pyplot()  # before reading the logs: a missing matplotlib is the first thing to know
     runs = dict(zip(run_names(out_dirs), map(load_curves, out_dirs), strict=True))
-    draw(runs, out)  # a disk that will not take it: one line (files.WriteFailed)
-    print(f"wrote {out}")
+    print(charts.run_curves(runs, out))  # a disk that will not take it: files.WriteFailed
 
 
 if __name__ == "__main__":

@@ -41,9 +41,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
 from configurator import configure, read_config_file
+from lab.charts import loss_curves
 from lab.plot import read_log
 from lab.ttl_curves import best_values, run_curve, seed_major, summarize
-from lab.ttl_report import run_line, summary_csv, summary_table, sweep_table, write_chart
+from lab.ttl_report import run_line, summary_csv, summary_table, sweep_table
 from lab.ttl_runs import (
     COUNTED,
     MARK,
@@ -410,7 +411,7 @@ write_json(results / "time_to_loss.json", doc)
 write_text(results / "time_to_loss.csv", summary_csv(summary))
 title = f"{cfg.task}, {cfg.config_set}, {cfg.max_iters} iterations, {cfg.seeds} seeds"
 lines = [f"wrote {results / 'time_to_loss.json'}", f"wrote {results / 'time_to_loss.csv'}"]
-lines.append(write_chart(results / "time_to_loss.png", curves, summary, title))
+lines.append(loss_curves(results / "time_to_loss.png", curves, summary, title))
 print_report(summary, sweep_doc, runs)
 walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
 each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""

@@ -168,5 +168,22 @@ def seed_major(configs: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, 
     return [(config, seed) for seed in seeds for config in configs]
 
 
+def median_curve(curves: list[dict[str, Any]], axis: str) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Over a configuration's seeds, at each eval of its first seed's: the median x on axis ('tokens' or 'seconds'),
+    the median val loss, and the lowest and highest val loss (the band)."""
+    xs, median, low, high = [], [], [], []
+    for it in curves[0]["iters"]:
+        at = [(c[axis][c["iters"].index(it)], c["val_loss"][c["iters"].index(it)]) for c in curves if it in c["iters"]]
+        points = [(x, v) for x, v in at if x is not None and v is not None and math.isfinite(v)]
+        if not points:
+            continue
+        xs.append(statistics.median(x for x, _ in points))
+        losses = [v for _, v in points]
+        median.append(statistics.median(losses))
+        low.append(min(losses))
+        high.append(max(losses))
+    return xs, median, low, high
+
+
 if __name__ == "__main__":
     raise SystemExit("error: ttl_curves.py is a module of lab/time_to_loss.py: run that one (--help)")

@@ -1,10 +1,8 @@
-"""What lab/time_to_loss.py prints and writes from its results: the markdown tables (the summary, a sweep's
-learning rates), the CSV of the summary and the chart of val loss against tokens and against training seconds."""
+"""What lab/time_to_loss.py prints and writes from its results: the markdown tables (the summary, a
+sweep's learning rates) and the CSV of the summary (its chart: lab/charts.py's loss_curves)."""
 
 import csv
 import io
-import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +10,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
 from lab.bench_report import fmt, markdown_table
-from nanogpt_perf.charts import NO_MATPLOTLIB, close, figure, save
 
 
 def tokens_text(tokens: float | None) -> str:
@@ -95,63 +92,6 @@ def summary_csv(summary: dict[str, Any]) -> str:
         figures = [r["tokens_ratio"], r["seconds_ratio"], r["ms_per_iter"], r["ms_ratio"]]
         writer.writerow([name, summary["target"], *values, *figures])
     return out.getvalue()
-
-
-def median_curve(curves: list[dict[str, Any]], axis: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Over a configuration's seeds, at each eval of its first seed's: the median x on axis ('tokens' or 'seconds'),
-    the median val loss, and the lowest and highest val loss (the band)."""
-    xs, median, low, high = [], [], [], []
-    for it in curves[0]["iters"]:
-        at = [(c[axis][c["iters"].index(it)], c["val_loss"][c["iters"].index(it)]) for c in curves if it in c["iters"]]
-        points = [(x, v) for x, v in at if x is not None and v is not None and math.isfinite(v)]
-        if not points:
-            continue
-        xs.append(statistics.median(x for x, _ in points))
-        losses = [v for _, v in points]
-        median.append(statistics.median(losses))
-        low.append(min(losses))
-        high.append(max(losses))
-    return xs, median, low, high
-
-
-def write_chart(path: Path, curves: dict[str, list[dict[str, Any]]], summary: dict[str, Any], title: str) -> str:
-    """Val loss against tokens and against training seconds: per configuration the median over seeds as a line and
-    the seeds' range as a band; the target as a dashed line. Returns what was written (or why not)."""
-    if (made := figure(1, 2, figsize=(13, 5), sharey=True, layout="constrained")) is None:
-        return NO_MATPLOTLIB
-    fig, axes = made
-    target, lowest, highest = summary["target"], [], []
-    most = max((c["tokens"][-1] for runs in curves.values() for c in runs if c["tokens"]), default=0)
-    per, unit = (1e6, "millions") if most >= 1e6 else (1e3, "thousands")
-    for i, (name, runs) in enumerate(curves.items()):
-        for ax, axis in zip(axes, ("tokens", "seconds"), strict=True):
-            xs, median, low, high = median_curve(runs, axis)
-            xs = [x / per for x in xs] if axis == "tokens" else xs
-            ax.plot(xs, median, color=f"C{i}", lw=1.5, label=name)
-            ax.fill_between(xs, low, high, color=f"C{i}", alpha=0.2, lw=0)
-            if low:  # a configuration every seed of which diverged at once has none
-                lowest.append(min(low))
-                highest.append(max(high))
-    if not lowest:
-        close(fig)
-        return "no chart: no run has a finite val loss"
-    for ax, label in zip(axes, (f"tokens ({unit})", "training seconds (evals left out)"), strict=True):
-        if target is not None:
-            ax.axhline(target, color="grey", ls="--", lw=1)
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    # the last stretch, where the configurations part and cross the target, not the first evals' high losses
-    bottom = min(lowest)
-    ends = [target, *(row["final_val_loss"]["median"] for row in summary["rows"].values())]
-    worst_end = max((end for end in ends if end is not None), default=bottom)
-    top = min(max(highest), bottom + 3 * (worst_end - bottom)) if worst_end > bottom else max(highest)
-    if top > bottom:  # not a single point
-        axes[0].set_ylim(bottom - 0.02 * (top - bottom), top)
-    axes[0].set_ylabel("val loss (median over seeds; band: min to max)")
-    axes[0].legend(fontsize=8)
-    shown = "no target" if target is None else f"target val loss {target:.4f} (dashed)"
-    fig.suptitle(f"{title}: {shown}", fontsize=10)
-    return save(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

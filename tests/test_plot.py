@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, assert_one_line_error, run_script
-from lab import plot
+from lab import charts, plot
 from nanogpt_perf.errors import UserError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -75,7 +75,7 @@ def test_two_runs_in_one_png_with_a_colour_each(tmp_path):
     assert f"wrote {out}" in result.stdout
     assert out.read_bytes().startswith(PNG_SIGNATURE)
     image = matplotlib.image.imread(out)
-    width, height = plot.FIGSIZE[0] * plot.DPI, plot.FIGSIZE[1] * plot.DPI
+    width, height = charts.FIGSIZE[0] * charts.DPI, charts.FIGSIZE[1] * charts.DPI
     assert image.shape == (height, width, 4)
     # matplotlib's first two colours, C0 and C1: both runs were drawn
     assert colour_pixels(image, "#1f77b4") > 500 and colour_pixels(image, "#ff7f0e") > 500
@@ -153,7 +153,7 @@ def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(
 
     from lab.charts import NO_MATPLOTLIB
     from lab.charts import bench_bars as bench_chart
-    from lab.ttl_report import write_chart as ttl_chart
+    from lab.charts import loss_curves as ttl_chart
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     result = {"name": "x", "status": "ok", "ms_median": 1.0, "ms_p90": 1.0, "speedup_first": 1.0}
