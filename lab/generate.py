@@ -46,8 +46,9 @@ from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, for_inference
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import optional_path, output_file
+from nanogpt_perf.guard.weights import model_size_problem
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.memory import model_size_problem, peak_memory_bytes
+from nanogpt_perf.memory import peak_memory_bytes
 from nanogpt_perf.quantize import CPU_DTYPE, QUANTIZE, PackedLinear, int4_problem
 from nanogpt_perf.runtime import (
     CompileConfig,
