@@ -37,9 +37,9 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# every step of scripts/gpu_suite.py on the CPU with a tiny model (under 2 minutes), into a temporary folder that is
+# every step of lab/gpu_suite.py on the CPU with a tiny model (under 2 minutes), into a temporary folder that is
 # removed when all went well and kept, with its logs, when not
 gpu-dry-run: setup
 	@dir=$$(mktemp -d /tmp/gpu-dry-run.XXXXXX); \
-	if $(BIN)/python scripts/gpu_suite.py --dry-run --out=$$dir; then rm -rf $$dir; \
+	if $(BIN)/python lab/gpu_suite.py --dry_run=True --out=$$dir; then rm -rf $$dir; \
 	else echo "gpu-dry-run failed: the logs are in $$dir"; exit 1; fi

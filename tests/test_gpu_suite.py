@@ -1,4 +1,4 @@
-"""scripts/gpu_suite.py's own flags: a budget or a folder that means nothing is refused in one 'error: ' line, exit
+"""lab/gpu_suite.py's own settings: a budget or a folder that means nothing is refused in one 'error: ' line, exit
 status 2 (1 for an earlier results.json that is not the suite's), before anything is written; the folders it accepts;
 and the line that names carried wheels made for another Python. The steps themselves run in `make gpu-dry-run`."""
 
@@ -10,13 +10,10 @@ from typing import NamedTuple
 import pytest
 
 from conftest import ROOT, assert_one_line_error, contents, run_script
+from lab import gpu_suite_io
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import gpu_suite_args  # noqa: E402
-import gpu_suite_io  # noqa: E402
-
-SUITE = "scripts/gpu_suite.py"
-IN_REPO = "scripts/suite-results"  # not ignored by git (out*/ would be)
+SUITE = "lab/gpu_suite.py"
+IN_REPO = "lab/suite-results"  # not ignored by git (out*/ would be)
 
 
 class Case(NamedTuple):
@@ -30,26 +27,28 @@ NANOGPT_PART = {"nanogpt/train.py": "", "nanogpt/model.py": ""}
 RESULTS = "{dir}/out"  # a folder holding an earlier results.json
 
 CASES = {
-    "budget_s=-5": Case("--out={dir}/out --part=bench --budget_s=-5", ("--budget_s must be a finite number", "not -5")),
-    "budget_s=0": Case("--out={dir}/out --part=bench --budget_s=0", ("seconds >= 30", "not 0")),
-    "budget_s=nan": Case("--out={dir}/out --part=bench --budget_s=nan", ("finite number", "not nan")),
-    "budget_s=inf": Case("--out={dir}/out --part=bench --budget_s=inf", ("finite number", "not inf")),
-    "budget_s=text": Case("--out={dir}/out --part=bench --budget_s=soon", ("--budget_s", "invalid float", "'soon'")),
-    "part_missing": Case("--out={dir}/out", ("--part=train|bench|generate|lowmem|all is required",)),
-    "part_unknown": Case("--out={dir}/out --part=ladder", ("--part", "invalid choice: 'ladder'")),
-    "out_missing": Case("--part=bench", ("required: --out",)),
-    "out_empty": Case("--out= --part=bench", ("--out must name a folder",)),
+    "budget_s=-5": Case(
+        "--out={dir}/out --part=bench --budget_s=-5", ("budget_s must be 0 (the part's default) or at", "not -5")
+    ),
+    "budget_s=10": Case("--out={dir}/out --part=bench --budget_s=10", ("at least 30 seconds", "not 10")),
+    "budget_s=nan": Case("--out={dir}/out --part=bench --budget_s=nan", ("must be a finite number", "not nan")),
+    "budget_s=inf": Case("--out={dir}/out --part=bench --budget_s=inf", ("must be a finite number", "not inf")),
+    "budget_s=text": Case("--out={dir}/out --part=bench --budget_s=soon", ("budget_s must be float", "'soon'")),
+    "part_missing": Case("--out={dir}/out", ("part=train|bench|generate|lowmem|all is required (or dry_run=True)",)),
+    "part_unknown": Case("--out={dir}/out --part=ladder", ("part must be one of train, bench,", "'ladder'")),
+    "out_missing": Case("--part=bench", ("out must be a path, not ''",)),
+    "out_empty": Case("--out= --part=bench", ("out must be a path, not ''",)),
     "out_a_file": Case(
-        "--out={dir}/notes.txt --part=bench", ("notes.txt is a file, not a folder",), {"notes.txt": "x"}
+        "--out={dir}/notes.txt --part=bench", ("out must be a folder (this is a file)", "notes.txt"), {"notes.txt": "x"}
     ),
     "out_below_a_file": Case(
-        "--out={dir}/notes.txt/out --part=bench", ("notes.txt is a file, not a folder",), {"notes.txt": "x"}
+        "--out={dir}/notes.txt/out --part=bench", ("out must be a path in folders", "notes.txt"), {"notes.txt": "x"}
     ),
-    "out_in_the_repository": Case(f"--out={IN_REPO} --part=bench", ("inside the repository and not ignored by git",)),
-    "out_the_repository": Case("--out=. --part=bench", ("inside the repository and not ignored by git",)),
+    "out_in_the_repository": Case(f"--out={IN_REPO} --part=bench", ("outside this repository, or one git ignores",)),
+    "out_the_repository": Case("--out=. --part=bench", ("outside this repository, or one git ignores",)),
     "nanogpt_not_a_checkout": Case(
         "--out={dir}/out --part=train --nanogpt={dir}/nanogpt",
-        ("is not a nanoGPT checkout: no bench.py, configurator.py, config/train_gpt2.py",),
+        ("must be a nanoGPT checkout", "has no bench.py, configurator.py, config/train_gpt2.py"),
         NANOGPT_PART,
     ),
     "results_not_json": Case(
@@ -95,7 +94,7 @@ def test_refused_in_one_line_before_anything_is_written(name: str, tmp_path: Pat
 
 @pytest.mark.parametrize("out", ["out-gpu", "out-gpu/part/deeper", "{tmp}/new", "{tmp}"])
 def test_folders_the_suite_accepts(out: str, tmp_path: Path):
-    assert gpu_suite_args.out_problem(out.replace("{tmp}", str(tmp_path))) is None
+    assert gpu_suite_io.out_problem(out.replace("{tmp}", str(tmp_path))) is None
 
 
 def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(tmp_path: Path, monkeypatch):
@@ -108,10 +107,10 @@ def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(tmp_pat
     problem = gpu_suite_io.preparation_problem(tmp_path)
     assert f"multiprocess-0.70.19-py{other}-none-any.whl" in problem and "dill" not in problem
     assert f"not for this Python {sys.version_info.major}.{sys.version_info.minor}" in problem
-    assert f"GPU_PYTHON={sys.version_info.major}.{sys.version_info.minor} scripts/gpu_wheels.sh" in problem
+    assert f"GPU_PYTHON={sys.version_info.major}.{sys.version_info.minor} lab/gpu_wheels.sh" in problem
     (tmp_path / f"multiprocess-0.70.19-py{other}-none-any.whl").unlink()  # every wheel fits: the packages are named
     assert gpu_suite_io.wheel_problem(tmp_path) is None
-    assert "scripts/gpu_wheels.sh" in gpu_suite_io.preparation_problem(tmp_path)
+    assert "lab/gpu_wheels.sh" in gpu_suite_io.preparation_problem(tmp_path)
 
 
 def test_the_step_shape_comes_from_the_manifest_as_train_py_ran(tmp_path: Path):

