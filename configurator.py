@@ -1,10 +1,10 @@
-"""
-Settings from config files and --key=value flags, in the order given:
+"""Settings from config files and --key=value flags, in the order given:
 
     python train.py config/train_shakespeare_char.py --batch_size=32 --compile=false
 
-A value converts only where that loses nothing (1e5 -> 100000 for an int, false -> False); every mistake is one
-error line. This module imports no torch: the data preparers' worker processes import it.
+A value converts only where that loses nothing (1e5 -> 100000 for an int, false -> False); every
+mistake is one error line. This module imports no torch: the data preparers' worker processes import
+it.
 """
 
 import ast
@@ -26,18 +26,23 @@ BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False
 
 
 def parse_flag(raw: str, default: Any) -> Any:
-    """The value a flag's text stands for: the text itself for a str setting, else a boolean word, a number read
-    exactly as the setting's type (1e5 and 9007199254740993.0 as an int, inf as a float) or a Python literal."""
+    """The value a flag's text stands for: the text itself for a str setting, else a boolean word, a
+    number read exactly as the setting's type (1e5 and 9007199254740993.0 as an int, inf as a float)
+    or a Python literal."""
     if isinstance(default, str):
         return raw
     if isinstance(default, bool) and raw.lower() in BOOL_WORDS:
         return BOOL_WORDS[raw.lower()]
-    with contextlib.suppress(ValueError, ArithmeticError):  # no decimal number ('0x10'): a Python literal, below
+    # no decimal number ('0x10'): a Python literal, below
+    with contextlib.suppress(ValueError, ArithmeticError):
         if type(default) is float:
             return float(raw)
-        if type(default) is int:  # exactly or not at all: 0.99999999999999999 is no int; 1e999999999 is never built
+        # exactly or not at all: 0.99999999999999999 is no int; 1e999999999 is never built
+        if type(default) is int:
             exact = decimal.Decimal(raw)
-            whole = exact.is_finite() and exact == exact.to_integral_value() and exact.adjusted() < 4300
+            whole = (
+                exact.is_finite() and exact == exact.to_integral_value() and exact.adjusted() < 4300
+            )
             return int(exact) if whole else raw
     try:
         return ast.literal_eval(raw)
@@ -61,18 +66,26 @@ def read_config_file(path: str, settings: Iterable[str] = ()) -> dict[str, Any]:
     file = Path(path)
     try:
         if not file.is_file():
-            raise UserError(f"config file {path} {'is not a file' if file.exists() else 'not found'}")
+            raise UserError(
+                f"config file {path} {'is not a file' if file.exists() else 'not found'}"
+            )
         tree = ast.parse(file.read_bytes(), path)
         code = compile(tree, path, "exec")
     except SyntaxError as e:
-        raise UserError(f"config file {path}{f', line {e.lineno}' if e.lineno else ''}: SyntaxError: {e.msg}") from None
-    except (OSError, ValueError, RecursionError, MemoryError) as e:  # unreadable; NUL bytes; nested past the parser
-        raise UserError(f"config file {path} cannot be read as Python: {type(e).__name__}: {e}") from None
+        raise UserError(
+            f"config file {path}{f', line {e.lineno}' if e.lineno else ''}: SyntaxError: {e.msg}"
+        ) from None
+    # unreadable; NUL bytes; nested past the parser
+    except (OSError, ValueError, RecursionError, MemoryError) as e:
+        raise UserError(
+            f"config file {path} cannot be read as Python: {type(e).__name__}: {e}"
+        ) from None
     namespace: dict[Any, Any] = {}
     settings = set(settings)
     try:
         exec(code, namespace)
-    except BaseException as e:  # a broken config file is the user's to fix: say where, not a traceback
+    # a broken config file is the user's to fix: say where, not a traceback
+    except BaseException as e:
         raise UserError(config_file_failure(path, e, settings)) from None
     bound, imported = {}, imported_names(tree)
     for name, value in list(namespace.items()):
@@ -99,11 +112,16 @@ def imported_names(tree: ast.AST) -> set[str]:
 
 
 def config_file_failure(path: str, error: BaseException, settings: set[str]) -> str:
-    """The error line for what a config file raised: the last of its lines the traceback passes through, and what."""
-    lines = [n for frame, n in traceback.walk_tb(error.__traceback__) if frame.f_code.co_filename == path]
+    """The error line for what a config file raised: the last of its lines the traceback passes
+    through, and what."""
+    lines = [
+        n for frame, n in traceback.walk_tb(error.__traceback__) if frame.f_code.co_filename == path
+    ]
     where = f"config file {path}" + (f", line {lines[-1]}" if lines else "")
     if isinstance(error, SystemExit):
-        return f"{where}: it exits (sys.exit({shown(error.code)})); a config file only sets settings"
+        return (
+            f"{where}: it exits (sys.exit({shown(error.code)})); a config file only sets settings"
+        )
     if isinstance(error, KeyboardInterrupt):
         return f"{where}: interrupted (KeyboardInterrupt) while it ran"
     text = first_line(error)[:200]
@@ -112,8 +130,11 @@ def config_file_failure(path: str, error: BaseException, settings: set[str]) -> 
     return f"{where}: {type(error).__name__}" + (f": {text}" if text else "")
 
 
-def read_overrides(known: dict[str, Any], words: dict[str, tuple], argv: list[str]) -> dict[str, Any]:
-    """What argv's config files and --key=value flags set, in order (a later one wins), each value converted."""
+def read_overrides(
+    known: dict[str, Any], words: dict[str, tuple], argv: list[str]
+) -> dict[str, Any]:
+    """What argv's config files and --key=value flags set, in order (a later one wins), each value
+    converted."""
     given: dict[str, Any] = {}
     for arg in argv:
         if not arg.startswith("--"):
@@ -139,12 +160,14 @@ def configure(
     usage: str = "[config_file.py ...] [--key=value ...]",
     **parts: type,
 ) -> Config:
-    """The Config of the parts (name=dataclass: train=TrainConfig, model=GPTConfig, ...; their settings by nanoGPT's
-    flat names) after sys.argv's (or argv's) config files (read_config_file) and flags, each value checked against
-    its declaration, then the rules between settings (cross). defaults: this script's own defaults for some settings.
-    --help prints usage (what the script's name takes), every setting and exits (--help --markdown: as tables).
-    Prints the settings once (rank 0)."""
-    report_errors()  # this script's one handler: a UserError is one line, 'error: ...', and exit status 1
+    """The Config of the parts (name=dataclass: train=TrainConfig, model=GPTConfig, ...; their
+    settings by nanoGPT's flat names) after sys.argv's (or argv's) config files (read_config_file)
+    and flags, each value checked against its declaration, then the rules between settings (cross).
+    defaults: this script's own defaults for some settings. --help prints usage (what the script's
+    name takes), every setting and exits (--help --markdown: as tables). Prints the settings once
+    (rank 0)."""
+    # this script's one handler: a UserError is one line, 'error: ...', and exit status 1
+    report_errors()
     argv = sys.argv[1:] if argv is None else argv
     known = flat_defaults(parts, defaults)
     if "-h" in argv or "--help" in argv:
@@ -152,7 +175,8 @@ def configure(
     meta = {k: f.metadata for p in parts.values() for k, f in declared(p).items()}
     given = read_overrides(known, {k: m.get("words", ()) for k, m in meta.items()}, argv)
     values = known | given
-    for k, m in meta.items():  # a path's leading ~, which no shell expands inside a flag (--out_dir=~/x)
+    # a path's leading ~, which no shell expands inside a flag (--out_dir=~/x)
+    for k, m in meta.items():
         if getattr(m.get("check"), "is_path", False) and type(values[k]) is str:
             with contextlib.suppress(ValueError):  # a NUL in it, which the path's check refuses
                 values[k] = os.path.expanduser(values[k])
@@ -165,19 +189,27 @@ def configure(
 
 
 def print_help(parts: dict[str, type], known: dict[str, Any], usage: str, markdown: bool) -> None:
-    """Print every setting part by part, as Markdown tables for docs/ where asked, and exit 0: quietly where the reader
-    stops early (python train.py --help | head -1)."""
+    """Print every setting part by part, as Markdown tables for docs/ where asked, and exit 0:
+    quietly where the reader stops early (python train.py --help | head -1)."""
     lines = [] if markdown else [f"usage: python {Path(sys.argv[0]).name} {usage}"]
     width = max(map(len, known))
     for part in parts.values():
-        doc = "" if (part.__doc__ or "").startswith(part.__name__ + "(") else (part.__doc__ or "").strip()
+        doc = part.__doc__ or ""
+        doc = "" if doc.startswith(part.__name__ + "(") else " ".join(doc.split("\n\n")[0].split())
         where = "" if part.__module__ == "__main__" else f" ({part.__module__}.{part.__name__})"
-        title = f"{doc.splitlines()[0] if doc else part.__name__}{where}"
-        head = [f"### {title}", "", "| setting | type | default | meaning |", "| --- | --- | --- | --- |"]
+        title = f"{doc or part.__name__}{where}"
+        head = [
+            f"### {title}",
+            "",
+            "| setting | type | default | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
         lines += ["", *head] if markdown else ["", title + ":"]
         for key, f in declared(part).items():
             text, kind, default = f.metadata["help"], type(known[key]).__name__, repr(known[key])
-            if choices := f.metadata.get("choices") or getattr(f.metadata.get("check"), "choices", ()):
+            if choices := f.metadata.get("choices") or getattr(
+                f.metadata.get("check"), "choices", ()
+            ):
                 text = f"{text} (one of {', '.join(choices)})".strip()
             text += bounds_text(f.metadata)
             plain = f"  --{key:<{width}} {kind:<5} default {default:<10} {text}".rstrip()
@@ -185,7 +217,8 @@ def print_help(parts: dict[str, type], known: dict[str, Any], usage: str, markdo
     try:
         print("\n".join(lines[1:] if markdown else lines), flush=True)
     except OSError as e:  # a closed pipe: quietly; a full disk: one line
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        # the exit's flush must not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if not isinstance(e, BrokenPipeError):
             raise UserError(f"cannot print the help: {e.strerror}") from None
     sys.exit(0)
@@ -193,15 +226,21 @@ def print_help(parts: dict[str, type], known: dict[str, Any], usage: str, markdo
 
 def bounds_text(meta: dict[str, Any]) -> str:
     """A setting's bounds as --help says them: ' [>= 1 (0 = off)]', or '' where it has none."""
-    said = {k: f"{v:,}" if type(v) is int else repr(v) for k, v in meta.items() if k in ("min", "above", "max")}
-    bounds = [f"{op} {said[k]}" for k, op in (("min", ">="), ("above", ">"), ("max", "<=")) if k in said]
+    said = {
+        k: f"{v:,}" if type(v) is int else repr(v)
+        for k, v in meta.items()
+        if k in ("min", "above", "max")
+    }
+    bounds = [
+        f"{op} {said[k]}" for k, op in (("min", ">="), ("above", ">"), ("max", "<=")) if k in said
+    ]
     bounds += [f"in {meta['interval']}"] if "interval" in meta else []
     return f" [{', '.join(bounds)}{meta.get('note', '')}]" if bounds else ""
 
 
 def sweep_values(cfg: Config, text: str, fixed: Iterable[str] = ()) -> tuple[str, list[Any]]:
-    """A sweep, 'KEY=V1,V2,...', over any setting of cfg but those fixed: the setting's name and its values, each
-    read, converted and checked as --KEY=V would be."""
+    """A sweep, 'KEY=V1,V2,...', over any setting of cfg but those fixed: the setting's name and its
+    values, each read, converted and checked as --KEY=V would be."""
     key, sep, raw = text.partition("=")
     values = [v.strip() for v in raw.split(",") if v.strip()]
     if not sep or not values:

@@ -1,11 +1,10 @@
-"""
-Generate text from a trained model or from GPT-2, streamed as it is produced, with a KV cache.
+"""Generate text from a trained model or from GPT-2, streamed as it is produced, with a KV cache.
 
-    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
-    python sample.py --init_from=gpt2 --start=FILE:prompt.txt --top_p=0.9 --stop="\n\n"
-    python sample.py --out_dir=out-shakespeare --num_samples=16 --batched=True --compile=True
-    python sample.py --init_from=hf-shakespeare-char           # an export (export.py): its vocabulary comes with it
-    python sample.py --out_dir=out-shakespeare --quantize=int4 --draft=ngram   # int4 weights, speculative
+python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
+python sample.py --init_from=gpt2 --start=FILE:prompt.txt --top_p=0.9 --stop="\n\n"
+python sample.py --out_dir=out-shakespeare --num_samples=16 --batched=True --compile=True
+python sample.py --init_from=hf-shakespeare-char   # an export (export.py), with its vocabulary
+python sample.py --out_dir=out-shakespeare --quantize=int4 --draft=ngram   # int4, speculative
 """
 
 from nanogpt_perf.errors import report_errors
@@ -40,14 +39,20 @@ from nanogpt_perf.runtime import (
     device_memory_bytes,
     resolve_runtime,
 )
-from nanogpt_perf.speculative import DraftConfig, DraftStats, ModelDraft, NgramDraft, speculative_tokens
+from nanogpt_perf.speculative import (
+    DraftConfig,
+    DraftStats,
+    ModelDraft,
+    NgramDraft,
+    speculative_tokens,
+)
 
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
 def unescaped(text: str) -> str:
-    """text with the escapes a shell passes as typed (--stop="\\n\\n" is a backslash and an n, twice) read as the
-    characters they stand for: \\n, \\t and \\\\; any other backslash is kept."""
+    """text with the escapes a shell passes as typed (--stop="\\n\\n" is a backslash and an n,
+    twice) read as the characters they stand for: \\n, \\t and \\\\; any other backslash is kept."""
     return re.sub(r"\\([nt\\])", lambda m: ESCAPES[m[1]], text)
 
 
@@ -61,27 +66,36 @@ def a_temperature(value: float) -> None:
 class SampleConfig:
     """Settings of sample.py: the model, the prompt and how to sample"""
 
-    init_from: str = setting("resume", "the model: 'resume' is out_dir/ckpt.pt", check=init_from_one_of("resume",
-                             *HF_HUB_NAMES))  # fmt: skip
+    init_from: str = setting("resume", "the model: 'resume' is out_dir/ckpt.pt",
+                             check=init_from_one_of("resume", *HF_HUB_NAMES))  # fmt: skip
     out_dir: str = setting("out", "where ckpt.pt is (init_from='resume')", check=a_path)
     start: str = setting("\n", "the prompt: text, or FILE:path to read it from a file (~ expanded)")
     num_samples: int = setting(10, "samples to generate", min=1)
-    batched: bool = setting(False, "all samples at once from one shared prefill (printed when done), else one by one "
-                            "(streamed)")  # fmt: skip
-    max_new_tokens: int = setting(500, "tokens generated per sample; at most 1,000,000 (batched, nothing shows "
-                                  "until the end)", min=1, max=1_000_000)  # fmt: skip
-    temperature: float = setting(0.8, "1.0 samples the model's distribution as is, lower is more conservative, 0 is "
-                                 "greedy", min=0, note=" (0 = greedy)", check=a_temperature)  # fmt: skip
-    top_k: int = setting(200, "keep only the k most likely tokens; 0 = all", min=0, note=" (0 = all)")
-    top_p: float = setting(1.0, "then keep the smallest set of them whose probability reaches top_p (nucleus); "
-                           "1.0 = all", interval="(0, 1]")  # fmt: skip
-    stop: str = setting("", "end a sample at this text ('' = none; \\n, \\t and \\\\ are a newline, a tab and a "
-                        "backslash, as a shell passes them); GPT-2's <|endoftext|> always ends one")  # fmt: skip
-    kv_cache: bool = setting(True, "False recomputes the whole context for every token (the slow reference)")
-    cuda_graph: bool = setting(True, "CUDA: capture the decode step as a CUDA graph, replayed for every token")
+    batched: bool = setting(False, "all samples at once from one shared prefill (printed when "
+                            "done), else one by one (streamed)")  # fmt: skip
+    max_new_tokens: int = setting(500, "tokens generated per sample; at most 1,000,000 (batched, "
+                                  "nothing shows until the end)", min=1, max=1_000_000)  # fmt: skip
+    temperature: float = setting(0.8, "1.0 samples the model's distribution as is, lower is more "
+                                 "conservative, 0 is greedy",
+                                 min=0, note=" (0 = greedy)", check=a_temperature)  # fmt: skip
+    top_k: int = setting(
+        200, "keep only the k most likely tokens; 0 = all", min=0, note=" (0 = all)"
+    )
+    top_p: float = setting(1.0, "then keep the smallest set of them whose probability reaches "
+                           "top_p (nucleus); 1.0 = all", interval="(0, 1]")  # fmt: skip
+    stop: str = setting("", "end a sample at this text ('' = none; \\n, \\t and \\\\ are a "
+                        "newline, a tab and a backslash, as a shell passes them); GPT-2's "
+                        "<|endoftext|> always ends one")  # fmt: skip
+    kv_cache: bool = setting(
+        True, "False recomputes the whole context for every token (the slow reference)"
+    )
+    cuda_graph: bool = setting(
+        True, "CUDA: capture the decode step as a CUDA graph, replayed for every token"
+    )
 
 
-# sampling needs a trained model (no 'scratch'); compile: the decode step, compiled once and timed apart
+# sampling needs a trained model (no 'scratch'); compile: the decode step, compiled once and timed
+# apart
 cfg = configure(
     sample=SampleConfig, weights=QuantizeConfig, speculative=DraftConfig, hardware=DeviceConfig,
     precision=PrecisionConfig, compiler=CompileConfig, rng=SeedConfig, defaults={"compile": False},
@@ -89,16 +103,23 @@ cfg = configure(
 # -----------------------------------------------------------------------------
 
 if cfg.draft and (cfg.batched or not cfg.kv_cache):
-    raise UserError(f"draft={cfg.draft!r} decodes one sequence at a time through the KV cache: batched=False and "
-                    "kv_cache=True")  # fmt: skip
+    raise UserError(
+        f"draft={cfg.draft!r} decodes one sequence at a time through the KV cache: batched=False "
+        "and "
+        "kv_cache=True"
+    )
 runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32, cpu_auto=CPU_DTYPE[cfg.quantize])
 stop = unescaped(cfg.stop)
 print(runtime.describe())
 generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
 
-# the tokenizer (a checkpoint's, an export's vocabulary, else GPT-2's) checked against the model and the prompt
-# against the tokenizer, before the model is built
-checkpoint = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", runtime.device) if cfg.init_from == "resume" else None
+# the tokenizer (a checkpoint's, an export's vocabulary, else GPT-2's) checked against the model and
+# the prompt against the tokenizer, before the model is built
+checkpoint = (
+    load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", runtime.device)
+    if cfg.init_from == "resume"
+    else None
+)
 tokenizer = Tokenizer.for_model(checkpoint, cfg.init_from)
 start = cfg.start
 if start.startswith("FILE:"):
@@ -106,7 +127,9 @@ if start.startswith("FILE:"):
 try:
     prompt = tokenizer.encode(start)
 except ValueError as e:
-    raise UserError(f"start (the prompt) has {e}; use only characters of the training text") from None
+    raise UserError(
+        f"start (the prompt) has {e}; use only characters of the training text"
+    ) from None
 if not prompt:
     raise UserError("start (the prompt) is empty: give at least one character or token")
 
@@ -121,32 +144,43 @@ if cfg.draft not in ("", "ngram"):
     draft_checkpoint = load_checkpoint(Path(cfg.draft) / "ckpt.pt", runtime.device)
     draft_tokenizer = Tokenizer.for_checkpoint(draft_checkpoint)
     if (draft_tokenizer.itos, draft_tokenizer.n_vocab) != (tokenizer.itos, tokenizer.n_vocab):
-        raise UserError(f"draft {cfg.draft} has the tokenizer {draft_tokenizer.name}, not the model's "
-                        f"{tokenizer.name}: a draft must share the model's vocabulary")  # fmt: skip
+        raise UserError(
+            f"draft {cfg.draft} has the tokenizer {draft_tokenizer.name}, not the model's "
+            f"{tokenizer.name}: a draft must share the model's vocabulary"
+        )
     draft_model = GPT.from_checkpoint(draft_checkpoint).eval().to(runtime.device)
     size = f"{draft_model.get_num_params() / 1e6:.2f}M parameters"
     draft_weights = "none" if cfg.quantize == "int4" and int4_problem(draft_model) else cfg.quantize
-    draft_model = for_inference(draft_model, runtime, draft_weights)  # as the model's, where it can be
+    # as the model's, where it can be
+    draft_model = for_inference(draft_model, runtime, draft_weights)
     print(f"draft: {cfg.draft} ({size}, weights {draft_weights}), {cfg.draft_tokens} a pass")
 print(f"tokenizer: {tokenizer.name}")
-rows, shape = cfg.num_samples if cfg.batched else 1, model.config  # the sequences generated together; the model
+# the sequences generated together; the model
+rows, shape = cfg.num_samples if cfg.batched else 1, model.config
 positions = cache_length(min(len(prompt), shape.block_size), cfg.max_new_tokens, shape.block_size)
 cache_bytes = 2 * shape.n_layer * rows * shape.n_embd * positions * 4  # keys and values, float32
 if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
     raise UserError(
-        f"num_samples={cfg.num_samples} batched: the KV cache of {rows} sequences needs {cache_bytes / 1e9:,.0f} GB, "
+        f"num_samples={cfg.num_samples} batched: the KV cache of {rows} sequences needs "
+        f"{cache_bytes / 1e9:,.0f} GB, "
         f"more than {runtime.device}'s memory; generate fewer at once, or batched=False"
     )
 idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 
-# the engine: the weights quantized (quantize) or cast once, the decode step compiled once when asked (a CUDA graph
-# on CUDA), built ahead and timed apart
-engine = Engine(model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph, quantize=cfg.quantize)
+# the engine: the weights quantized (quantize) or cast once, the decode step compiled once when
+# asked (a CUDA graph on CUDA), built ahead and timed apart
+engine = Engine(
+    model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph, quantize=cfg.quantize
+)
 sampling = Sampling(cfg.temperature, cfg.top_k or None, cfg.top_p, tokenizer.n_vocab)
 if cfg.kv_cache and (cfg.compile or engine.graphs):
-    decoder = engine.decoder(cfg.num_samples if cfg.batched else 1, idx.size(1), cfg.max_new_tokens, sampling)
+    decoder = engine.decoder(
+        cfg.num_samples if cfg.batched else 1, idx.size(1), cfg.max_new_tokens, sampling
+    )
     built = decoder.build_seconds
-    how = ("compiled" if cfg.compile else "eager") + (", captured as a CUDA graph" if engine.graphs else "")
+    how = ("compiled" if cfg.compile else "eager") + (
+        ", captured as a CUDA graph" if engine.graphs else ""
+    )
     print(f"built the decode step ({how}) in {built:.1f} s")
 
 first_token_at: float | None = None  # when the first sample's first token was ready
@@ -158,10 +192,18 @@ def tokens(n: int):
     global first_token_at
     if cfg.draft:
         cache = engine.decoder(1, idx.size(1), cfg.max_new_tokens, sampling).cache_len
-        draft = NgramDraft() if draft_model is None else ModelDraft(draft_model, sampling, cache, generator)
-        new = speculative_tokens(engine, idx, cfg.max_new_tokens, sampling, draft, cfg.draft_tokens, generator, drafts)
+        draft = (
+            NgramDraft()
+            if draft_model is None
+            else ModelDraft(draft_model, sampling, cache, generator)
+        )
+        new = speculative_tokens(
+            engine, idx, cfg.max_new_tokens, sampling, draft, cfg.draft_tokens, generator, drafts
+        )
     else:
-        new = engine.tokens(idx, cfg.max_new_tokens, sampling, generator, num_samples=n, use_cache=cfg.kv_cache)
+        new = engine.tokens(
+            idx, cfg.max_new_tokens, sampling, generator, num_samples=n, use_cache=cfg.kv_cache
+        )
     for token in new:
         if first_token_at is None:
             runtime.synchronize()
@@ -188,7 +230,8 @@ def stream_one() -> int:
         text += stream.push(ids[-1:])
         if stop and stop in text:
             break
-        safe = len(text) - max(len(stop) - 1, 0)  # hold back what may be the beginning of the stop text
+        # hold back what may be the beginning of the stop text
+        safe = len(text) - max(len(stop) - 1, 0)
         if safe > shown:
             print(text[shown:safe], end="", flush=True)
             shown = safe
@@ -230,6 +273,7 @@ mem = peak_memory_bytes(runtime.device)
 if cfg.draft:
     print(drafts.describe())
 print(
-    f"time to first token {(first_token_at - t0) * 1000:.1f} ms; {n_tokens} tokens in {elapsed:.2f} s: "
+    f"time to first token {(first_token_at - t0) * 1000:.1f} ms; {n_tokens} tokens in "
+    f"{elapsed:.2f} s: "
     f"{n_tokens / elapsed:,.1f} tokens/s; peak memory {(mem or 0) / 2**20:.0f} MiB"
 )

@@ -1,4 +1,5 @@
-# nanoGPT's baby GPT on character-level Shakespeare: about 3 minutes on one A100, val loss ~1.47 on Tiny Shakespeare.
+# nanoGPT's baby GPT on character-level Shakespeare: about 3 minutes on one A100, val loss ~1.47 on
+# Tiny Shakespeare.
 out_dir = "out-shakespeare-char"
 eval_interval = 250  # it overfits quickly, so evaluate often
 eval_iters = 200

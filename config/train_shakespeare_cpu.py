@@ -1,6 +1,6 @@
-# A GPT on Shakespeare in GPT-2's BPE, sized for a CPU (2 cores, about 20 minutes): the checkpoint that generation's
-# figures are measured on (docs/sample.md: int8 and int4 against float32, speculative decoding), with its draft
-# beside it (config/draft_shakespeare_cpu.py).
+# A GPT on Shakespeare in GPT-2's BPE, sized for a CPU (2 cores, about 20 minutes): the checkpoint
+# that generation's figures are measured on (docs/sample.md: int8 and int4 against float32,
+# speculative decoding), with its draft beside it (config/draft_shakespeare_cpu.py).
 out_dir = "out-shakespeare-cpu"
 eval_interval = 250
 eval_iters = 20

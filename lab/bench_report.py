@@ -136,4 +136,3 @@ def write_outputs(out_json: Path, doc: dict[str, Any]) -> list[str]:
         )
     write_text(csv_path, rows.getvalue())
     return [f"wrote {out_json}", f"wrote {csv_path}", bench_bars(out_json.with_suffix(".png"), doc)]
-

@@ -1,6 +1,7 @@
-"""Settings declared as dataclass fields beside the code that uses them (setting()), checked once, and held as a
-Config: each part's typed object and every setting by its flat name. configurator.py reads a command line into one;
-this module imports no torch (the data preparers' worker processes import it)."""
+"""Settings declared as dataclass fields beside the code that uses them (setting()), checked once,
+and held as a Config: each part's typed object and every setting by its flat name. configurator.py
+reads a command line into one; this module imports no torch (the data preparers' worker processes
+import it)."""
 
 import dataclasses
 import math
@@ -9,15 +10,16 @@ from typing import Any
 
 from nanogpt_perf.errors import UserError, shown
 
-EXACT_FLOAT = 2**53  # above it, not every integer is a float: an int setting takes no float beyond it
+# above it, not every integer is a float: an int setting takes no float beyond it
+EXACT_FLOAT = 2**53
 RULES = ("min", "max", "above", "interval", "note", "choices", "words", "check", "inf")
 
 
 def setting(default: Any, help: str, **valid: Any) -> Any:
-    """A dataclass field declaring a setting: its default, its help and what is valid: min (>=), max (<=), above
-    (>), interval ('[0, 1)'), note (said after the bound: ' (0 = off)'), choices, words it takes beside values of
-    its type ('auto'), check (raises ValueError saying what is valid; a path's: nanogpt_perf/guard/paths.py), inf
-    (takes float('inf'))."""
+    """A dataclass field declaring a setting: its default, its help and what is valid: min (>=), max
+    (<=), above (>), interval ('[0, 1)'), note (said after the bound: ' (0 = off)'), choices, words
+    it takes beside values of its type ('auto'), check (raises ValueError saying what is valid; a
+    path's: nanogpt_perf/guard/paths.py), inf (takes float('inf'))."""
     if unknown := set(valid) - set(RULES):
         raise TypeError(f"setting() takes no {', '.join(sorted(unknown))}")
     meta = dict(help=help, note="", inf=False, choices=(), words=()) | valid
@@ -25,14 +27,15 @@ def setting(default: Any, help: str, **valid: Any) -> Any:
 
 
 def declared(part: type) -> dict[str, dataclasses.Field]:
-    """A part's settings: its dataclass fields that have a help (a field without one, GPTConfig's vocab_size, is
-    set by the code, not by the user)."""
+    """A part's settings: its dataclass fields that have a help (a field without one, GPTConfig's
+    vocab_size, is set by the code, not by the user)."""
     return {f.name: f for f in dataclasses.fields(part) if f.metadata.get("help")}
 
 
 def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> Any:
-    """value as the type of default (or one of the setting's words), or a UserError where that would lose or invent
-    information. Only plain bool, int, float and str are taken (a subclass of one is refused, not asked)."""
+    """value as the type of default (or one of the setting's words), or a UserError where that would
+    lose or invent information. Only plain bool, int, float and str are taken (a subclass of one is
+    refused, not asked)."""
     kind, given = type(default), type(value)
     if given is kind or (given is str and value in words):
         return value
@@ -44,14 +47,18 @@ def convert(key: str, value: Any, default: Any, words: tuple[str, ...] = ()) -> 
         try:
             return float(value)
         except OverflowError:
-            raise UserError(f"{key} must be a float (at most about 1.8e308), got {shown(value)}") from None
+            raise UserError(
+                f"{key} must be a float (at most about 1.8e308), got {shown(value)}"
+            ) from None
     also = "".join(f" or {w!r}" for w in words)
-    raise UserError(f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}")
+    raise UserError(
+        f"{key} must be {kind.__name__}{also} (default {default!r}), got {shown(value)}"
+    )
 
 
 def check_value(value: Any, meta: dict[str, Any]) -> None:
-    """Raises ValueError(what a setting's value must be: '>= 1', 'one of a, b') where value is not valid; the
-    setting's words ('auto') are valid too, and said before its bounds."""
+    """Raises ValueError(what a setting's value must be: '>= 1', 'one of a, b') where value is not
+    valid; the setting's words ('auto') are valid too, and said before its bounds."""
     words, inf, note = meta.get("words", ()), meta.get("inf", False), meta.get("note", "")
 
     def must(holds: bool, valid: str) -> None:
@@ -61,7 +68,10 @@ def check_value(value: Any, meta: dict[str, Any]) -> None:
     if value in words:
         return
     if type(value) is float and not math.isfinite(value):
-        must(inf and value == math.inf, "a finite number, or inf (no limit)" if inf else "a finite number")
+        must(
+            inf and value == math.inf,
+            "a finite number, or inf (no limit)" if inf else "a finite number",
+        )
     if type(value) is int:
         must(-(2**63) <= value < 2**63, "an integer within 64 bits (-2**63 to 2**63 - 1)")
     if choices := meta.get("choices"):
@@ -80,16 +90,26 @@ def check_value(value: Any, meta: dict[str, Any]) -> None:
 
 
 class Config:
-    """What configure() returns: each part's typed object by its name (cfg.model, a GPTConfig) and every setting by
-    its flat name (cfg.learning_rate); given: the settings the command's config files and flags set; defaults:
-    every setting's default as the script declares it; cross: the rules between settings it was checked with."""
+    """What configure() returns: each part's typed object by its name (cfg.model, a GPTConfig) and
+    every setting by its flat name (cfg.learning_rate); given: the settings the command's config
+    files and flags set; defaults: every setting's default as the script declares it; cross: the
+    rules between settings it was checked with."""
 
-    def __init__(self, parts: dict[str, Any], given: Iterable[str], cross: tuple, defaults: dict[str, Any]):
+    def __init__(
+        self, parts: dict[str, Any], given: Iterable[str], cross: tuple, defaults: dict[str, Any]
+    ):
         owner = {k: part for part in parts.values() for k in declared(type(part))}
-        self.__dict__.update(_parts=parts, _owner=owner, given=frozenset(given), cross=tuple(cross), defaults=defaults)
+        self.__dict__.update(
+            _parts=parts,
+            _owner=owner,
+            given=frozenset(given),
+            cross=tuple(cross),
+            defaults=defaults,
+        )
 
     def __getattr__(self, name: str) -> Any:
-        parts, owner = self.__dict__.get("_parts", {}), self.__dict__.get("_owner", {})  # none yet: copy, pickle
+        # none yet: copy, pickle
+        parts, owner = self.__dict__.get("_parts", {}), self.__dict__.get("_owner", {})
         if name in parts:
             return parts[name]
         if name in owner:
@@ -111,7 +131,8 @@ class Config:
         return dict(declared(type(self._owner[name]))[name].metadata)
 
     def replace(self, cross: tuple | None = None, **changes: Any) -> "Config":
-        """This config with some settings changed, checked as build checks them (cross: else this config's rules)."""
+        """This config with some settings changed, checked as build checks them (cross: else this
+        config's rules)."""
         if unknown := set(changes) - set(self._owner):
             raise TypeError(f"no setting {', '.join(sorted(unknown))}")
         types = {name: type(part) for name, part in self._parts.items()}
@@ -126,9 +147,10 @@ def build(
     cross: tuple = (),
     defaults: dict | None = None,
 ) -> Config:
-    """The Config of values (every setting of the parts by its flat name), each checked against its declaration,
-    each part's own checks run (its __post_init__'s ValueError), then the rules between settings (cross: each
-    raises ValueError with the whole line): the first mistake is a UserError."""
+    """The Config of values (every setting of the parts by its flat name), each checked against its
+    declaration, each part's own checks run (its __post_init__'s ValueError), then the rules between
+    settings (cross: each raises ValueError with the whole line): the first mistake is a
+    UserError."""
     meta = {k: f.metadata for part in parts.values() for k, f in declared(part).items()}
     for name, value in values.items():
         try:
@@ -145,15 +167,24 @@ def build(
     return cfg
 
 
-def flat_defaults(parts: dict[str, type], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every setting of the parts by its flat name and default (a script's overrides of a part's defaults win). A
-    name declared by two parts, or one that would hide a part or Config's own, is a mistake of the code's."""
+def flat_defaults(
+    parts: dict[str, type], overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every setting of the parts by its flat name and default (a script's overrides of a part's
+    defaults win). A name declared by two parts, or one that would hide a part or Config's own, is a
+    mistake of the code's."""
     found: dict[str, Any] = {}
     for part in parts.values():
         for name, f in declared(part).items():
             if name in found:
-                raise TypeError(f"the setting {name} is declared twice ({part.__name__} and another part)")
+                raise TypeError(
+                    f"the setting {name} is declared twice ({part.__name__} and another part)"
+                )
             found[name] = f.default
-    if clash := (set(found) | set(parts)) & {"given", "cross", "defaults", *dir(Config)} | set(found) & set(parts):
-        raise TypeError(f"a setting or part named {', '.join(sorted(clash))} would hide Config's or another's")
+    if clash := (set(found) | set(parts)) & {"given", "cross", "defaults", *dir(Config)} | set(
+        found
+    ) & set(parts):
+        raise TypeError(
+            f"a setting or part named {', '.join(sorted(clash))} would hide Config's or another's"
+        )
     return found | (overrides or {})

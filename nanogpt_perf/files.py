@@ -1,15 +1,15 @@
-"""Files and folders written for a user, atomically: into a temporary name beside the target, flushed to disk, then
-renamed over it (a folder is swapped in whole). A crash, a kill or a full disk at any moment leaves the previous
-file whole (or none), never half of a new one.
+"""Files and folders written for a user, atomically: into a temporary name beside the target,
+flushed to disk, then renamed over it (a folder is swapped in whole). A crash, a kill or a full disk
+at any moment leaves the previous file whole (or none), never half of a new one.
 
-A temporary name is hidden and says whose it is: .NAME.tmp-HOST-PID-RANDOM, unique to its writer. A failed write
-removes its own; one that a killed writer left is removed by the next write of the same target, once its writer
-is gone. A write that fails on the disk (full, read-only, a folder in the way) raises WriteFailed, a UserError: one
-line naming the file.
+A temporary name is hidden and says whose it is: .NAME.tmp-HOST-PID-RANDOM, unique to its writer. A
+failed write removes its own; one that a killed writer left is removed by the next write of the same
+target, once its writer is gone. A write that fails on the disk (full, read-only, a folder in the
+way) raises WriteFailed, a UserError: one line naming the file.
 
-A file a user controls is read through open_file (or read_file): what is no regular file (a
-folder, a FIFO, a socket, a device, a link to nothing) raises ReadFailed, one line naming it, and
-is never waited on (a FIFO's plain open waits for a writer forever)."""
+A file a user controls is read through open_file (or read_file): what is no regular file (a folder,
+a FIFO, a socket, a device, a link to nothing) raises ReadFailed, one line naming it, and is never
+waited on (a FIFO's plain open waits for a writer forever)."""
 
 import ctypes
 import errno
@@ -28,7 +28,8 @@ from typing import IO, Any, BinaryIO
 
 from nanogpt_perf.errors import UserError
 
-TEMP, ASIDE = ".tmp-", ".old-"  # a new file or folder being written; an old folder moved aside for a moment
+# a new file or folder being written; an old folder moved aside for a moment
+TEMP, ASIDE = ".tmp-", ".old-"
 REASONS = {
     errno.ENOSPC: "no space left on the device",
     errno.EDQUOT: "the disk quota is exceeded",
@@ -47,8 +48,8 @@ MISSING = "missing"
 
 
 class WriteFailed(UserError):
-    """A file or folder the disk would not take; what was there before is as it was: 'cannot write PATH: REASON;
-    ...'."""
+    """A file or folder the disk would not take; what was there before is as it was: 'cannot write
+    PATH: REASON; ...'."""
 
     def __init__(self, path: Path, error: OSError, existed: bool):
         self.path, self.error = path, error
@@ -123,9 +124,12 @@ def read_user_text(path: Path, what: str) -> str:
         raise UserError(f"{what} {path} cannot be read as UTF-8 text: {e}") from None
 
 
-def write_atomically(path: Path, write: Callable[[IO[bytes]], None], follow_links: bool = True) -> None:
-    """write(f) into a temporary file beside path, then fsync and rename it to path. A link at path is written
-    through (the file it names is replaced, the link kept), or with follow_links=False replaced by the file."""
+def write_atomically(
+    path: Path, write: Callable[[IO[bytes]], None], follow_links: bool = True
+) -> None:
+    """write(f) into a temporary file beside path, then fsync and rename it to path. A link at path
+    is written through (the file it names is replaced, the link kept), or with follow_links=False
+    replaced by the file."""
 
     def fill(f: IO[bytes], tmp: Path) -> None:
         write(f)
@@ -135,9 +139,11 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None], follow_link
     _commit_file(path, fill, follow_links)
 
 
-def write_through_path(path: Path, write: Callable[[Path], None], follow_links: bool = True) -> None:
-    """write_atomically for a writer that takes a file name (torch.profiler's trace, tarfile): write(tmp) makes the
-    file at tmp, a temporary name beside path."""
+def write_through_path(
+    path: Path, write: Callable[[Path], None], follow_links: bool = True
+) -> None:
+    """write_atomically for a writer that takes a file name (torch.profiler's trace, tarfile):
+    write(tmp) makes the file at tmp, a temporary name beside path."""
 
     def fill(f: IO[bytes], tmp: Path) -> None:
         f.close()
@@ -159,14 +165,20 @@ def write_json(path: Path, data: Any, indent: int = 2) -> None:
     write_text(path, json.dumps(data, indent=indent) + "\n")
 
 
-def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None], follow_links: bool = True) -> None:
+def _commit_file(
+    path: Path, fill: Callable[[IO[bytes], Path], None], follow_links: bool = True
+) -> None:
     shown, link = path, follow_links and os.path.islink(path)
     path = Path(os.path.realpath(path)) if link else Path(path)  # a link stays one
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_leftovers(path)
-        mode = path.stat().st_mode & 0o7777 if path.is_file() and not path.is_symlink() else 0o666 & ~umask()
+        mode = (
+            path.stat().st_mode & 0o7777
+            if path.is_file() and not path.is_symlink()
+            else 0o666 & ~umask()
+        )
         fd, name = tempfile.mkstemp(prefix=temp_prefix(path, TEMP), dir=path.parent)
     except OSError as e:
         raise WriteFailed(shown, e, existed) from None
@@ -185,9 +197,10 @@ def _commit_file(path: Path, fill: Callable[[IO[bytes], Path], None], follow_lin
 
 
 def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
-    """fill(tmp) writes a whole new folder at tmp, a temporary name beside path; it is then flushed to disk and
-    takes path's place at once, and the previous folder at path (if any) is deleted."""
-    shown, path = path, Path(os.path.realpath(path))  # a link to a folder: the folder is replaced, the link kept
+    """fill(tmp) writes a whole new folder at tmp, a temporary name beside path; it is then flushed
+    to disk and takes path's place at once, and the previous folder at path (if any) is deleted."""
+    # a link to a folder: the folder is replaced, the link kept
+    shown, path = path, Path(os.path.realpath(path))
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +214,8 @@ def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
         sync_tree(tmp)
         if not existed:
             os.rename(tmp, path)
-        elif not exchange(tmp, path):  # where there is no atomic swap: aside, in; remove_leftovers undoes a kill
+        # where there is no atomic swap: aside, in; remove_leftovers undoes a kill
+        elif not exchange(tmp, path):
             aside = tmp.with_name(tmp.name.replace(TEMP, ASIDE, 1))
             os.rename(path, aside)
             os.rename(tmp, path)
@@ -215,7 +229,7 @@ def replace_folder(path: Path, fill: Callable[[Path], None]) -> None:
     shutil.rmtree(tmp, ignore_errors=True)  # the previous folder, now under the temporary name
 
 
-# ----------------------------------------------------------------------------- temporary names and leftovers
+# ------------------------------------------------------------------ temporary names and leftovers
 
 
 def this_host() -> str:
@@ -227,11 +241,12 @@ def temp_prefix(path: Path, kind: str) -> str:
 
 
 def remove_leftovers(path: Path) -> None:
-    """Remove the temporary files and folders of path that writers on this machine, gone now, left behind; a
-    previous folder left aside while path was swapped is put back if path is missing."""
+    """Remove the temporary files and folders of path that writers on this machine, gone now, left
+    behind; a previous folder left aside while path was swapped is put back if path is missing."""
     for kind in (TEMP, ASIDE):
         for leftover in path.parent.glob(f".{glob_escape(path.name)}{kind}*"):
-            host_pid = leftover.name[len(path.name) + 1 + len(kind) :].rpartition("-")[0]  # HOST-PID(-RANDOM)
+            # HOST-PID(-RANDOM)
+            host_pid = leftover.name[len(path.name) + 1 + len(kind) :].rpartition("-")[0]
             host, _, pid = host_pid.rpartition("-")
             ours = host == this_host() and pid.isascii() and pid.isdigit()
             if not ours or process_alive(int(pid)):
@@ -272,7 +287,8 @@ def host_memory_bytes() -> int | None:
 
 
 def os_error_in(error: BaseException) -> OSError | None:
-    """The OSError that caused error, itself or in its chain (torch.save turns a failed write into a RuntimeError)."""
+    """The OSError that caused error, itself or in its chain (torch.save turns a failed write into a
+    RuntimeError)."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, OSError):
@@ -292,7 +308,8 @@ def sync_file(path: Path) -> None:
 
 
 def sync_folder(folder: Path) -> None:
-    """fsync a folder, so that a rename in it survives a crash; best effort (some file systems refuse)."""
+    """fsync a folder, so that a rename in it survives a crash; best effort (some file systems
+    refuse)."""
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -314,14 +331,21 @@ def sync_tree(folder: Path) -> None:
 
 
 def exchange(a: Path, b: Path) -> bool:
-    """Swap the names a and b at once (Linux's renameat2 with RENAME_EXCHANGE); False where it cannot."""
+    """Swap the names a and b at once (Linux's renameat2 with RENAME_EXCHANGE); False where it
+    cannot."""
     if sys.platform != "linux":
         return False
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):  # a C library without it
         return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
         return True
@@ -335,11 +359,16 @@ _umask: int | None = None
 
 
 def umask() -> int:
-    """This process's umask, read without changing it where Linux says it (changing it would race other threads)."""
+    """This process's umask, read without changing it where Linux says it (changing it would race
+    other threads)."""
     global _umask
     if _umask is None:
         try:
-            line = next(s for s in Path("/proc/self/status").read_text().splitlines() if s.startswith("Umask:"))
+            line = next(
+                s
+                for s in Path("/proc/self/status").read_text().splitlines()
+                if s.startswith("Umask:")
+            )
             _umask = int(line.split()[1], 8)
         except (OSError, StopIteration, ValueError, IndexError):
             _umask = os.umask(0o022)

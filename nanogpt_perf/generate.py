@@ -1,9 +1,10 @@
-"""Generation, fast: each prompt prefilled once, then one token at a time against a KV cache, in a decode step whose
-shapes are the same at every position. It compiles once and, on CUDA, is captured once as a CUDA graph that each
-token replays (one launch instead of ~450 kernels). Sampling (temperature, top-k, top-p, the padded vocabulary)
-stays on the device: the only host sync per token is the caller's read of it. GPT.generate (model.py) is the slow
-reference: greedy, or sampled with the same seed, both give the same tokens (tests/test_generate.py). What only
-generation uses lives here: the forward pass against the cache (cached_forward) and top_p's nucleus (sample_next,
+"""Generation, fast: each prompt prefilled once, then one token at a time against a KV cache, in a
+decode step whose shapes are the same at every position. It compiles once and, on CUDA, is captured
+once as a CUDA graph that each token replays (one launch instead of ~450 kernels). Sampling
+(temperature, top-k, top-p, the padded vocabulary) stays on the device: the only host sync per token
+is the caller's read of it. GPT.generate (model.py) is the slow reference: greedy, or sampled with
+the same seed, both give the same tokens (tests/test_generate.py). What only generation uses lives
+here: the forward pass against the cache (cached_forward) and top_p's nucleus (sample_next,
 candidates), whose draw is model.sample's, GPT.generate's own: one piece of maths for both."""
 
 import functools
@@ -19,13 +20,14 @@ from model import GPT, sample
 from nanogpt_perf.quantize import PackedLinear, quantize_linears, replace_linears
 from nanogpt_perf.runtime import PTDTYPES, Runtime
 
-# A decode step attends to a cache of fixed length, masked past its position: kernels that take the mask as data
-# and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes no mask there); cuDNN,
-# which SDPA prefers on Hopper, is left out: it builds an execution plan for every new shape it meets. On a CPU,
-# flash takes the mask.
+# A decode step attends to a cache of fixed length, masked past its position: kernels that take the
+# mask as data and build nothing per shape. On CUDA that is the memory-efficient kernel (flash takes
+# no mask there); cuDNN, which SDPA prefers on Hopper, is left out: it builds an execution plan for
+# every new shape it meets. On a CPU, flash takes the mask.
 DECODE_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
-# A prefill (causal, one call per prompt length) under attention="sdpa": flash or memory-efficient, math where neither
-# takes the dtype (float64); not cuDNN, which would build a new execution plan for every prompt length.
+# A prefill (causal, one call per prompt length) under attention="sdpa": flash or memory-efficient,
+# math where neither takes the dtype (float64); not cuDNN, which would build a new execution plan
+# for every prompt length.
 PREFILL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -37,9 +39,10 @@ def sample_next(
     generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per row of logits (B, V): model.sample's (greedy at temperature 0, else drawn as torch.multinomial
-    draws, over the top_k most likely), and with top_p < 1 over the nucleus of those (see candidates). noise is
-    sample's q, the exponentials drawn beforehand (one per candidate), as a CUDA graph that replays the rest needs."""
+    """One token per row of logits (B, V): model.sample's (greedy at temperature 0, else drawn as
+    torch.multinomial draws, over the top_k most likely), and with top_p < 1 over the nucleus of
+    those (see candidates). noise is sample's q, the exponentials drawn beforehand (one per
+    candidate), as a CUDA graph that replays the rest needs."""
     if temperature == 0 or top_p is None or top_p >= 1.0:
         return sample(logits, temperature, top_k, generator, noise)
     values, indices = candidates(logits.float() / temperature, top_k, top_p)
@@ -49,10 +52,11 @@ def sample_next(
 def candidates(
     logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The logits of the tokens that may be drawn and their ids: the top_k most likely (exactly k, even when the
-    k-th value is tied), then of those the smallest set whose probability reaches top_p (nucleus: the others are
-    -inf; the most likely always stays), sorted most likely first; with neither filter, logits as they are and
-    ids None. No shape depends on the values (no boolean indexing), so this runs on the device without a sync."""
+    """The logits of the tokens that may be drawn and their ids: the top_k most likely (exactly k,
+    even when the k-th value is tied), then of those the smallest set whose probability reaches
+    top_p (nucleus: the others are -inf; the most likely always stays), sorted most likely first;
+    with neither filter, logits as they are and ids None. No shape depends on the values (no boolean
+    indexing), so this runs on the device without a sync."""
     nucleus = top_p is not None and top_p < 1.0
     if top_k is not None and top_k < logits.size(-1):
         values, indices = torch.topk(logits, top_k)
@@ -72,11 +76,16 @@ class Sampling:
     temperature: float = 1.0  # 0 is greedy
     top_k: int | None = None
     top_p: float | None = None
-    vocab_size: int | None = None  # tokens from here on are never drawn (a padded vocabulary's tail)
+    # tokens from here on are never drawn (a padded vocabulary's tail)
+    vocab_size: int | None = None
 
-    def draw(self, logits: torch.Tensor, noise: torch.Tensor | None = None, generator=None) -> torch.Tensor:
+    def draw(
+        self, logits: torch.Tensor, noise: torch.Tensor | None = None, generator=None
+    ) -> torch.Tensor:
         """The next token (B, 1) after logits (B, V); noise as sample_next takes it."""
-        return sample_next(logits[:, : self.vocab_size], self.temperature, self.top_k, self.top_p, generator, noise)
+        return sample_next(
+            logits[:, : self.vocab_size], self.temperature, self.top_k, self.top_p, generator, noise
+        )
 
     def noise_size(self, vocab_size: int) -> int:
         """How many exponentials a draw takes per row: one per candidate."""
@@ -85,8 +94,9 @@ class Sampling:
 
 
 def cache_length(prompt_len: int, max_new_tokens: int, block_size: int) -> int:
-    """Positions the cache needs: every prompt token and every new one but the last (which is never run), rounded
-    up to a multiple of 64 for the kernels, at most block_size (beyond it the window slides)."""
+    """Positions the cache needs: every prompt token and every new one but the last (which is never
+    run), rounded up to a multiple of 64 for the kernels, at most block_size (beyond it the window
+    slides)."""
     needed = prompt_len + max_new_tokens - 1
     return min(block_size, -(-needed // 64) * 64)
 
@@ -100,11 +110,12 @@ def write_cache(
     v: torch.Tensor,
     kernels: SDPBackend | None,
 ) -> tuple:
-    """One layer's KV cache, as CausalSelfAttention calls it (bound to its caches, pos and mask by cached_forward):
-    k and v written into the caches (B, nh, L, hs); the keys, values, mask and SDPA kernels to attend with. pos as
-    cached_forward takes it: None (a prefill, causal over itself: kernels the layer's, else PREFILL_KERNELS), an
-    int (the filled part of the cache, up to these tokens) or a 0-d tensor (the whole cache, masked past pos);
-    a decode step's kernels are cached_forward's, set once for every layer (a context costs ~15 us on a CPU)."""
+    """One layer's KV cache, as CausalSelfAttention calls it (bound to its caches, pos and mask by
+    cached_forward): k and v written into the caches (B, nh, L, hs); the keys, values, mask and SDPA
+    kernels to attend with. pos as cached_forward takes it: None (a prefill, causal over itself:
+    kernels the layer's, else PREFILL_KERNELS), an int (the filled part of the cache, up to these
+    tokens) or a 0-d tensor (the whole cache, masked past pos); a decode step's kernels are
+    cached_forward's, set once for every layer (a context costs ~15 us on a CPU)."""
     if isinstance(pos, torch.Tensor):
         k_cache.index_copy_(2, pos.view(1), k)
         v_cache.index_copy_(2, pos.view(1), v)
@@ -125,16 +136,17 @@ def cached_forward(
     pos: torch.Tensor | int | None = None,
     every: bool = False,
 ) -> torch.Tensor:
-    """Logits (B, V) of the token after idx (every: (B, T, V), after each of its tokens), keeping every layer's
-    keys and values in its caches: k_cache and v_cache hold one (B, n_head, L, head_size) tensor per layer (rotary
-    keys as turned). idx (B, T) stands at positions pos ... pos + T - 1, pos one of:
+    """Logits (B, V) of the token after idx (every: (B, T, V), after each of its tokens), keeping
+    every layer's keys and values in its caches: k_cache and v_cache hold one (B, n_head, L,
+    head_size) tensor per layer (rotary keys as turned). idx (B, T) stands at positions pos ... pos
+    + T - 1, pos one of:
     - None: a prefill from position 0;
-    - an int (known on the host): idx attends to the cache's filled part alone, causally (a decode step, or the
-      draft tokens a speculative step checks at once);
-    - a 0-d tensor on the device: one token attending to the whole cache, masked past pos by one additive mask
-      made here for every layer, so that every shape is the same at every position (compiled, CUDA graphs).
-    A cache of per-layer tensors, not one (n_layer, ...) tensor: under torch.compile, writes into views of one
-    tensor become copies of all of it at every step."""
+    - an int (known on the host): idx attends to the cache's filled part alone, causally (a decode
+      step, or the draft tokens a speculative step checks at once);
+    - a 0-d tensor on the device: one token attending to the whole cache, masked past pos by one
+      additive mask made here for every layer, so that every shape is the same at every position
+      (compiled, CUDA graphs). A cache of per-layer tensors, not one (n_layer, ...) tensor: under
+      torch.compile, writes into views of one tensor become copies of all of it at every step."""
     T, mask, dtype = idx.size(1), None, k_cache[0].dtype
     if isinstance(pos, torch.Tensor):
         positions, L = pos.view(1), k_cache[0].size(2)
@@ -145,33 +157,45 @@ def cached_forward(
         positions = torch.arange(pos or 0, (pos or 0) + T, device=idx.device)
         if pos:  # query i sees the keys up to its own position
             later = torch.arange(pos + T, device=idx.device) > positions[:, None]
-            mask = torch.zeros(later.shape, dtype=dtype, device=idx.device).masked_fill(later, float("-inf"))
-    caches = [functools.partial(write_cache, k, v, pos, mask) for k, v in zip(k_cache, v_cache, strict=True)]
-    with sdpa_kernel(DECODE_KERNELS) if mask is not None else nullcontext():  # a decode step's, every layer's
+            mask = torch.zeros(later.shape, dtype=dtype, device=idx.device).masked_fill(
+                later, float("-inf")
+            )
+    caches = [
+        functools.partial(write_cache, k, v, pos, mask)
+        for k, v in zip(k_cache, v_cache, strict=True)
+    ]
+    # a decode step's, every layer's
+    with sdpa_kernel(DECODE_KERNELS) if mask is not None else nullcontext():
         x = model.blocks(idx, positions, caches)
     return model.head(model.transformer.ln_f(x if every else x[:, -1, :]))
 
 
-def kv_cache(model: GPT, batch_size: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Zeroed keys and values for length positions of batch_size sequences: a (B, n_head, L, head_size) tensor
-    per layer each, in the model's dtype and on its device."""
+def kv_cache(
+    model: GPT, batch_size: int, length: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Zeroed keys and values for length positions of batch_size sequences: a (B, n_head, L,
+    head_size) tensor per layer each, in the model's dtype and on its device."""
     cfg, wte = model.config, model.transformer.wte.weight
     shape = (batch_size, cfg.n_head, length, cfg.n_embd // cfg.n_head)
-    return ([torch.zeros(shape, dtype=wte.dtype, device=wte.device) for _ in range(cfg.n_layer)] for _ in range(2))
+    return (
+        [torch.zeros(shape, dtype=wte.dtype, device=wte.device) for _ in range(cfg.n_layer)]
+        for _ in range(2)
+    )
 
 
 @functools.cache
 def graph_pool() -> tuple:
-    """The one memory pool of every decode step's CUDA graph in this process, so that a Decoder per shape and
-    sampling does not hold a pool of its own. Sharing is safe: a step leaves nothing of its own alive between
-    replays (it writes its results into tensors made outside the graph), so graphs replayed in any order never
-    read what another wrote."""
+    """The one memory pool of every decode step's CUDA graph in this process, so that a Decoder per
+    shape and sampling does not hold a pool of its own. Sharing is safe: a step leaves nothing of
+    its own alive between replays (it writes its results into tensors made outside the graph), so
+    graphs replayed in any order never read what another wrote."""
     return torch.cuda.graph_pool_handle()
 
 
-# A CPU's decode step: its wrapper in C++ (the Python around the kernels is a fifth of a step), the weights frozen
-# into the graph as constants and every Linear timed against inductor's C++ GEMM template, which streams a
-# weight at M=1 faster than MKL or oneDNN (GPT-2's shape: float32 +12%, bfloat16 +30%; docs/sample.md)
+# A CPU's decode step: its wrapper in C++ (the Python around the kernels is a fifth of a step), the
+# weights frozen into the graph as constants and every Linear timed against inductor's C++ GEMM
+# template, which streams a weight at M=1 faster than MKL or oneDNN (GPT-2's shape: float32 +12%,
+# bfloat16 +30%; docs/sample.md)
 CPU_COMPILE = {
     "cpp_wrapper": True,
     "freezing": True,
@@ -183,20 +207,22 @@ CPU_COMPILE = {
 
 
 def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -> Callable:
-    """cached_forward compiled, once for every position. static (a CUDA graph replays it): for one shape, the caches
-    marked as static addresses (the same tensors at every step, so that cudagraphs need not copy them in). Else
-    (a CPU): its position and the cache's filled length symbolic, one graph for every position, the shapes of the
-    caches and the token fixed, and on a CPU its wrapper in C++ (cpp_wrapper: the Python around the kernels is a
-    fifth of a step). torch.compile keeps its graphs per code object, so every Decoder of the process shares
-    cached_forward's; past dynamo's recompile limit (8) the step would run eagerly without a word, and a CUDA graph
-    would capture that: the limit is raised with every Decoder compiled."""
+    """cached_forward compiled, once for every position. static (a CUDA graph replays it): for one
+    shape, the caches marked as static addresses (the same tensors at every step, so that cudagraphs
+    need not copy them in). Else (a CPU): its position and the cache's filled length symbolic, one
+    graph for every position, the shapes of the caches and the token fixed, and on a CPU its wrapper
+    in C++ (cpp_wrapper: the Python around the kernels is a fifth of a step). torch.compile keeps
+    its graphs per code object, so every Decoder of the process shares cached_forward's; past
+    dynamo's recompile limit (8) the step would run eagerly without a word, and a CUDA graph would
+    capture that: the limit is raised with every Decoder compiled."""
     import torch._dynamo
 
     for tensor in tensors:
         torch._dynamo.mark_static_address(tensor) if static else torch._dynamo.mark_static(tensor)
     Decoder.compiled += 1
     config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    # torch < 2.6
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 2 * Decoder.compiled + 8))
     if static:
         return torch.compile(cached_forward, dynamic=False, fullgraph=True)
@@ -204,7 +230,8 @@ def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -
     if tensors[0].device.type != "cpu":
         return compiled
 
-    def cpu_step(*args, **kwargs):  # freezing is read outside torch.compile's options: patched where it compiles
+    # freezing is read outside torch.compile's options: patched where it compiles
+    def cpu_step(*args, **kwargs):
         with torch._inductor.config.patch(CPU_COMPILE):
             return compiled(*args, **kwargs)
 
@@ -212,13 +239,15 @@ def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -
 
 
 class Decoder:
-    """The decoding state of batch_size sequences: a KV cache of cache_len positions (one K and one V tensor per
-    layer), the current token (B, 1) and the positions filled. step() runs token against the cache, draws the next
-    token into token with exponential noise drawn just before (what torch.multinomial would draw from the same
-    generator) and advances. Eager, the step attends to the filled part of the cache alone, its length known on
-    the host (filled). Static (compiled, or a CUDA graph), its position is a 0-d tensor on the device (pos) and it
-    attends to the whole cache, masked: nothing changes shape or returns to the host, so on CUDA it is captured
-    once as a CUDA graph; the noise is drawn outside the graph, so a graph and an eager step draw alike."""
+    """The decoding state of batch_size sequences: a KV cache of cache_len positions (one K and one
+    V tensor per layer), the current token (B, 1) and the positions filled. step() runs token
+    against the cache, draws the next token into token with exponential noise drawn just before
+    (what torch.multinomial would draw from the same generator) and advances. Eager, the step
+    attends to the filled part of the cache alone, its length known on the host (filled). Static
+    (compiled, or a CUDA graph), its position is a 0-d tensor on the device (pos) and it attends to
+    the whole cache, masked: nothing changes shape or returns to the host, so on CUDA it is captured
+    once as a CUDA graph; the noise is drawn outside the graph, so a graph and an eager step draw
+    alike."""
 
     compiled = 0  # Decoders built with compile=True in this process
 
@@ -234,28 +263,37 @@ class Decoder:
     ):
         cfg, dev = model.config, runtime.device
         self.static = dev.type == "cuda" and (compile or cuda_graph)
-        # eager, a spare position: the filled part is never the whole cache, whose slice alone would be contiguous
-        # (a compiled step would guard on it and compile again for the last position)
+        # eager, a spare position: the filled part is never the whole cache, whose slice alone would
+        # be contiguous (a compiled step would guard on it and compile again for the last position)
         self.k, self.v = kv_cache(model, batch_size, cache_len + (not self.static))
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self.pos, self.filled = torch.zeros((), dtype=torch.long, device=dev), 0
         self.noise = torch.ones(batch_size, sampling.noise_size(cfg.vocab_size), device=dev)
-        self.model, self.runtime, self.sampling, self.cache_len = model, runtime, sampling, cache_len
+        self.model, self.runtime, self.sampling, self.cache_len = (
+            model,
+            runtime,
+            sampling,
+            cache_len,
+        )
         tensors = self.k + self.v + ([] if self.static else [self.token])
-        self.forward = compile_decode_step(model, tensors, self.static) if compile else cached_forward
+        self.forward = (
+            compile_decode_step(model, tensors, self.static) if compile else cached_forward
+        )
         self.graph: torch.cuda.CUDAGraph | None = None
         start = time.perf_counter()
         if cuda_graph and dev.type == "cuda":
             self.graph = self.capture()
-        elif compile:  # compiles now, so that generation is timed apart from it (a position past 0 and 1, which
+        # compiles now, so that generation is timed apart from it (a position past 0 and 1, which
+        elif compile:
             self.filled = min(2, cache_len - 1)  # dynamo would specialise)
             self.run_step()
         runtime.synchronize()
         self.build_seconds = time.perf_counter() - start
 
     def forward_at(self, idx: torch.Tensor, filled: int, every: bool = False) -> torch.Tensor:
-        """cached_forward of idx after the filled positions of the cache, compiled where the step is compiled for
-        a host position (not a static step's, nor at 0 and 1, which dynamo would specialise: see __init__)."""
+        """cached_forward of idx after the filled positions of the cache, compiled where the step is
+        compiled for a host position (not a static step's, nor at 0 and 1, which dynamo would
+        specialise: see __init__)."""
         forward = self.forward if not self.static and filled > 1 else cached_forward
         return forward(self.model, idx, self.k, self.v, filled, every)
 
@@ -270,8 +308,8 @@ class Decoder:
             self.filled += 1
 
     def capture(self) -> torch.cuda.CUDAGraph:
-        """run_step as a CUDA graph: warmed up on a side stream first (compilation, cuBLAS workspaces and
-        autotuning happen outside the capture), then recorded once."""
+        """run_step as a CUDA graph: warmed up on a side stream first (compilation, cuBLAS
+        workspaces and autotuning happen outside the capture), then recorded once."""
         stream = torch.cuda.Stream(self.runtime.device)
         stream.wait_stream(torch.cuda.current_stream(self.runtime.device))
         with torch.cuda.stream(stream):
@@ -287,12 +325,17 @@ class Decoder:
         if self.sampling.temperature > 0:
             self.noise.exponential_(1, generator=generator)
 
-    def prefill(self, idx: torch.Tensor, num_samples: int, generator: torch.Generator | None) -> None:
-        """Run the prompts idx (B, T) from position 0 into the cache, each prompt's rows repeated for its
-        num_samples sequences (rows b * num_samples ... (b + 1) * num_samples - 1), and draw their first tokens."""
+    def prefill(
+        self, idx: torch.Tensor, num_samples: int, generator: torch.Generator | None
+    ) -> None:
+        """Run the prompts idx (B, T) from position 0 into the cache, each prompt's rows repeated
+        for its num_samples sequences (rows b * num_samples ... (b + 1) * num_samples - 1), and draw
+        their first tokens."""
         B, T = idx.shape
         with torch.no_grad():
-            logits = cached_forward(self.model, idx, [k[:B] for k in self.k], [v[:B] for v in self.v])
+            logits = cached_forward(
+                self.model, idx, [k[:B] for k in self.k], [v[:B] for v in self.v]
+            )
             if num_samples > 1:
                 for cache in self.k + self.v:
                     cache.copy_(cache[:B].repeat_interleave(num_samples, dim=0))
@@ -312,10 +355,11 @@ class Decoder:
 
 
 class Engine:
-    """Generation from one model: a Decoder per batch size and cache length, built on first use and kept (a
-    compiled or captured step is built once for every prompt of that shape). The model is made ready to decode
-    here, in place (for_inference): under a runtime with autocast its weights cast to its dtype once, its Linears
-    quantized to int8 or int4 (quantize), or packed for oneDNN (pack: a CPU in bfloat16, eager)."""
+    """Generation from one model: a Decoder per batch size and cache length, built on first use and
+    kept (a compiled or captured step is built once for every prompt of that shape). The model is
+    made ready to decode here, in place (for_inference): under a runtime with autocast its weights
+    cast to its dtype once, its Linears quantized to int8 or int4 (quantize), or packed for oneDNN
+    (pack: a CPU in bfloat16, eager)."""
 
     def __init__(
         self,
@@ -326,13 +370,17 @@ class Engine:
         quantize: str = "none",
         pack: bool = True,
     ):
-        # compiled, inductor's own GEMM takes the plain weights (CPU_COMPILE); oneDNN's packing serves eager steps
+        # compiled, inductor's own GEMM takes the plain weights (CPU_COMPILE); oneDNN's packing
+        # serves eager steps
         self.model = for_inference(model, runtime, quantize, pack and not compile)
         self.runtime, self.compile = runtime, compile
-        self.graphs = cuda_graph and runtime.device_type == "cuda"  # decode steps captured as CUDA graphs
+        # decode steps captured as CUDA graphs
+        self.graphs = cuda_graph and runtime.device_type == "cuda"
         self.decoders: dict[tuple, Decoder] = {}
 
-    def decoder(self, batch_size: int, prompt_len: int, max_new_tokens: int, sampling: Sampling) -> Decoder:
+    def decoder(
+        self, batch_size: int, prompt_len: int, max_new_tokens: int, sampling: Sampling
+    ) -> Decoder:
         block_size = self.model.config.block_size
         cache_len = cache_length(min(prompt_len, block_size), max_new_tokens, block_size)
         key = (batch_size, cache_len, sampling)
@@ -351,10 +399,10 @@ class Engine:
         num_samples: int = 1,
         use_cache: bool = True,
     ) -> Iterator[torch.Tensor]:
-        """Yield the next token of every sequence, (B * num_samples, 1), max_new_tokens times, after the prompts
-        idx (B, T); each prompt is prefilled once and shared by its num_samples sequences (rows b * num_samples
-        ... (b + 1) * num_samples - 1). use_cache=False recomputes the whole context for every token (the
-        reference: GPT.generate's loop)."""
+        """Yield the next token of every sequence, (B * num_samples, 1), max_new_tokens times, after
+        the prompts idx (B, T); each prompt is prefilled once and shared by its num_samples
+        sequences (rows b * num_samples ... (b + 1) * num_samples - 1). use_cache=False recomputes
+        the whole context for every token (the reference: GPT.generate's loop)."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, not {num_samples}")
         if not use_cache:
@@ -366,7 +414,8 @@ class Engine:
         decoder = self.decoder(idx.size(0) * num_samples, idx.size(1), max_new_tokens, sampling)
         decoder.prefill(idx, num_samples, generator)
         slides = idx.size(1) + max_new_tokens - 1 > block_size
-        context = idx.repeat_interleave(num_samples, dim=0) if slides else None  # what a re-prefill needs
+        # what a re-prefill needs
+        context = idx.repeat_interleave(num_samples, dim=0) if slides else None
         length = idx.size(1)  # positions filled in the cache
         for i in range(max_new_tokens):
             token = decoder.token.clone()
@@ -379,16 +428,21 @@ class Engine:
                 decoder.step(generator)
                 length += 1
             else:
-                # The window slides past block_size. A learned absolute position embedding cannot be shifted, so
-                # the keys and values of every kept token change: prefill the last block_size tokens again. This
-                # gives exactly the tokens of the uncached model, at the cost of a full pass per token from here.
+                # The window slides past block_size. A learned absolute position embedding cannot be
+                # shifted, so the keys and values of every kept token change: prefill the last
+                # block_size tokens again. This gives exactly the tokens of the uncached model, at
+                # the cost of a full pass per token from here.
                 decoder.prefill(context[:, -block_size:], 1, generator)
 
     def uncached_tokens(
-        self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling, generator: torch.Generator | None
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
     ) -> Iterator[torch.Tensor]:
-        """GPT.generate's loop, a forward pass over the whole context (its last block_size tokens) for every token,
-        drawn by sampling (top_p too)."""
+        """GPT.generate's loop, a forward pass over the whole context (its last block_size tokens)
+        for every token, drawn by sampling (top_p too)."""
         for _ in range(max_new_tokens):
             with torch.no_grad():
                 logits, _ = self.model(idx[:, -self.model.config.block_size :])
@@ -398,13 +452,19 @@ class Engine:
 
 
 def for_inference(model: GPT, runtime: Runtime, quantize: str = "none", pack: bool = True) -> GPT:
-    """model made ready to decode on runtime, in place. Under autocast its weights are cast to runtime's dtype
-    once (autocast would cast every weight again at every token, reading three times the bytes that decoding
-    needs); its Linears quantized ('int8', 'int4': nanogpt_perf/quantize.py), computing in that dtype, or on a
-    CPU in bfloat16 packed once for oneDNN (pack). For inference only: a tied lm_head gets its own weight."""
+    """model made ready to decode on runtime, in place. Under autocast its weights are cast to
+    runtime's dtype once (autocast would cast every weight again at every token, reading three times
+    the bytes that decoding needs); its Linears quantized ('int8', 'int4':
+    nanogpt_perf/quantize.py), computing in that dtype, or on a CPU in bfloat16 packed once for
+    oneDNN (pack). For inference only: a tied lm_head gets its own weight."""
     dtype = PTDTYPES[runtime.dtype] if runtime.autocast else model.transformer.wte.weight.dtype
     if quantize != "none":
         quantize_linears(model, quantize, dtype)
-    elif pack and runtime.device_type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+    elif (
+        pack
+        and runtime.device_type == "cpu"
+        and dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+    ):
         replace_linears(model, lambda linear: PackedLinear(linear, dtype))
     return model.to(dtype)

@@ -13,38 +13,48 @@ from nanogpt_perf.errors import UserError, first_line
 from nanogpt_perf.guard.weights import check_hf_folder
 
 HF_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-FREE_OF_WEIGHTS = fields_of_kind("kernel", "training")  # GPTConfig fields that leave the weights as they are
+# GPTConfig fields that leave the weights as they are
+FREE_OF_WEIGHTS = fields_of_kind("kernel", "training")
 
 
 def load_gpt2(name_or_path: str, settings: GPTConfig | None = None) -> GPT:
-    """GPT.from_pretrained, one UserError line for what fails (no such folder or hub name, a folder this
-    model cannot be, no transformers or network); with settings, its fields the weights leave free."""
+    """GPT.from_pretrained, one UserError line for what fails (no such folder or hub name, a folder
+    this model cannot be, no transformers or network); with settings, its fields the weights leave
+    free."""
     overrides = {k: getattr(settings, k) for k in FREE_OF_WEIGHTS} if settings else {}
     folder = Path(name_or_path)
     if not folder.is_dir() and name_or_path not in HF_HUB_NAMES:
-        raise UserError(f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}")
+        raise UserError(
+            f"{name_or_path!r} is neither a folder nor one of {', '.join(HF_HUB_NAMES)}"
+        )
     if importlib.util.find_spec("transformers") is None:
         raise UserError(f"loading {name_or_path} needs transformers: pip install -e '.[hf]'")
     if folder.is_dir():
-        check_hf_folder(folder, lambda why: UserError(f"{folder} is not a GPT-2 folder in transformers' format: {why}"))
+        check_hf_folder(
+            folder,
+            lambda why: UserError(f"{folder} is not a GPT-2 folder in transformers' format: {why}"),
+        )
     try:
         return from_pretrained(name_or_path, **overrides)
-    except Exception as e:  # no network, hub down, unreadable weights: one line, not transformers' traceback
+    # no network, hub down, unreadable weights: one line, not transformers' traceback
+    except Exception as e:
         how = "" if folder.is_dir() else " from the Hugging Face hub"
-        raise UserError(f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}") from e
+        raise UserError(
+            f"cannot load {name_or_path}{how}: {type(e).__name__}: {first_line(e)}"
+        ) from e
 
 
 def from_pretrained(name_or_path: str, **overrides: Any) -> GPT:
-    """GPT.from_pretrained without transformers' warnings and progress bar. overrides: GPTConfig fields that leave
-    the weights as they are (dropout, attention, the loss, the savers)."""
+    """GPT.from_pretrained without transformers' warnings and progress bar. overrides: GPTConfig
+    fields that leave the weights as they are (dropout, attention, the loss, the savers)."""
     with quiet_transformers():
         return GPT.from_pretrained(name_or_path, overrides)
 
 
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """transformers' warnings and its weight-loading progress bar off (a folder is checked before it loads; the
-    hub's download bar is huggingface_hub's, and stays)."""
+    """transformers' warnings and its weight-loading progress bar off (a folder is checked before it
+    loads; the hub's download bar is huggingface_hub's, and stays)."""
     from transformers.utils import logging
 
     verbosity, bar = logging.get_verbosity(), logging.is_progress_bar_enabled()

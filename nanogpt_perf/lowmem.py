@@ -1,18 +1,19 @@
 """Bigger models in less memory (issue 33): the savers of training state, each off by default.
 
-Every run holds 16 bytes of training state per parameter with AdamW (float32 weights 4, gradients 4, moments 8) and
-about 13 with Muon. The savers, the settings of a LowMemConfig:
-- weights_dtype='bfloat16': the weights (so the gradients) in bfloat16, 2 + 2 bytes, updated with stochastic
-  rounding (torchao's, in its AdamWs and in MuonAdamW): no float32 master copy;
-- state_bits=8 or 4: AdamW's moments in torchao's AdamW8bit / AdamW4bit (block-wise dynamic maps, 2 or 1 byte);
+Every run holds 16 bytes of training state per parameter with AdamW (float32 weights 4, gradients 4,
+moments 8) and about 13 with Muon. The savers, the settings of a LowMemConfig:
+- weights_dtype='bfloat16': the weights (so the gradients) in bfloat16, 2 + 2 bytes, updated with
+  stochastic rounding (torchao's, in its AdamWs and in MuonAdamW): no float32 master copy;
+- state_bits=8 or 4: AdamW's moments in torchao's AdamW8bit / AdamW4bit (block-wise dynamic maps, 2
+  or 1 byte);
 - muon_momentum_dtype='bfloat16' or '8bit': Muon's momentum (MuonAdamW's);
-- in_backward=True: each parameter's step taken inside backward, as soon as its gradient is whole, and the gradient
-  freed there (nanogpt_perf/in_backward.py): no full gradient buffer;
+- in_backward=True: each parameter's step taken inside backward, as soon as its gradient is whole,
+  and the gradient freed there (nanogpt_perf/in_backward.py): no full gradient buffer;
 - offload=True: on CUDA, AdamW's state and step on the host (torchao's CPUOffloadOptimizer).
 
-nanogpt_perf/train/build.py applies them: cast_weights before the model is wrapped or compiled,
-the optimizer built by optim.build_optimizer, whose table (OPTIMIZERS) says which of these formats
-each optimizer keeps and how, OptimizerInBackward given to the TrainStep; lowmem_rules is the rule
+nanogpt_perf/train/build.py applies them: cast_weights before the model is wrapped or compiled, the
+optimizer built by optim.build_optimizer, whose table (OPTIMIZERS) says which of these formats each
+optimizer keeps and how, OptimizerInBackward given to the TrainStep; lowmem_rules is the rule
 between them and the rest of a run. A checkpoint's low-bit state: nanogpt_perf/lowmem_state.py."""
 
 import os
@@ -40,19 +41,26 @@ def one_of_state_bits(bits: int) -> None:
 
 @dataclass
 class LowMemConfig:
-    """The memory savers (nanogpt_perf/lowmem.py, docs/lowmem.md): each off by default, today's training bit for bit"""
+    """The memory savers (nanogpt_perf/lowmem.py, docs/lowmem.md): each off by default, today's
+    training bit for bit"""
 
-    weights_dtype: str = setting("float32", "'bfloat16': weights and gradients in bf16, updated with stochastic "
-                                 "rounding, no float32 copy", choices=WEIGHTS_DTYPES)  # fmt: skip
+    weights_dtype: str = setting("float32", "'bfloat16': weights and gradients in bf16, updated "
+                                 "with stochastic rounding, no float32 copy",
+                                 choices=WEIGHTS_DTYPES)  # fmt: skip
     state_bits: int = setting(32, "AdamW's moments: 32 (the weights' dtype), 8 or 4 bits (torchao)",
                               check=one_of_state_bits)  # fmt: skip
     muon_momentum_dtype: str = setting("float32", "Muon's momentum buffer", choices=MOMENTUM_DTYPES)
-    in_backward: bool = setting(False, "each parameter's optimizer step inside backward, its gradient freed there")
-    offload: bool = setting(False, "CUDA: AdamW's state and step on the host (torchao's CPUOffloadOptimizer)")
+    in_backward: bool = setting(
+        False, "each parameter's optimizer step inside backward, its gradient freed there"
+    )
+    offload: bool = setting(
+        False, "CUDA: AdamW's state and step on the host (torchao's CPUOffloadOptimizer)"
+    )
 
     @property
     def torchao_adamw(self) -> bool:
-        """Whether AdamW's share is torchao's: for bfloat16 weights (stochastic rounding) or a low-bit state."""
+        """Whether AdamW's share is torchao's: for bfloat16 weights (stochastic rounding) or a
+        low-bit state."""
         return self.weights_dtype == "bfloat16" or self.state_bits != 32
 
     @property
@@ -87,44 +95,59 @@ class LowMemConfig:
 
 
 def lowmem_rules(cfg: Config) -> None:
-    """The rules between the savers and the rest of a run (a cross rule: the first conflict raises its one line).
-    Under torchrun (WORLD_SIZE > 1) the run is DDP or FSDP by parallelism; else one process. muon_momentum_dtype is
-    not applied under optimizer='adamw' (as muon_lr is not), so that config/low_memory.py serves either."""
+    """The rules between the savers and the rest of a run (a cross rule: the first conflict raises
+    its one line). Under torchrun (WORLD_SIZE > 1) the run is DDP or FSDP by parallelism; else one
+    process. muon_momentum_dtype is not applied under optimizer='adamw' (as muon_lr is not), so that
+    config/low_memory.py serves either."""
     spec = cfg.lowmem
     if spec.needs_torchao and find_spec(TORCHAO) is None:
         raise ValueError(f"{spec.describe()} needs torchao: pip install -e '.[lowmem]'")
     ranks = int(os.environ.get("WORLD_SIZE", "1")) > 1
     parallelism = cfg.parallelism if ranks else None
     if spec != LowMemConfig() and parallelism == "fsdp":
-        raise ValueError(f"{spec.describe()} is for whole tensors, not FSDP's shards: use parallelism='ddp'")
+        raise ValueError(
+            f"{spec.describe()} is for whole tensors, not FSDP's shards: use parallelism='ddp'"
+        )
     if spec.weights_dtype == "bfloat16" and parallelism == "ddp":
         raise ValueError(
-            "weights_dtype='bfloat16' rounds each update with random draws of each rank's own generator: DDP's "
-            "replicas would drift apart (run one process, or weights_dtype='float32' with state_bits=8)"
+            "weights_dtype='bfloat16' rounds each update with random draws of each rank's own "
+            "generator: DDP's "
+            "replicas would drift apart (run one process, or weights_dtype='float32' with "
+            "state_bits=8)"
         )
     if spec.in_backward:
-        dtype = resolve_dtype(resolve_device(cfg.device), "auto")[0] if cfg.dtype == "auto" else cfg.dtype
+        dtype = (
+            resolve_dtype(resolve_device(cfg.device), "auto")[0]
+            if cfg.dtype == "auto"
+            else cfg.dtype
+        )
         in_backward_rules(cfg.grad_clip, cfg.gradient_accumulation_steps, parallelism, dtype)
     if spec.offload:
         offload_rules(spec, resolve_device(cfg.device).type, cfg.grad_clip)
 
 
-def in_backward_rules(grad_clip: float, accumulation: int, parallelism: str | None, dtype: str) -> None:
-    """What the step inside backward cannot do: each parameter steps as soon as its gradient is whole, before the
-    gradients of the others exist, and its gradient is freed there."""
+def in_backward_rules(
+    grad_clip: float, accumulation: int, parallelism: str | None, dtype: str
+) -> None:
+    """What the step inside backward cannot do: each parameter steps as soon as its gradient is
+    whole, before the gradients of the others exist, and its gradient is freed there."""
     if grad_clip > 0.0:
         raise ValueError(
-            f"in_backward=True steps each parameter before the gradient norm over all of them exists: "
+            "in_backward=True steps each parameter before the gradient norm over all of them "
+            "exists: "
             f"grad_clip={grad_clip} cannot clip it (set grad_clip=0.0, or in_backward=False)"
         )
     if accumulation > 1:
         raise ValueError(
-            f"in_backward=True steps on each backward pass: gradient_accumulation_steps={accumulation} would need "
-            f"the full gradient kept across micro-batches (set it to 1 with a larger batch_size, or in_backward=False)"
+            "in_backward=True steps on each backward pass: "
+            f"gradient_accumulation_steps={accumulation} would need "
+            "the full gradient kept across micro-batches (set it to 1 with a larger batch_size, "
+            "or in_backward=False)"
         )
     if parallelism is not None:
         raise ValueError(
-            f"in_backward=True steps on this rank's gradient before {parallelism.upper()} has reduced it over the "
+            f"in_backward=True steps on this rank's gradient before {parallelism.upper()} has "
+            "reduced it over the "
             f"ranks: run one process, or in_backward=False"
         )
     if dtype == "float16":
@@ -136,17 +159,23 @@ def in_backward_rules(grad_clip: float, accumulation: int, parallelism: str | No
 
 def offload_rules(spec: LowMemConfig, device_type: str, grad_clip: float) -> None:
     if spec.in_backward:
-        raise ValueError("offload=True steps on the host after backward, from its own copies of the gradients: "
-                         "not with in_backward=True")  # fmt: skip
+        raise ValueError(
+            "offload=True steps on the host after backward, from its own copies of the gradients: "
+            "not with in_backward=True"
+        )
     if device_type != "cuda":
-        raise ValueError(f"offload=True moves the optimizer's state from a CUDA device to the host: this run is on "
-                         f"{device_type}")  # fmt: skip
+        raise ValueError(
+            "offload=True moves the optimizer's state from a CUDA device to the host: this run is "
+            "on "
+            f"{device_type}"
+        )
     if spec.state_bits != 32:
         raise ValueError(f"offload=True keeps AdamW's state on the host in the weights' dtype, not "
                          f"state_bits={spec.state_bits}")  # fmt: skip
     if grad_clip > 0.0:
         raise ValueError(
-            f"offload=True copies each gradient to the host as backward makes it, before grad_clip={grad_clip} "
+            "offload=True copies each gradient to the host as backward makes it, before "
+            f"grad_clip={grad_clip} "
             f"could clip it: set grad_clip=0.0, or offload=False"
         )
 
@@ -163,16 +192,20 @@ def import_torchao() -> None:
         import torchao.optim  # noqa: F401
 
 
-def torchao_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:
-    """torchao's AdamW for spec: AdamW8bit or AdamW4bit by state_bits, else _AdamW (moments in the weights' dtype);
-    bfloat16 weights stochastically rounded in each."""
+def torchao_adamw(
+    spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any
+) -> torch.optim.Optimizer:
+    """torchao's AdamW for spec: AdamW8bit or AdamW4bit by state_bits, else _AdamW (moments in the
+    weights' dtype); bfloat16 weights stochastically rounded in each."""
     from torchao.optim import AdamW4bit, AdamW8bit, _AdamW
 
     kind = {8: AdamW8bit, 4: AdamW4bit, 32: _AdamW}[spec.state_bits]
     return kind(groups, bf16_stochastic_round=spec.weights_dtype == "bfloat16", **kwargs)
 
 
-def offloaded_adamw(spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:
+def offloaded_adamw(
+    spec: LowMemConfig, groups: list[dict[str, Any]], **kwargs: Any
+) -> torch.optim.Optimizer:
     """torchao's CPUOffloadOptimizer over groups: each weight keeps a host copy, its gradient goes
     to the host as backward makes it, torch's fused CPU AdamW steps there (torchao's _AdamW with
     stochastic rounding for bfloat16 weights) and the weight comes back. CUDA only (lowmem_rules

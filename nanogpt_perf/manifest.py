@@ -1,4 +1,5 @@
-"""Run provenance: what produced a result (the code's version, the software, the hardware, the settings)."""
+"""Run provenance: what produced a result (the code's version, the software, the hardware, the
+settings)."""
 
 import platform
 import subprocess
@@ -14,10 +15,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def git_state(path: Path) -> tuple[str, bool | None]:
-    """The commit checked out at path and whether the checkout has changes: ('unknown', None) outside git."""
+    """The commit checked out at path and whether the checkout has changes: ('unknown', None)
+    outside git."""
     try:
-        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
-        status = subprocess.run(["git", "-C", str(path), "status", "--porcelain"], capture_output=True, text=True)
+        head = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+        status = subprocess.run(
+            ["git", "-C", str(path), "status", "--porcelain"], capture_output=True, text=True
+        )
     except OSError:  # no git on this machine
         return "unknown", None
     if head.returncode != 0 or status.returncode != 0:
@@ -41,7 +47,8 @@ def gpu_driver_version() -> str | None:
 
 
 def run_manifest(settings: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
-    """What produced a result: the code's version, the software, the hardware and the resolved settings."""
+    """What produced a result: the code's version, the software, the hardware and the resolved
+    settings."""
     commit, dirty = git_state(REPO_ROOT)
     cuda = runtime.device_type == "cuda"
     return {

@@ -1,5 +1,5 @@
-"""Memory figures: the peak a run reached, on a GPU (CUDA's allocator) or a CPU (the process's resident set); whether
-a model's weights can fit this machine at all."""
+"""Memory figures: the peak a run reached, on a GPU (CUDA's allocator) or a CPU (the process's
+resident set); whether a model's weights can fit this machine at all."""
 
 import resource
 from collections.abc import Callable, Iterator
@@ -16,10 +16,12 @@ def peak_memory_bytes(device: torch.device) -> int | None:
         return torch.cuda.max_memory_allocated(device)
     if device.type == "mps":
         return torch.mps.driver_allocated_memory()
-    status = Path("/proc/self/status")  # Linux: VmHWM, the peak clear_refs resets (ru_maxrss can keep an older one)
+    # Linux: VmHWM, the peak clear_refs resets (ru_maxrss can keep an older one)
+    status = Path("/proc/self/status")
     lines = status.read_text().splitlines() if status.is_file() else []
     hwm = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")]
-    return (hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # both in KiB
+    # both in KiB
+    return (hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def held_memory_bytes(device: torch.device) -> int | None:
@@ -32,18 +34,21 @@ def held_memory_bytes(device: torch.device) -> int | None:
 
 
 def peak_reserved_bytes(device: torch.device) -> int | None:
-    """Peak memory held by CUDA's caching allocator (allocated plus cached); None where there is no such pool."""
+    """Peak memory held by CUDA's caching allocator (allocated plus cached); None where there is no
+    such pool."""
     return torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
 
 
 def reset_peak_memory(device: torch.device) -> bool:
-    """Start a new peak for peak_memory_bytes; False where the peak cannot be reset (it stays the process's)."""
+    """Start a new peak for peak_memory_bytes; False where the peak cannot be reset (it stays the
+    process's)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return True
     if device.type == "cpu":
         try:
-            Path("/proc/self/clear_refs").write_text("5")  # Linux: resets the peak resident set to the current one
+            # Linux: resets the peak resident set to the current one
+            Path("/proc/self/clear_refs").write_text("5")
             return True
         except OSError:
             return False
@@ -51,11 +56,12 @@ def reset_peak_memory(device: torch.device) -> bool:
 
 
 def training_state_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, int]:
-    """The training state's bytes by part, exact from the tensors' storages, each storage counted once (in the
-    first part that holds it; a tied weight once): 'weights' (the trainable parameters), 'grads' (their .grad),
-    'optimizer' (every tensor in the optimizer's state, nested dicts included: torchao's low-bit states by their
-    inner codes, scales and maps; CPUOffloadOptimizer's host copies of the weights and gradients too), and
-    'params', how many trainable parameters there are. A view is charged its whole storage: what it holds alive."""
+    """The training state's bytes by part, exact from the tensors' storages, each storage counted
+    once (in the first part that holds it; a tied weight once): 'weights' (the trainable
+    parameters), 'grads' (their .grad), 'optimizer' (every tensor in the optimizer's state, nested
+    dicts included: torchao's low-bit states by their inner codes, scales and maps;
+    CPUOffloadOptimizer's host copies of the weights and gradients too), and 'params', how many
+    trainable parameters there are. A view is charged its whole storage: what it holds alive."""
     params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
     seen: set[tuple[str, int]] = set()
     return {
@@ -67,8 +73,8 @@ def training_state_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, in
 
 
 def storage_bytes(tensors: list[torch.Tensor], seen: set[tuple[str, int]]) -> int:
-    """The bytes of the storages under tensors not yet in seen (which they join): a Tensor subclass (torchao's
-    OptimState, a DTensor) by the inner tensors it flattens to."""
+    """The bytes of the storages under tensors not yet in seen (which they join): a Tensor subclass
+    (torchao's OptimState, a DTensor) by the inner tensors it flattens to."""
     total = 0
     for t in tensors:
         if is_traceable_wrapper_subclass(t):
@@ -84,8 +90,9 @@ def storage_bytes(tensors: list[torch.Tensor], seen: set[tuple[str, int]]) -> in
 
 
 def optimizer_tensors(optimizer: Any) -> Iterator[torch.Tensor]:
-    """Every tensor an optimizer keeps: its state's (through nested dicts and lists), and for torchao's
-    CPUOffloadOptimizer its per-parameter optimizers', the device optimizer's and the host weights and gradients."""
+    """Every tensor an optimizer keeps: its state's (through nested dicts and lists), and for
+    torchao's CPUOffloadOptimizer its per-parameter optimizers', the device optimizer's and the host
+    weights and gradients."""
     inner = getattr(optimizer, "optim_dict", None)  # CPUOffloadOptimizer
     if inner is not None:
         for p_host in optimizer.param_d2h_map.values():
@@ -141,8 +148,12 @@ def memory_by_part(
     where the peak cannot be measured. Also params, and process_peak_bytes: the process peak itself
     (what a budget must hold)."""
     parts: dict[str, int] = {}
-    peak = process_peak_bytes(lambda: step(lambda phase: parts.update(
-        training_state_bytes(model, optimizer)) if phase == "backward" else None), device)  # fmt: skip
+
+    def mark(phase: str) -> None:
+        if phase == "backward":
+            parts.update(training_state_bytes(model, optimizer))
+
+    peak = process_peak_bytes(lambda: step(mark), device)
     if peak is None or baseline is None or not parts:
         return None
     n = parts.pop("params")

@@ -26,21 +26,24 @@ from nanogpt_perf.lowmem import LowMemConfig, import_torchao, offloaded_adamw, t
 from nanogpt_perf.lowmem_state import register_state_codec
 
 OPTIMIZERS: dict[str, "OptimizerKind"] = {}  # the table: its rows below the builders
-BASE_LR = "base_lr"  # each MuonAdamW group's own learning rate before the schedule: learning_rate or muon_lr
+# each MuonAdamW group's own learning rate before the schedule: learning_rate or muon_lr
+BASE_LR = "base_lr"
 # Keller Jordan's quintic Newton-Schulz coefficients and steps, as torch.optim.Muon has them
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 NS_EPS = 1e-7
-# torch.optim.Muon's adjust_lr_fn: "original" (Keller Jordan's sqrt(max(1, rows/cols)), which nanochat and
-# modded-nanogpt use with lrs of 0.02-0.05) rather than "match_rms_adamw" (Moonshot's 0.2 * sqrt(max(rows, cols)),
-# meant to let Muon reuse AdamW's lr): on the CPU demo model (benchmarks/muon.py's probe, 300 steps) "original" at
-# 0.02 reached a val loss of 2.25, "match_rms_adamw" at AdamW's own lr (2e-3) only 2.51, and needed 4x it to match
+# torch.optim.Muon's adjust_lr_fn: "original" (Keller Jordan's sqrt(max(1, rows/cols)), which
+# nanochat and modded-nanogpt use with lrs of 0.02-0.05) rather than "match_rms_adamw" (Moonshot's
+# 0.2 * sqrt(max(rows, cols)), meant to let Muon reuse AdamW's lr): on the CPU demo model
+# (benchmarks/muon.py's probe, 300 steps) "original" at 0.02 reached a val loss of 2.25,
+# "match_rms_adamw" at AdamW's own lr (2e-3) only 2.51, and needed 4x it to match
 ADJUST_LR = "original"
 
 
 @dataclass
 class OptimConfig:
-    """The optimizer: AdamW over every parameter, or Muon over the blocks' matrices and AdamW over the rest"""
+    """The optimizer: AdamW over every parameter, or Muon over the blocks' matrices and AdamW over
+    the rest"""
 
     optimizer: str = setting("adamw", "'adamw', or 'muon' (OPTIMIZERS, nanogpt_perf/optim.py)",
                              choices=OPTIMIZERS)  # fmt: skip
@@ -48,16 +51,18 @@ class OptimConfig:
     weight_decay: float = setting(1e-1, "AdamW's, on matrices and embeddings only", min=0)
     beta1: float = setting(0.9, "AdamW's first moment's decay", interval="[0, 1)")
     beta2: float = setting(0.95, "AdamW's second moment's decay", interval="[0, 1)")
-    adam_eps: float = setting(1e-8, "AdamW's epsilon, added to the root of its second moment (torch's default)",
-                              min=0)  # fmt: skip
-    grad_clip: float = setting(1.0, "clip the gradient norm to this; 0.0 = off", min=0, note=" (0 = off)")
+    adam_eps: float = setting(1e-8, "AdamW's epsilon, added to the root of its second moment "
+                              "(torch's default)", min=0)  # fmt: skip
+    grad_clip: float = setting(
+        1.0, "clip the gradient norm to this; 0.0 = off", min=0, note=" (0 = off)"
+    )
     fused_adamw: bool = setting(True, "AdamW's fused kernel, where the device has one")
-    muon_lr: float = setting(0.02, "Muon's peak learning rate (the schedule scales it as it scales learning_rate)",
-                             min=0)  # fmt: skip
+    muon_lr: float = setting(0.02, "Muon's peak learning rate (the schedule scales it as it scales "
+                             "learning_rate)", min=0)  # fmt: skip
     muon_momentum: float = setting(0.95, "Muon's Nesterov momentum", interval="[0, 1)")
     muon_weight_decay: float = setting(0.0, "Muon's decoupled weight decay", min=0)
-    muon_ns_steps: int = setting(NS_STEPS, "Newton-Schulz iterations a Muon update orthogonalises with", min=1,
-                                 max=100)  # fmt: skip
+    muon_ns_steps: int = setting(NS_STEPS, "Newton-Schulz iterations a Muon update orthogonalises "
+                                 "with", min=1, max=100)  # fmt: skip
 
 
 def build_optimizer(
@@ -76,10 +81,16 @@ def build_optimizer(
         raise ValueError(problem)
     if spec.needs_torchao:
         import_torchao()
-    saver = spec.torchao_adamw or spec.muon_momentum_dtype != "float32" or spec.offload  # a state not torch's
+    # a state not torch's
+    saver = spec.torchao_adamw or spec.muon_momentum_dtype != "float32" or spec.offload
     dtype = getattr(torch, spec.weights_dtype)
-    if saver and (stray := [n for n, p in model.named_parameters() if p.requires_grad and p.dtype != dtype]):
-        raise ValueError(f"weights_dtype={spec.weights_dtype!r}, but {stray[0]} is not: cast_weights(model, spec)")
+    if saver and (
+        stray := [n for n, p in model.named_parameters() if p.requires_grad and p.dtype != dtype]
+    ):
+        raise ValueError(
+            f"weights_dtype={spec.weights_dtype!r}, but {stray[0]} is not: cast_weights(model, "
+            "spec)"
+        )
     built = OPTIMIZERS[cfg.optimizer].build(model, cfg, spec, ns_dtype)
     if saver and not spec.offload:
         register_state_codec(built)
@@ -94,7 +105,9 @@ def format_problem(optimizer: str, spec: LowMemConfig) -> str | None:
         value, kept = getattr(spec, f.name), getattr(formats, f.name)
         if value not in kept:
             its = ", ".join(map(repr, kept))
-            return f"{optimizer=!r} does not keep {f.name}={value!r} (its {f.name}: {its}; OPTIMIZERS)"
+            return (
+                f"{optimizer=!r} does not keep {f.name}={value!r} (its {f.name}: {its}; OPTIMIZERS)"
+            )
     return None
 
 
@@ -105,7 +118,9 @@ def optimizer_rules(cfg: Config) -> None:
         raise ValueError(problem)
 
 
-def adamw_optimizer(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig, ns_dtype: Any) -> torch.optim.Optimizer:
+def adamw_optimizer(
+    model: nn.Module, cfg: OptimConfig, spec: LowMemConfig, ns_dtype: Any
+) -> torch.optim.Optimizer:
     """Exactly model.configure_optimizers' AdamW, its epsilon adam_eps; over the same groups,
     torchao's AdamW for bfloat16 weights or a low-bit state, or on the host (offload)."""
     betas = (cfg.beta1, cfg.beta2)
@@ -113,7 +128,9 @@ def adamw_optimizer(model: nn.Module, cfg: OptimConfig, spec: LowMemConfig, ns_d
         groups = decay_groups(model.parameters(), cfg.weight_decay)
         make = offloaded_adamw if spec.offload else torchao_adamw
         return make(spec, groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_eps)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw)
+    optimizer = model.configure_optimizers(
+        cfg.weight_decay, cfg.learning_rate, betas, fused=cfg.fused_adamw
+    )
     for group in [*optimizer.param_groups, optimizer.defaults]:  # nanoGPT's call takes no epsilon
         group["eps"] = cfg.adam_eps
     return optimizer
@@ -144,10 +161,18 @@ def muon_optimizer(
         ),
     ]
     inner = None
-    if spec.torchao_adamw:  # the AdamW groups' moments as state_bits asks, their weights' update rounded as due
-        inner = lambda groups: torchao_adamw(spec, groups, betas=betas)  # noqa: E731
-    return MuonAdamW(groups, momentum=cfg.muon_momentum, betas=betas, fused=cfg.fused_adamw, ns_dtype=ns_dtype,
-                     momentum_dtype=spec.muon_momentum_dtype, inner_adamw=inner)  # fmt: skip
+    # the AdamW groups' moments as state_bits asks, their weights' update rounded as due
+    if spec.torchao_adamw:
+        inner = lambda groups: torchao_adamw(spec, groups, betas=betas)
+    return MuonAdamW(
+        groups,
+        momentum=cfg.muon_momentum,
+        betas=betas,
+        fused=cfg.fused_adamw,
+        ns_dtype=ns_dtype,
+        momentum_dtype=spec.muon_momentum_dtype,
+        inner_adamw=inner,
+    )
 
 
 @dataclass(frozen=True)
@@ -181,7 +206,9 @@ OPTIMIZERS |= {
     "muon": OptimizerKind(
         muon_optimizer,
         Formats(("float32", "bfloat16"), (32, 8, 4), MOMENTUM_DTYPES, (False, True), (False,)),
-        lambda spec, matrix: MOMENTUM_BYTES[spec.muon_momentum_dtype] if matrix else spec.moment_bytes,
+        lambda spec, matrix: (
+            MOMENTUM_BYTES[spec.muon_momentum_dtype] if matrix else spec.moment_bytes
+        ),
     ),
 }
 
@@ -209,25 +236,31 @@ MUON_ON_SHARDS = "optimizer='muon' cannot run Newton-Schulz on FSDP's shards: us
 
 
 def muon_rules(cfg: Config) -> None:
-    """The rules between the optimizer and the rest of a run: Muon needs each matrix whole (not FSDP's shards), and
-    a learning_rate to scale muon_lr by (the schedule's ratio to it)."""
+    """The rules between the optimizer and the rest of a run: Muon needs each matrix whole (not
+    FSDP's shards), and a learning_rate to scale muon_lr by (the schedule's ratio to it)."""
     if cfg.optimizer != "muon":
         return
     if cfg.parallelism == "fsdp":
         raise ValueError(MUON_ON_SHARDS)
     if cfg.learning_rate == 0:
         raise ValueError(
-            "optimizer='muon' scales muon_lr by the schedule's ratio to learning_rate: learning_rate must be > 0 "
+            "optimizer='muon' scales muon_lr by the schedule's ratio to learning_rate: "
+            "learning_rate must be > 0 "
             "(to freeze a group, use optimizer='adamw')"
         )
 
 
 def split_parameters(model: nn.Module) -> tuple[dict[str, nn.Parameter], list[nn.Parameter]]:
-    """The trainable parameters in two parts: Muon's by name (the 2-D weights of the blocks, transformer.h.*) and
-    AdamW's (the other matrices: wte, wpe, an untied lm_head; and every vector). A tied lm_head is wte itself."""
+    """The trainable parameters in two parts: Muon's by name (the 2-D weights of the blocks,
+    transformer.h.*) and AdamW's (the other matrices: wte, wpe, an untied lm_head; and every
+    vector). A tied lm_head is wte itself."""
     muon, rest = {}, []
     for name, p in model.named_parameters():
-        if p.requires_grad and name.removeprefix("_orig_mod.").startswith("transformer.h.") and p.dim() == 2:
+        if (
+            p.requires_grad
+            and name.removeprefix("_orig_mod.").startswith("transformer.h.")
+            and p.dim() == 2
+        ):
             muon[name] = p
         elif p.requires_grad:
             rest.append(p)
@@ -235,8 +268,8 @@ def split_parameters(model: nn.Module) -> tuple[dict[str, nn.Parameter], list[nn
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether any parameter is a DTensor (FSDP2's shards). Without torch.distributed.tensor imported, none can
-    be: so a run of one process never pays for importing it."""
+    """Whether any parameter is a DTensor (FSDP2's shards). Without torch.distributed.tensor
+    imported, none can be: so a run of one process never pays for importing it."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters())
 
@@ -249,19 +282,23 @@ def adamw_is_fused(optimizer: torch.optim.Optimizer) -> bool:
 
 @dataclass
 class ScheduleConfig:
-    """The learning rate over the run: linear warmup, then cosine decay to min_lr, or warmup-stable-decay"""
+    """The learning rate over the run: linear warmup, then cosine decay to min_lr, or
+    warmup-stable-decay"""
 
     decay_lr: bool = setting(True, "the schedule; False: learning_rate throughout")
-    lr_schedule: str = setting("cosine", "'wsd': the peak until the cooldown, then linear to min_lr",
-                               choices=("cosine", "wsd"))  # fmt: skip
-    cooldown_frac: float = setting(0.2, "wsd: the last fraction of lr_decay_iters that decays", interval="(0, 1]")
+    lr_schedule: str = setting("cosine", "'wsd': the peak until the cooldown, then linear to "
+                               "min_lr", choices=("cosine", "wsd"))  # fmt: skip
+    cooldown_frac: float = setting(
+        0.2, "wsd: the last fraction of lr_decay_iters that decays", interval="(0, 1]"
+    )
     warmup_iters: int = setting(2000, "iterations of linear warmup", min=0)
     lr_decay_iters: int = setting(600000, "~= max_iters per Chinchilla", min=0)
     min_lr: float = setting(6e-5, "~= learning_rate / 10 per Chinchilla", min=0)
 
 
 def schedule_rules(cfg: Config) -> None:
-    """The schedule's settings agree: the warmup ends before the decay, which ends at min_lr <= learning_rate."""
+    """The schedule's settings agree: the warmup ends before the decay, which ends at min_lr <=
+    learning_rate."""
     schedule = cfg.schedule
     pairs = [("warmup_iters", schedule.warmup_iters, "lr_decay_iters", schedule.lr_decay_iters)]
     pairs += [("min_lr", schedule.min_lr, "learning_rate", cfg.optim.learning_rate)]
@@ -271,9 +308,9 @@ def schedule_rules(cfg: Config) -> None:
 
 
 def get_lr(it: int, schedule: ScheduleConfig, peak: float) -> float:
-    """The learning rate of iteration it for a peak of learning_rate: linear warmup (non-zero from the first
-    step), cosine decay to min_lr (wsd: the peak, then a linear cooldown over the last cooldown_frac of
-    lr_decay_iters), then min_lr; the peak throughout without decay_lr."""
+    """The learning rate of iteration it for a peak of learning_rate: linear warmup (non-zero from
+    the first step), cosine decay to min_lr (wsd: the peak, then a linear cooldown over the last
+    cooldown_frac of lr_decay_iters), then min_lr; the peak throughout without decay_lr."""
     warmup, decay, low = schedule.warmup_iters, schedule.lr_decay_iters, schedule.min_lr
     if not schedule.decay_lr:
         return peak
@@ -282,16 +319,18 @@ def get_lr(it: int, schedule: ScheduleConfig, peak: float) -> float:
     if it >= decay:
         return low
     if schedule.lr_schedule == "wsd":
-        left = (decay - it) / (schedule.cooldown_frac * decay)  # 1 as the cooldown starts, 0 at its end
+        # 1 as the cooldown starts, 0 at its end
+        left = (decay - it) / (schedule.cooldown_frac * decay)
         return low + min(left, 1.0) * (peak - low)
     ratio = (it - warmup) / (decay - warmup)
     return low + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - low)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float, learning_rate: float) -> None:
-    """Each group's lr for this step, lr being the schedule's value for a peak of learning_rate: a MuonAdamW group
-    takes its BASE_LR scaled by lr / learning_rate; a group without one (configure_optimizers') takes lr as is.
-    A group whose lr is a tensor (torchao's optimizers refuse a float) has it filled in place, with the same value."""
+    """Each group's lr for this step, lr being the schedule's value for a peak of learning_rate: a
+    MuonAdamW group takes its BASE_LR scaled by lr / learning_rate; a group without one
+    (configure_optimizers') takes lr as is. A group whose lr is a tensor (torchao's optimizers
+    refuse a float) has it filled in place, with the same value."""
     ratio = lr / learning_rate if learning_rate else 0.0
     for group in optimizer.param_groups:
         value = group[BASE_LR] * ratio if BASE_LR in group else lr
@@ -303,9 +342,10 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float, learning_rate: float) ->
 
 @contextmanager
 def hyperparameters_kept(optimizer: torch.optim.Optimizer) -> Iterator[None]:
-    """Loading a state dict puts the saved groups' hyperparameters back (betas, weight decay, fused, momentum,
-    ns_steps, ...): this run's, which its settings built the groups with, are restored after it, so that a resumed
-    run trains with the settings it prints; the state (moments, momentum buffers, steps) is the checkpoint's."""
+    """Loading a state dict puts the saved groups' hyperparameters back (betas, weight decay, fused,
+    momentum, ns_steps, ...): this run's, which its settings built the groups with, are restored
+    after it, so that a resumed run trains with the settings it prints; the state (moments, momentum
+    buffers, steps) is the checkpoint's."""
     kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     yield
     for group, values in zip(optimizer.param_groups, kept, strict=True):
@@ -313,18 +353,20 @@ def hyperparameters_kept(optimizer: torch.optim.Optimizer) -> Iterator[None]:
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """One optimizer over two kinds of group, told apart by group['muon']: Muon's (nesterov momentum, the update
-    orthogonalized by Newton-Schulz, decoupled weight decay) and AdamW's, which an inner torch.optim.AdamW runs
-    over the same group dicts and the same state. The Muon update is torch.optim.Muon's, but for the dtype of its
-    Newton-Schulz iteration (PyTorch's is always bfloat16, several times slower than float32 on a CPU without
-    bf16 units): equal to it bit for bit with ns_dtype=torch.bfloat16.
+    """One optimizer over two kinds of group, told apart by group['muon']: Muon's (nesterov
+    momentum, the update orthogonalized by Newton-Schulz, decoupled weight decay) and AdamW's, which
+    an inner torch.optim.AdamW runs over the same group dicts and the same state. The Muon update is
+    torch.optim.Muon's, but for the dtype of its Newton-Schulz iteration (PyTorch's is always
+    bfloat16, several times slower than float32 on a CPU without bf16 units): equal to it bit for
+    bit with ns_dtype=torch.bfloat16.
 
-    momentum_dtype keeps Muon's momentum in 'float32' (torch.optim.Muon's), 'bfloat16' (rounded to nearest) or
-    '8bit' (torchao's block-wise dynamic-map OptimState8bit, as AdamW8bit keeps its first moment; float32 for a
-    matrix under 4096 values or not a multiple of 256 of them, as torchao does); each step computes in float32.
-    A bfloat16 weight takes Muon's update with stochastic rounding (torchao's), never to nearest: an update under
-    half a bfloat16 ulp would otherwise be lost. inner_adamw(groups) builds the inner AdamW (torchao's low-bit
-    ones: nanogpt_perf/lowmem.py); None for torch.optim.AdamW."""
+    momentum_dtype keeps Muon's momentum in 'float32' (torch.optim.Muon's), 'bfloat16' (rounded to
+    nearest) or '8bit' (torchao's block-wise dynamic-map OptimState8bit, as AdamW8bit keeps its
+    first moment; float32 for a matrix under 4096 values or not a multiple of 256 of them, as
+    torchao does); each step computes in float32. A bfloat16 weight takes Muon's update with
+    stochastic rounding (torchao's), never to nearest: an update under half a bfloat16 ulp would
+    otherwise be lost. inner_adamw(groups) builds the inner AdamW (torchao's low-bit ones:
+    nanogpt_perf/lowmem.py); None for torch.optim.AdamW."""
 
     def __init__(
         self,
@@ -338,10 +380,19 @@ class MuonAdamW(torch.optim.Optimizer):
         inner_adamw: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None = None,
     ) -> None:
         if momentum_dtype not in MOMENTUM_DTYPES:
-            raise ValueError(f"momentum_dtype must be one of {', '.join(MOMENTUM_DTYPES)}, not {momentum_dtype!r}")
+            raise ValueError(
+                f"momentum_dtype must be one of {', '.join(MOMENTUM_DTYPES)}, not "
+                f"{momentum_dtype!r}"
+            )
         self.ns_dtype, self.momentum_dtype = ns_dtype, momentum_dtype
-        muon_defaults = dict(momentum=momentum, nesterov=True, ns_coefficients=NS_COEFFICIENTS, ns_steps=NS_STEPS,
-                             eps=NS_EPS, adjust_lr_fn=ADJUST_LR)  # fmt: skip
+        muon_defaults = dict(
+            momentum=momentum,
+            nesterov=True,
+            ns_coefficients=NS_COEFFICIENTS,
+            ns_steps=NS_STEPS,
+            eps=NS_EPS,
+            adjust_lr_fn=ADJUST_LR,
+        )
         for group in param_groups:
             group.setdefault(BASE_LR, group["lr"])
             if group["muon"]:
@@ -356,7 +407,8 @@ class MuonAdamW(torch.optim.Optimizer):
         self._share_with_adamw()
 
     def _share_with_adamw(self) -> None:
-        """The inner AdamW's groups are this optimizer's AdamW groups (the same dicts) and its state this state."""
+        """The inner AdamW's groups are this optimizer's AdamW groups (the same dicts) and its state
+        this state."""
         if self.adamw is not None:
             groups = [g for g in self.param_groups if not g["muon"]]
             self.adamw.__setstate__({"state": self.state, "param_groups": groups})
@@ -375,8 +427,8 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step(self, group: dict[str, Any]) -> None:
-        """torch.optim.Muon's update, its elementwise parts as one foreach op over the group's matrices each (the
-        same kernels tensor by tensor, a Python call fewer per matrix)."""
+        """torch.optim.Muon's update, its elementwise parts as one foreach op over the group's
+        matrices each (the same kernels tensor by tensor, a Python call fewer per matrix)."""
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
@@ -387,7 +439,9 @@ class MuonAdamW(torch.optim.Optimizer):
         lr, momentum, grads = group["lr"], group["momentum"], [p.grad for p in params]
         for p in params:
             if "momentum_buffer" not in self.state[p]:
-                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                self.state[p]["momentum_buffer"] = torch.zeros_like(
+                    p.grad, memory_format=torch.preserve_format
+                )
         bufs = [self.state[p]["momentum_buffer"] for p in params]
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
@@ -395,13 +449,15 @@ class MuonAdamW(torch.optim.Optimizer):
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
         for p, update in zip(params, updates, strict=True):
             dtype = self.ns_dtype or (torch.bfloat16 if p.device.type == "cuda" else torch.float32)
-            update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+            update = orthogonalize(
+                update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype
+            )
             p.add_(update, alpha=-lr * lr_scale(group["adjust_lr_fn"], p.shape))
 
     def _muon_step_lowmem(self, group: dict[str, Any], p: torch.Tensor) -> None:
-        """_muon_step's update for one matrix whose momentum or weight is not float32: the momentum read into
-        float32, updated and stored back in its own format; the weight updated in float32 and, when bfloat16,
-        stochastically rounded back."""
+        """_muon_step's update for one matrix whose momentum or weight is not float32: the momentum
+        read into float32, updated and stored back in its own format; the weight updated in float32
+        and, when bfloat16, stochastically rounded back."""
         from nanogpt_perf.lowbit import dequantized, new_momentum, stochastic_round_bf16
 
         state, lr, momentum = self.state[p], group["lr"], group["momentum"]
@@ -412,7 +468,9 @@ class MuonAdamW(torch.optim.Optimizer):
         buf.copy_(m)  # a no-op for a float32 buffer, which m is
         update = grad.lerp(m, momentum) if group["nesterov"] else m
         dtype = self.ns_dtype or (torch.bfloat16 if p.device.type == "cuda" else torch.float32)
-        update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+        update = orthogonalize(
+            update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype
+        )
         weight = p.float()  # p itself when float32
         if group["weight_decay"]:
             weight.mul_(1 - lr * group["weight_decay"])
@@ -430,12 +488,15 @@ class MuonAdamW(torch.optim.Optimizer):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch.optim.Optimizer's, for a MuonAdamW's state with the same kinds of group only; each group keeps
-        this optimizer's hyperparameters (hyperparameters_kept: the settings win over the checkpoint's)."""
+        """torch.optim.Optimizer's, for a MuonAdamW's state with the same kinds of group only; each
+        group keeps this optimizer's hyperparameters (hyperparameters_kept: the settings win over
+        the checkpoint's)."""
         kinds = [g["muon"] for g in self.param_groups]
         saved = [g.get("muon") for g in state_dict.get("param_groups", [])]
         if saved != kinds:
-            raise ValueError(f"the optimizer state is not Muon's (its groups are muon={saved}, not {kinds})")
+            raise ValueError(
+                f"the optimizer state is not Muon's (its groups are muon={saved}, not {kinds})"
+            )
         with hyperparameters_kept(self):
             super().load_state_dict(state_dict)
         self._share_with_adamw()
@@ -448,9 +509,10 @@ def orthogonalize(
     eps: float,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """torch.optim.Muon's quintic Newton-Schulz iteration, in dtype: G (2-D) with its singular values pushed
-    towards 1 (into about [0.7, 1.2]), computed on the wide orientation so that the Gram matrix is the small one.
-    In float32 or float64, on a matrix wide enough that it costs fewer FLOPs, the same iteration in Gram form."""
+    """torch.optim.Muon's quintic Newton-Schulz iteration, in dtype: G (2-D) with its singular
+    values pushed towards 1 (into about [0.7, 1.2]), computed on the wide orientation so that the
+    Gram matrix is the small one. In float32 or float64, on a matrix wide enough that it costs fewer
+    FLOPs, the same iteration in Gram form."""
     tall = G.size(0) > G.size(1)
     X = G.to(dtype).T if tall else G.to(dtype)
     X = X / X.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
@@ -459,7 +521,9 @@ def orthogonalize(
     return X.T if tall else X
 
 
-def newton_schulz(X: torch.Tensor, coefficients: tuple[float, float, float], steps: int) -> torch.Tensor:
+def newton_schulz(
+    X: torch.Tensor, coefficients: tuple[float, float, float], steps: int
+) -> torch.Tensor:
     """steps of X <- aX + (bA + cA^2)X, A = X X^T, for a wide X: torch.optim.Muon's, op for op."""
     a, b, c = coefficients
     for _ in range(steps):
@@ -468,11 +532,14 @@ def newton_schulz(X: torch.Tensor, coefficients: tuple[float, float, float], ste
     return X
 
 
-def gram_newton_schulz(X: torch.Tensor, coefficients: tuple[float, float, float], steps: int) -> torch.Tensor:
-    """The Newton-Schulz steps X <- P(A) X, P(A) = aI + bA + cA^2, A = X X^T, for a wide X (m, n), on m x m
-    matrices alone: every X_k is Q_k X_0 with Q_k a polynomial in A_0, so A_{k+1} = P_k A_k P_k and
-    Q_{k+1} = P_k Q_k, and X itself is multiplied once at each end. Equal in exact arithmetic; in float32 to about
-    1e-6 (bfloat16 drifts: Dao AI Lab's Gram Newton-Schulz restarts it, this one keeps to float32 and float64)."""
+def gram_newton_schulz(
+    X: torch.Tensor, coefficients: tuple[float, float, float], steps: int
+) -> torch.Tensor:
+    """The Newton-Schulz steps X <- P(A) X, P(A) = aI + bA + cA^2, A = X X^T, for a wide X (m, n),
+    on m x m matrices alone: every X_k is Q_k X_0 with Q_k a polynomial in A_0, so A_{k+1} = P_k A_k
+    P_k and Q_{k+1} = P_k Q_k, and X itself is multiplied once at each end. Equal in exact
+    arithmetic; in float32 to about 1e-6 (bfloat16 drifts: Dao AI Lab's Gram Newton-Schulz restarts
+    it, this one keeps to float32 and float64)."""
     a, b, c = coefficients
     A = X @ X.T
     Q = None
@@ -486,15 +553,15 @@ def gram_newton_schulz(X: torch.Tensor, coefficients: tuple[float, float, float]
 
 
 def gram_is_cheaper(m: int, n: int, steps: int) -> bool:
-    """Whether gram_newton_schulz's FLOPs (2 m^2 n at each end, 8 m^3 a step but 6 fewer in the last) are fewer
-    than newton_schulz's (4 m^2 n + 2 m^3 a step), for a wide (m, n): from n of about 2m on (on the CPU demo's
-    128 x 384 and 128 x 512, 30-40% less time)."""
+    """Whether gram_newton_schulz's FLOPs (2 m^2 n at each end, 8 m^3 a step but 6 fewer in the
+    last) are fewer than newton_schulz's (4 m^2 n + 2 m^3 a step), for a wide (m, n): from n of
+    about 2m on (on the CPU demo's 128 x 384 and 128 x 512, 30-40% less time)."""
     return 4 * m * m * n + (8 * steps - 6) * m**3 < steps * (4 * m * m * n + 2 * m**3)
 
 
 def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """torch.optim.Muon's lr adjustment for a (rows, cols) weight: Keller Jordan's sqrt(max(1, rows/cols)) or
-    Moonshot's 0.2 * sqrt(max(rows, cols)), which matches AdamW's update RMS."""
+    """torch.optim.Muon's lr adjustment for a (rows, cols) weight: Keller Jordan's sqrt(max(1,
+    rows/cols)) or Moonshot's 0.2 * sqrt(max(rows, cols)), which matches AdamW's update RMS."""
     rows, cols = shape[:2]
     if adjust_lr_fn in (None, "original"):
         return math.sqrt(max(1, rows / cols))

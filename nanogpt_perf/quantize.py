@@ -1,11 +1,13 @@
-"""Low-bit weights for generation: every Linear of a trained model quantized once, at load, to int8 (one scale per
-output row) or int4 (a scale and a zero per group of 32 inputs). Decoding a token reads every weight once, so its
-time is the weights' bytes: a quarter and an eighth of float32's. On a CPU the products run on PyTorch's kernels:
-FBGEMM's int8 one (the activations quantized per row on the way in; weight-only torch._weight_int8pack_mm where
-FBGEMM is absent) and torch._weight_int4pack_mm_for_cpu (weight-only). Elsewhere, and as the reference the tests
-hold those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU). And
-PackedLinear: bfloat16 (or float32) weights packed once for oneDNN. The kernels that take their packed weights as an
-object of their own reach torch.compile through two ops of ours (nanogpt_perf::fbgemm_int8, ::onednn_linear)."""
+"""Low-bit weights for generation: every Linear of a trained model quantized once, at load, to int8
+(one scale per output row) or int4 (a scale and a zero per group of 32 inputs). Decoding a token
+reads every weight once, so its time is the weights' bytes: a quarter and an eighth of float32's. On
+a CPU the products run on PyTorch's kernels: FBGEMM's int8 one (the activations quantized per row on
+the way in; weight-only torch._weight_int8pack_mm where FBGEMM is absent) and
+torch._weight_int4pack_mm_for_cpu (weight-only). Elsewhere, and as the reference the tests hold
+those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU).
+And PackedLinear: bfloat16 (or float32) weights packed once for oneDNN. The kernels that take their
+packed weights as an object of their own reach torch.compile through two ops of ours
+(nanogpt_perf::fbgemm_int8, ::onednn_linear)."""
 
 import itertools
 import sys
@@ -21,22 +23,26 @@ from torch import Tensor, nn
 from nanogpt_perf.config import setting
 
 QUANTIZE = ("none", "int8", "int4")
-# the dtype a CPU's kernel computes in best: FBGEMM's int8 takes float32; the int4 kernel's float32 path is ~30x
-# slower than its bfloat16 one (dtype='auto' on a CPU: sample.py, benchmarks/generate.py)
+# the dtype a CPU's kernel computes in best: FBGEMM's int8 takes float32; the int4 kernel's float32
+# path is ~30x slower than its bfloat16 one (dtype='auto' on a CPU: sample.py,
+# benchmarks/generate.py)
 CPU_DTYPE = {"none": "float32", "int8": "float32", "int4": "bfloat16"}
 INT4_GROUP = 32  # inputs per int4 scale and zero: the CPU kernel takes 32, 64, 128 or 256
-INT4_ROWS = 16  # the CPU kernel's packing takes output rows in multiples of 16: a head of 65 gets 15 zero rows
+# the CPU kernel's packing takes output rows in multiples of 16: a head of 65 gets 15 zero rows
+INT4_ROWS = 16
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
-    """w (N, K) as int8 rows q and their scales s (N,), symmetric: w ~ q * s[:, None], |q| <= 127."""
+    """w (N, K) as int8 rows q and their scales s (N,), symmetric: w ~ q * s[:, None], |q| <=
+    127."""
     scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
 def quantize_int4(w: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tensor, Tensor]:
-    """w (N, K) as 4-bit codes q (N, K) in 0..15 with a scale and a zero (N, K / group) per group of inputs,
-    asymmetric over each group's range: w ~ (q - 8) * scale + zero, the CPU kernel's form."""
+    """w (N, K) as 4-bit codes q (N, K) in 0..15 with a scale and a zero (N, K / group) per group of
+    inputs, asymmetric over each group's range: w ~ (q - 8) * scale + zero, the CPU kernel's
+    form."""
     N, K = w.shape
     groups = w.view(N, K // group, group)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)
@@ -46,7 +52,8 @@ def quantize_int4(w: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tensor, T
 
 
 def has_vnni() -> bool:
-    """Whether this CPU multiplies int8 with VNNI (no int16 saturation: FBGEMM's activations may use 8 bits)."""
+    """Whether this CPU multiplies int8 with VNNI (no int16 saturation: FBGEMM's activations may use
+    8 bits)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -55,15 +62,17 @@ def has_vnni() -> bool:
 
 
 def fbgemm_usable() -> bool:
-    """FBGEMM's dynamic int8 Linear is here: an x86 CPU's build of a PyTorch that still has it (it takes its
-    weights as a qint8 tensor, a dtype PyTorch 2.13 deprecates: pytorch/pytorch#184982)."""
+    """FBGEMM's dynamic int8 Linear is here: an x86 CPU's build of a PyTorch that still has it (it
+    takes its weights as a qint8 tensor, a dtype PyTorch 2.13 deprecates:
+    pytorch/pytorch#184982)."""
     ops = torch.ops.quantized
     engines = torch.backends.quantized.supported_engines
     return "fbgemm" in engines and hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack")
 
 
-# the packed weights of the CPU kernels that take them as an object of their own (FBGEMM's, oneDNN's), by the slot
-# their Linear holds: torch.compile traces the slot, an int, into the custom ops below, and not the object
+# the packed weights of the CPU kernels that take them as an object of their own (FBGEMM's,
+# oneDNN's), by the slot their Linear holds: torch.compile traces the slot, an int, into the custom
+# ops below, and not the object
 PACKED: dict[int, object] = {}
 SLOTS = itertools.count()
 
@@ -77,40 +86,55 @@ def hold(module: nn.Module, packed: object) -> int:
 
 
 def packed(slot: int) -> object:
-    """The packed weights in slot, found through sys.modules: the ops outlive this module imported again."""
+    """The packed weights in slot, found through sys.modules: the ops outlive this module imported
+    again."""
     return sys.modules[__name__].PACKED[slot]
 
 
-# the ops that carry them, defined with torch.library's lower-level API (a call costs ~3 us, custom_op's ~10), once
-# a process
+# the ops that carry them, defined with torch.library's lower-level API (a call costs ~3 us,
+# custom_op's ~10), once a process
 if not hasattr(torch.ops.nanogpt_perf, "fbgemm_int8"):
     OPS = torch.library.Library("nanogpt_perf", "FRAGMENT")
     OPS.define("fbgemm_int8(Tensor x01, int slot, int n_out, bool reduce_range) -> Tensor")
     OPS.define("onednn_linear(Tensor x, int slot, int n_out, Tensor? bias) -> Tensor")
-    OPS.impl("fbgemm_int8", lambda x, slot, n, rr: torch.ops.quantized.linear_dynamic(x, packed(slot), rr), "CPU")
+    OPS.impl(
+        "fbgemm_int8",
+        lambda x, slot, n, rr: torch.ops.quantized.linear_dynamic(x, packed(slot), rr),
+        "CPU",
+    )
     OPS.impl("onednn_linear", lambda x, slot, n, bias: torch.ops.mkldnn._linear_pointwise(
         x, packed(slot), bias, "none", [], ""), "CPU")  # fmt: skip
-    torch.library.register_fake("nanogpt_perf::fbgemm_int8", lambda x, slot, n, rr: x.new_empty(x.size(0), n))
-    torch.library.register_fake("nanogpt_perf::onednn_linear", lambda x, slot, n, b: x.new_empty(*x.shape[:-1], n))
+    torch.library.register_fake(
+        "nanogpt_perf::fbgemm_int8", lambda x, slot, n, rr: x.new_empty(x.size(0), n)
+    )
+    torch.library.register_fake(
+        "nanogpt_perf::onednn_linear", lambda x, slot, n, b: x.new_empty(*x.shape[:-1], n)
+    )
 
 
 def fbgemm_int8(x01: Tensor, slot: int, n_out: int, reduce_range: bool) -> Tensor:
-    """FBGEMM's dynamic int8 product of the rows x01 (M, K) and the weights in slot: (M, n_out) in float32;
-    through the op only under torch.compile (eagerly, its dispatch costs more than the call)."""
+    """FBGEMM's dynamic int8 product of the rows x01 (M, K) and the weights in slot: (M, n_out) in
+    float32; through the op only under torch.compile (eagerly, its dispatch costs more than the
+    call)."""
     if torch.compiler.is_compiling():
         return torch.ops.nanogpt_perf.fbgemm_int8(x01, slot, n_out, reduce_range)
     return torch.ops.quantized.linear_dynamic(x01, PACKED[slot], reduce_range)
 
 
 class PackedLinear(nn.Module):
-    """nn.Linear for inference on a CPU, its weight packed once into oneDNN's blocked layout (the ops
-    torch.compile's CPU freezing uses) in dtype, taking and giving ordinary tensors."""
+    """nn.Linear for inference on a CPU, its weight packed once into oneDNN's blocked layout (the
+    ops torch.compile's CPU freezing uses) in dtype, taking and giving ordinary tensors."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
         weight = linear.weight.detach().to(dtype)
-        self.slot, self.n_out = hold(self, torch.ops.mkldnn._reorder_linear_weight(weight, 1)), weight.size(0)
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+        self.slot, self.n_out = (
+            hold(self, torch.ops.mkldnn._reorder_linear_weight(weight, 1)),
+            weight.size(0),
+        )
+        self.register_buffer(
+            "bias", None if linear.bias is None else linear.bias.detach().to(dtype)
+        )
 
     @property
     def weight(self) -> Tensor:
@@ -123,20 +147,21 @@ class PackedLinear(nn.Module):
 
 
 def int8_kernel(device: torch.device) -> str | None:
-    """Int8Linear's kernel on device: FBGEMM's where usable, else the weight-only one on a CPU, else none (the
-    dequantizing product)."""
+    """Int8Linear's kernel on device: FBGEMM's where usable, else the weight-only one on a CPU, else
+    none (the dequantizing product)."""
     if device.type != "cpu":
         return None
     return "fbgemm" if fbgemm_usable() else "int8pack"
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear with int8 weights and a float scale per output row. kernel 'fbgemm' (an x86 CPU): FBGEMM's
-    int8 product, about twice as fast as the weight-only kernel here (docs/sample.md), each row of activations
-    quantized to 8 bits over its own range on the way in: mapped onto [0, 1] first, so that a row's quantization
-    never depends on the rows beside it (a speculative step's rows are the decode step's, bit for bit);
-    'int8pack': torch._weight_int8pack_mm (other CPUs, weight-only); None: the weight dequantized inside the
-    product (a GPU, where torch.compile fuses it; and the reference the tests hold the kernels to)."""
+    """nn.Linear with int8 weights and a float scale per output row. kernel 'fbgemm' (an x86 CPU):
+    FBGEMM's int8 product, about twice as fast as the weight-only kernel here (docs/sample.md), each
+    row of activations quantized to 8 bits over its own range on the way in: mapped onto [0, 1]
+    first, so that a row's quantization never depends on the rows beside it (a speculative step's
+    rows are the decode step's, bit for bit); 'int8pack': torch._weight_int8pack_mm (other CPUs,
+    weight-only); None: the weight dequantized inside the product (a GPU, where torch.compile fuses
+    it; and the reference the tests hold the kernels to)."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, kernel: str | None = "auto"):
         super().__init__()
@@ -161,23 +186,28 @@ class Int8Linear(nn.Module):
             low, high = torch.aminmax(rows, dim=-1, keepdim=True)
             span = (high - low).clamp_(min=torch.finfo(torch.float32).tiny)
             y = fbgemm_int8((rows - low) / span, self.slot, self.weight.size(0), self.reduce_range)
-            y = torch.addcmul(self.bias, low, self.row_sums).addcmul_(y, span)  # x = low + span * x01
+            # x = low + span * x01
+            y = torch.addcmul(self.bias, low, self.row_sums).addcmul_(y, span)
             return y.view(*x.shape[:-1], -1).to(x.dtype)
         if self.kernel == "int8pack":
             y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)), self.weight, self.scale)
             return y.view(*x.shape[:-1], -1) + self.bias
-        return F.linear(x, self.weight.to(x.dtype)) * self.scale + self.bias  # one kernel once compiled
+        # one kernel once compiled
+        return F.linear(x, self.weight.to(x.dtype)) * self.scale + self.bias
 
 
 class Int4Linear(nn.Module):
-    """nn.Linear with 4-bit weights, a scale and a zero per group of INT4_GROUP inputs, computing in dtype; packed:
-    the codes in the CPU kernel's layout, the rows padded to a multiple of INT4_ROWS (the default on a CPU), else
-    two to a byte and dequantized inside the product."""
+    """nn.Linear with 4-bit weights, a scale and a zero per group of INT4_GROUP inputs, computing in
+    dtype; packed: the codes in the CPU kernel's layout, the rows padded to a multiple of INT4_ROWS
+    (the default on a CPU), else two to a byte and dequantized inside the product."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, packed: bool | None = None):
         super().__init__()
         w = linear.weight.detach().float()
-        self.out_features, self.packed = w.size(0), w.device.type == "cpu" if packed is None else packed
+        self.out_features, self.packed = (
+            w.size(0),
+            w.device.type == "cpu" if packed is None else packed,
+        )
         if self.packed:
             w = torch.cat((w, w.new_zeros(-w.size(0) % INT4_ROWS, w.size(1))))
         q, scale, zero = quantize_int4(w)
@@ -187,8 +217,12 @@ class Int4Linear(nn.Module):
             codes = (q[:, 0::2] | q[:, 1::2] << 4).to(torch.uint8)
         self.register_buffer("codes", codes)
         # (K / group, N, 2): the CPU kernel's order, a scale then a zero for every group and row
-        self.register_buffer("scale_zero", torch.stack((scale, zero), -1).transpose(0, 1).contiguous().to(dtype))
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+        self.register_buffer(
+            "scale_zero", torch.stack((scale, zero), -1).transpose(0, 1).contiguous().to(dtype)
+        )
+        self.register_buffer(
+            "bias", None if linear.bias is None else linear.bias.detach().to(dtype)
+        )
 
     def dequantized(self, dtype: torch.dtype) -> Tensor:
         """The weight (N, K) the unpacked codes stand for: (q - 8) * scale + zero."""
@@ -199,7 +233,9 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.packed:
-            y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, x.size(-1)), self.codes, INT4_GROUP, self.scale_zero)
+            y = torch._weight_int4pack_mm_for_cpu(
+                x.reshape(-1, x.size(-1)), self.codes, INT4_GROUP, self.scale_zero
+            )
             y = y[:, : self.out_features].view(*x.shape[:-1], -1)
         else:
             y = F.linear(x, self.dequantized(x.dtype))
@@ -212,7 +248,8 @@ class QuantizeConfig:
 
     quantize: str = setting(
         "none",
-        "the Linears' weights at load: int8 (a scale per row), int4 (a scale and a zero per 32 inputs)",
+        "the Linears' weights at load: int8 (a scale per row), int4 (a scale and a zero per 32 "
+        "inputs)",
         choices=QUANTIZE,
     )
 
@@ -221,13 +258,16 @@ def int4_problem(model: nn.Module) -> str | None:
     """Why model's Linears cannot be int4 (an input width not a multiple of the group), or None."""
     widths = sorted({m.in_features for m in model.modules() if type(m) is nn.Linear})
     if odd := [k for k in widths if k % INT4_GROUP]:
-        return f"int4 needs every Linear's input width to be a multiple of {INT4_GROUP}, not {odd[0]}"
+        return (
+            f"int4 needs every Linear's input width to be a multiple of {INT4_GROUP}, not {odd[0]}"
+        )
     return None
 
 
 def replace_linears(model: nn.Module, make) -> nn.Module:
-    """model with every nn.Linear replaced in place by make(linear); a tied lm_head gets a weight of its own, the
-    embedding keeping the float one (a lookup reads one row a token). For inference only."""
+    """model with every nn.Linear replaced in place by make(linear); a tied lm_head gets a weight of
+    its own, the embedding keeping the float one (a lookup reads one row a token). For inference
+    only."""
     for module in list(model.modules()):
         for name, child in module.named_children():
             if type(child) is nn.Linear:
@@ -237,4 +277,6 @@ def replace_linears(model: nn.Module, make) -> nn.Module:
 
 def quantize_linears(model: nn.Module, quantize: str, dtype: torch.dtype) -> nn.Module:
     """replace_linears with the quantize ('int8' or 'int4') form of each, computing in dtype."""
-    return replace_linears(model, lambda linear: (Int8Linear if quantize == "int8" else Int4Linear)(linear, dtype))
+    return replace_linears(
+        model, lambda linear: (Int8Linear if quantize == "int8" else Int4Linear)(linear, dtype)
+    )

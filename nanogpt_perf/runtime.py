@@ -1,5 +1,5 @@
-"""The device and the precision a run uses, chosen once after the settings are applied, and how to wait for the
-device (it runs ahead of Python) before reading a clock."""
+"""The device and the precision a run uses, chosen once after the settings are applied, and how to
+wait for the device (it runs ahead of Python) before reading a clock."""
 
 import platform
 from contextlib import AbstractContextManager, nullcontext
@@ -34,7 +34,9 @@ class Runtime:
     @property
     def precision(self) -> str:
         """The precision of the matmuls, as named in peak_flops.PEAK_TFLOPS."""
-        return {"bfloat16": "bf16", "float16": "fp16"}.get(self.dtype, "tf32" if self.tf32 else "fp32")
+        return {"bfloat16": "bf16", "float16": "fp16"}.get(
+            self.dtype, "tf32" if self.tf32 else "fp32"
+        )
 
     def autocast_ctx(self) -> AbstractContextManager:
         if not self.autocast:
@@ -42,11 +44,13 @@ class Runtime:
         return torch.autocast(device_type=self.device_type, dtype=PTDTYPES[self.dtype])
 
     def grad_scaler(self) -> torch.amp.GradScaler:
-        """Enabled for float16 only: bf16 and fp32 have the exponent range to do without loss scaling."""
+        """Enabled for float16 only: bf16 and fp32 have the exponent range to do without loss
+        scaling."""
         return torch.amp.GradScaler(self.device_type, enabled=self.dtype == "float16")
 
     def synchronize(self) -> None:
-        """Wait for the device to finish what was queued: a no-op on a CPU, which runs each op to its end."""
+        """Wait for the device to finish what was queued: a no-op on a CPU, which runs each op to
+        its end."""
         if self.device_type == "cuda":
             torch.cuda.synchronize(self.device)
         elif self.device_type == "mps":
@@ -56,7 +60,8 @@ class Runtime:
         scaler = "on" if self.dtype == "float16" else "off"
         return (
             f"device {self.device} ({device_name(self.device)}), dtype {self.dtype}, autocast "
-            f"{'on' if self.autocast else 'off'}, TF32 {'on' if self.tf32 else 'off'}, GradScaler {scaler}: "
+            f"{'on' if self.autocast else 'off'}, TF32 {'on' if self.tf32 else 'off'}, GradScaler "
+            f"{scaler}: "
             f"{self.reason}"
         )
 
@@ -73,34 +78,39 @@ def device_name(device: torch.device) -> str:
 
 
 def device_memory_bytes(device: torch.device) -> int | None:
-    """The memory of a device: a GPU's own, else this machine's (a CPU's, and Apple's shared memory)."""
+    """The memory of a device: a GPU's own, else this machine's (a CPU's, and Apple's shared
+    memory)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     return host_memory_bytes()
 
 
 def check_device(device: str) -> None:
-    """A ValueError saying what would be valid here (and why device is not) when device cannot be had."""
+    """A ValueError saying what would be valid here (and why device is not) when device cannot be
+    had."""
     n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cuda = ["cuda", *(f"cuda:{i}" for i in range(n_cuda))] if n_cuda else []
     here = ["auto", "cpu", *cuda, *(["mps"] if torch.backends.mps.is_available() else [])]
     if device in here:
         return
     why = {
-        "cuda": f" (this machine has {n_cuda} CUDA devices)" if n_cuda else " (CUDA is not available here)",
+        "cuda": f" (this machine has {n_cuda} CUDA devices)"
+        if n_cuda
+        else " (CUDA is not available here)",
         "mps": " (MPS is not available here)",
     }.get(device.partition(":")[0], "")
     raise ValueError(f"one of {', '.join(here)}{why}")
 
 
-# the runtime's settings, in parts that a script takes as far as it uses them (sample.py: no compile_mode, no
-# peak_flops; benchmarks/loader.py: the device alone); RuntimeConfig is all of them, as train.py and bench.py take them
+# the runtime's settings, in parts that a script takes as far as it uses them (sample.py: no
+# compile_mode, no peak_flops; benchmarks/loader.py: the device alone); RuntimeConfig is all of
+# them, as train.py and bench.py take them
 @dataclass
 class DeviceConfig:
     """The device"""
 
-    device: str = setting("auto", "'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'",
-                          check=check_device)  # fmt: skip
+    device: str = setting("auto", "'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', "
+                          "'mps'", check=check_device)  # fmt: skip
 
 
 @dataclass
@@ -142,7 +152,13 @@ def resolve_device(device: str) -> torch.device:
     except ValueError as e:
         raise UserError(f"device must be {e}, not {device!r}") from None
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        device = (
+            "cuda"
+            if torch.cuda.is_available()
+            else "mps"
+            if torch.backends.mps.is_available()
+            else "cpu"
+        )
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -150,17 +166,28 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dev: torch.device, dtype: str, cpu_auto: str = "float32") -> tuple[str, str]:
-    """(dtype, why): 'auto' is bf16 where supported, else fp16 (with a GradScaler), else fp32; on CPU autocast is
-    used only when bfloat16 is asked for explicitly, since CPU bf16 is often slower than fp32 (cpu_auto: what
-    'auto' is on a CPU instead, the dtype a quantized model's kernels compute in)."""
+    """(dtype, why): 'auto' is bf16 where supported, else fp16 (with a GradScaler), else fp32; on
+    CPU autocast is used only when bfloat16 is asked for explicitly, since CPU bf16 is often slower
+    than fp32 (cpu_auto: what 'auto' is on a CPU instead, the dtype a quantized model's kernels
+    compute in)."""
     bf16_ok = dev.type in ("cpu", "mps") or (dev.type == "cuda" and torch.cuda.is_bf16_supported())
     if dtype == "auto":
         if dev.type == "cpu" and cpu_auto != "float32":
-            return cpu_auto, f"dtype auto -> {cpu_auto} (on CPU, what the quantized weights' kernels compute in)"
+            return (
+                cpu_auto,
+                f"dtype auto -> {cpu_auto} (on CPU, what the quantized weights' kernels compute "
+                "in)",
+            )
         if dev.type == "cpu":
-            return "float32", "dtype auto -> float32 (on CPU autocast only when dtype=bfloat16 is asked for)"
+            return (
+                "float32",
+                "dtype auto -> float32 (on CPU autocast only when dtype=bfloat16 is asked for)",
+            )
         chosen = "bfloat16" if bf16_ok else "float16"
-        return chosen, f"dtype auto -> {chosen} ({'bf16 supported' if bf16_ok else 'no bf16 on this GPU'})"
+        return (
+            chosen,
+            f"dtype auto -> {chosen} ({'bf16 supported' if bf16_ok else 'no bf16 on this GPU'})",
+        )
     if problem := dtype_problem(dev, dtype):
         raise UserError(problem)
     return dtype, f"dtype {dtype} as asked"
@@ -175,9 +202,11 @@ def dtype_problem(dev: torch.device, dtype: str) -> str | None:
     return None
 
 
-def resolve_runtime(device: str = "auto", dtype: str = "auto", tf32: bool = True, cpu_auto: str = "float32") -> Runtime:
-    """Choose the device, then the precision it supports best, after all overrides are applied (cpu_auto: see
-    resolve_dtype); sets TF32."""
+def resolve_runtime(
+    device: str = "auto", dtype: str = "auto", tf32: bool = True, cpu_auto: str = "float32"
+) -> Runtime:
+    """Choose the device, then the precision it supports best, after all overrides are applied
+    (cpu_auto: see resolve_dtype); sets TF32."""
     dev = resolve_device(device)
     dtype, why = resolve_dtype(dev, dtype, cpu_auto)
     reasons = ([f"device auto -> {dev}"] if device == "auto" else []) + [why]

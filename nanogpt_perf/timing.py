@@ -1,5 +1,5 @@
-"""Clocks on the device's timeline: CUDA events on a GPU, which leave the work unsynchronised, else perf_counter
-after a synchronisation (a no-op on a CPU, which runs each op to its end)."""
+"""Clocks on the device's timeline: CUDA events on a GPU, which leave the work unsynchronised, else
+perf_counter after a synchronisation (a no-op on a CPU, which runs each op to its end)."""
 
 import time
 from itertools import pairwise
@@ -27,12 +27,14 @@ class DeviceClock:
         return time.perf_counter()
 
     def ms(self, t0: Any, t1: Any) -> float:
-        """Milliseconds from t0 to t1; for CUDA events, only once the device has passed t1 (synchronise first)."""
+        """Milliseconds from t0 to t1; for CUDA events, only once the device has passed t1
+        (synchronise first)."""
         return t0.elapsed_time(t1) if self.cuda else (t1 - t0) * 1000
 
 
 class PhaseClock(DeviceClock):
-    """Milliseconds per phase of a training step, from the marks the step calls as each phase ends."""
+    """Milliseconds per phase of a training step, from the marks the step calls as each phase
+    ends."""
 
     def start(self) -> None:
         self.marks = [("", self.now())]
@@ -41,7 +43,8 @@ class PhaseClock(DeviceClock):
         self.marks.append((phase, self.now()))
 
     def durations(self) -> dict[str, float]:
-        """Each phase's total since start(), summed over its repeats (micro-batches); after a synchronisation."""
+        """Each phase's total since start(), summed over its repeats (micro-batches); after a
+        synchronisation."""
         totals = dict.fromkeys(PHASES, 0.0)
         for (_, t0), (phase, t1) in pairwise(self.marks):
             totals[phase] += self.ms(t0, t1)

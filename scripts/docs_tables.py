@@ -1,12 +1,11 @@
-"""
-The settings tables of README.md and docs/*.md, written from the scripts' declarations (what `python SCRIPT --help
---markdown` prints), between the markers
+"""The settings tables of README.md and docs/*.md, written from the scripts' declarations (what
+`python SCRIPT --help --markdown` prints), between the markers
 
     <!-- settings of SCRIPT: written by scripts/docs_tables.py -->
     <!-- end of settings of SCRIPT -->
 
-    python scripts/docs_tables.py            # rewrite every table that differs from its script's declarations
-    python scripts/docs_tables.py --check    # exit 1, naming each doc and script, where one differs (CI, the tests)
+    python scripts/docs_tables.py           # rewrite each table that differs from its declarations
+    python scripts/docs_tables.py --check   # exit 1, naming each doc and script that differs
 """
 
 import contextlib
@@ -33,7 +32,8 @@ def docs() -> list[Path]:
 
 
 def help_markdown(script: str) -> str:
-    """What `python SCRIPT --help --markdown` prints, run in this process (torch imported once for every table)."""
+    """What `python SCRIPT --help --markdown` prints, run in this process (torch imported once for
+    every table)."""
     if not (ROOT / script).is_file():
         raise UserError(f"a settings table names {script}, which is not a script of this checkout")
     out, argv = io.StringIO(), sys.argv
@@ -75,7 +75,9 @@ def main(argv: list[str]) -> None:
         print(__doc__.strip())
         return
     if argv not in ([], ["--check"]):
-        raise UserError(f"unknown arguments {' '.join(argv)!r}: none (rewrite the tables) or --check")
+        raise UserError(
+            f"unknown arguments {' '.join(argv)!r}: none (rewrite the tables) or --check"
+        )
     tables: dict[str, str] = {}
     if argv == ["--check"]:
         if found := stale(tables):

@@ -1,21 +1,29 @@
-"""Shakespeare in GPT-2 BPE tokens (tiktoken): train.bin and val.bin (uint16) and meta.pkl (tokenizer, source).
+"""Shakespeare in GPT-2 BPE tokens (tiktoken): train.bin and val.bin (uint16) and meta.pkl
+(tokenizer, source).
 
 python data/shakespeare/prepare.py [FOLDER]    # FOLDER defaults to this script's own
 
-FOLDER may be new or empty, or hold the text to prepare (input.txt) or an earlier preparation of
-the same kind; one that holds anything else (files of yours, another dataset) is refused, nothing
+FOLDER may be new or empty, or hold the text to prepare (input.txt) or an earlier preparation of the
+same kind; one that holds anything else (files of yours, another dataset) is refused, nothing
 written there.
 """
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `nanogpt_perf` and `data.*`
+# the repository root, for `nanogpt_perf` and `data.*`
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from nanogpt_perf.errors import report_errors  # noqa: E402
 
 if __name__ == "__main__":
     report_errors()  # a UserError, and Ctrl-C while the imports below load, is one line
-from data.tiny_shakespeare import check_folder, folder_argument, load_text, save_dataset, split  # noqa: E402
+from data.tiny_shakespeare import (  # noqa: E402
+    check_folder,
+    folder_argument,
+    load_text,
+    save_dataset,
+    split,
+)
 from nanogpt_perf.data.tokenizer import gpt2_encoding  # noqa: E402
 
 

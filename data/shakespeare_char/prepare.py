@@ -1,9 +1,10 @@
-"""Character-level Shakespeare: train.bin and val.bin (uint16 character ids) and meta.pkl (vocab, source).
+"""Character-level Shakespeare: train.bin and val.bin (uint16 character ids) and meta.pkl (vocab,
+source).
 
 python data/shakespeare_char/prepare.py [FOLDER]    # FOLDER defaults to this script's own
 
-FOLDER may be new or empty, or hold the text to prepare (input.txt) or an earlier preparation of
-the same kind; one that holds anything else (files of yours, another dataset) is refused, nothing
+FOLDER may be new or empty, or hold the text to prepare (input.txt) or an earlier preparation of the
+same kind; one that holds anything else (files of yours, another dataset) is refused, nothing
 written there.
 """
 
@@ -15,7 +16,13 @@ from nanogpt_perf.errors import report_errors  # noqa: E402
 
 if __name__ == "__main__":
     report_errors()  # a UserError, and Ctrl-C while the imports below load, is one line
-from data.tiny_shakespeare import check_folder, folder_argument, load_text, save_dataset, split  # noqa: E402
+from data.tiny_shakespeare import (  # noqa: E402
+    check_folder,
+    folder_argument,
+    load_text,
+    save_dataset,
+    split,
+)
 
 
 def prepare(folder: Path) -> dict:

@@ -1,19 +1,21 @@
-"""A dataset read before a run starts, for the guard's checks (nanogpt_perf/guard/dataset.py), and its
-identity: what says that the data a run resumes on is the data it started with.
+"""A dataset read before a run starts, for the guard's checks (nanogpt_perf/guard/dataset.py), and
+its identity: what says that the data a run resumes on is the data it started with.
 
-Every token id inside the vocabulary: an id past it would index past the model's embedding (an IndexError on a
-CPU, a device-side assert that ends the CUDA context on a GPU) only once training had begun and written its first
-files. The same read hashes each token file whole (SHA-256), so that a resume on a file changed by one token is
-refused. Cost: one read of every token file, at the hash's speed (about 1.5 GB/s on one core with the CPU's SHA
-instructions; numpy's max in the same pass costs little): FineWeb-Edu's 20 GB in about 15 s, once. What was read is
-kept in DATASET/token_ids.json by each file's size, modification and change times and inode, so that later runs
-read no tokens, only a stat per file; a file changed in any way (its ctime cannot be set back) is read again.
-Only rank 0 checks, and writes it atomically; where the folder cannot be written, every run reads. Delete it to
-have everything read again.
+Every token id inside the vocabulary: an id past it would index past the model's embedding (an
+IndexError on a CPU, a device-side assert that ends the CUDA context on a GPU) only once training
+had begun and written its first files. The same read hashes each token file whole (SHA-256), so that
+a resume on a file changed by one token is refused. Cost: one read of every token file, at the
+hash's speed (about 1.5 GB/s on one core with the CPU's SHA instructions; numpy's max in the same
+pass costs little): FineWeb-Edu's 20 GB in about 15 s, once. What was read is kept in
+DATASET/token_ids.json by each file's size, modification and change times and inode, so that later
+runs read no tokens, only a stat per file; a file changed in any way (its ctime cannot be set back)
+is read again. Only rank 0 checks, and writes it atomically; where the folder cannot be written,
+every run reads. Delete it to have everything read again.
 
-An identity also keeps each file's fingerprint, what checkpoints of earlier versions hold and are compared by;
-its folder is its canonical path: the same data named another way (relative, with ~, through a link) is the
-same data, and a folder moved or copied elsewhere whole keeps its identity's files."""
+An identity also keeps each file's fingerprint, what checkpoints of earlier versions hold and are
+compared by; its folder is its canonical path: the same data named another way (relative, with ~,
+through a link) is the same data, and a folder moved or copied elsewhere whole keeps its identity's
+files."""
 
 import hashlib
 import json
@@ -32,9 +34,15 @@ from nanogpt_perf.guard.dataset import check_token_range, identity_change
 SAMPLES, BLOCK = 8, 4096
 META = "meta.pkl"
 CACHE_NAME = "token_ids.json"
-CACHE_FROM_BYTES = 64 * 2**20  # datasets smaller than this are read every time: faster than a file to keep
+# datasets smaller than this are read every time: faster than a file to keep
+CACHE_FROM_BYTES = 64 * 2**20
 CHUNK_TOKENS = 2**22  # 8 MB of uint16 a read: in cache, and no memory held
-STAT_FIELDS = {"bytes": "st_size", "mtime_ns": "st_mtime_ns", "ctime_ns": "st_ctime_ns", "inode": "st_ino"}
+STAT_FIELDS = {
+    "bytes": "st_size",
+    "mtime_ns": "st_mtime_ns",
+    "ctime_ns": "st_ctime_ns",
+    "inode": "st_ino",
+}
 
 
 def canonical_folder(path: Path | str) -> str:
@@ -42,7 +50,8 @@ def canonical_folder(path: Path | str) -> str:
 
 
 def fingerprint(path: Path, size: int) -> str:
-    """A hash of SAMPLES blocks of BLOCK bytes spread from its start to its end (all of a small file)."""
+    """A hash of SAMPLES blocks of BLOCK bytes spread from its start to its end (all of a small
+    file)."""
     digest = hashlib.blake2b(digest_size=16)
     with open_file(path) as f:
         if size <= SAMPLES * BLOCK:
@@ -54,9 +63,10 @@ def fingerprint(path: Path, size: int) -> str:
 
 
 def dataset_identity(data_path: Path, digests: dict[str, str] | None = None) -> dict[str, Any]:
-    """{'folder': the canonical path, 'files': {name: {'bytes', 'fingerprint', 'sha256'}}} over the token files of
-    both splits (train.bin and val.bin, or shards) and meta.pkl, as plain data for a checkpoint; sha256 where
-    digests (check_token_ids') has the file's (meta.pkl's is then read here)."""
+    """{'folder': the canonical path, 'files': {name: {'bytes', 'fingerprint', 'sha256'}}} over the
+    token files of both splits (train.bin and val.bin, or shards) and meta.pkl, as plain data for a
+    checkpoint; sha256 where digests (check_token_ids') has the file's (meta.pkl's is then read
+    here)."""
     paths = [f.path for split in ("train", "val") for f in split_files(data_path, split)]
     if os.path.lexists(data_path / META):  # a folder or a FIFO there: one line, not 'no meta.pkl'
         paths.append(data_path / META)
@@ -72,7 +82,8 @@ def dataset_identity(data_path: Path, digests: dict[str, str] | None = None) -> 
 
 
 def scan_file(file: TokenFile) -> tuple[int, str]:
-    """The largest token id in file (-1 when it has none) and the SHA-256 of all its bytes, in one read."""
+    """The largest token id in file (-1 when it has none) and the SHA-256 of all its bytes, in one
+    read."""
     digest, largest, buffer = hashlib.sha256(), -1, bytearray(2 * CHUNK_TOKENS)
     try:
         with open_file(file.path) as f:
@@ -81,7 +92,9 @@ def scan_file(file: TokenFile) -> tuple[int, str]:
                 chunk = memoryview(buffer)[:n]
                 digest.update(chunk)
                 if n >= 2:
-                    largest = max(largest, int(np.frombuffer(chunk[: n - n % 2], dtype=np.uint16).max()))
+                    largest = max(
+                        largest, int(np.frombuffer(chunk[: n - n % 2], dtype=np.uint16).max())
+                    )
     except OSError as e:
         raise UserError(f"{file.path} cannot be read: {e.strerror or e}") from None
     return largest, digest.hexdigest()
@@ -95,15 +108,18 @@ def read_cache(path: Path) -> dict[str, Any]:
     except (OSError, ReadFailed, ValueError, KeyError, TypeError):
         return {}
     types = {k: int for k in STAT_FIELDS} | {"max_id": int, "sha256": str}
-    valid = lambda e: isinstance(e, dict) and all(type(e.get(k)) is t for k, t in types.items())  # noqa: E731
+    valid = lambda e: isinstance(e, dict) and all(type(e.get(k)) is t for k, t in types.items())
     if not isinstance(files, dict):
         return {}
     return {name: e for name, e in files.items() if valid(e) and -1 <= e["max_id"] < 2**16}
 
 
-def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES) -> dict[str, str]:
-    """Each token file's SHA-256 by name; one error line (nothing written) when one holds an id >= vocab_size.
-    What is read is kept in token_ids.json for a dataset of cache_from_bytes or more (see the module)."""
+def check_token_ids(
+    data_path: Path, vocab_size: int, cache_from_bytes: int = CACHE_FROM_BYTES
+) -> dict[str, str]:
+    """Each token file's SHA-256 by name; one error line (nothing written) when one holds an id >=
+    vocab_size. What is read is kept in token_ids.json for a dataset of cache_from_bytes or more
+    (see the module)."""
     cache_path = data_path / CACHE_NAME
     known, entries, scanned, t0 = read_cache(cache_path), {}, 0, time.perf_counter()
     for file in [*split_files(data_path, "train"), *split_files(data_path, "val")]:
@@ -117,24 +133,34 @@ def check_token_ids(data_path: Path, vocab_size: int, cache_from_bytes: int = CA
         entries[file.path.name] = entry
     if scanned and sum(entry["bytes"] for entry in entries.values()) >= cache_from_bytes:
         print(
-            f"token ids checked: {scanned / 1e6:,.0f} MB read in {time.perf_counter() - t0:.2f} s, every id below "
+            f"token ids checked: {scanned / 1e6:,.0f} MB read in {time.perf_counter() - t0:.2f} s, "
+            "every id below "
             f"{vocab_size}; kept in {cache_path} for the next runs",
             flush=True,
         )
         try:
             write_json(cache_path, {"files": entries})
         except WriteFailed as e:  # a read-only dataset: the next run reads again
-            print(f"(could not write {cache_path}: {e.reason}; the next run reads again)", flush=True)
+            print(
+                f"(could not write {cache_path}: {e.reason}; the next run reads again)", flush=True
+            )
     return {name: entry["sha256"] for name, entry in entries.items()}
 
 
-def checked_identity(data_path: Path, vocab_size: int, saved: dict[str, Any] | None, allow_changed: bool) -> dict:
-    """The dataset's identity, every token id checked against vocab_size; compared with a resumed checkpoint's
-    (saved): a change is refused, or said and taken where allow_changed."""
+def checked_identity(
+    data_path: Path, vocab_size: int, saved: dict[str, Any] | None, allow_changed: bool
+) -> dict:
+    """The dataset's identity, every token id checked against vocab_size; compared with a resumed
+    checkpoint's (saved): a change is refused, or said and taken where allow_changed."""
     identity = dataset_identity(data_path, check_token_ids(data_path, vocab_size))
     if saved and (change := identity_change(saved, identity)):
         changed = f"dataset {data_path.name} changed since the checkpoint was saved"
         if not allow_changed:
-            raise UserError(f"{changed}: {change}; resume on it as it is with --allow_changed_data=True")
-        print(f"{changed} ({change}): resuming on it as it is, as allow_changed_data=True asks", flush=True)
+            raise UserError(
+                f"{changed}: {change}; resume on it as it is with --allow_changed_data=True"
+            )
+        print(
+            f"{changed} ({change}): resuming on it as it is, as allow_changed_data=True asks",
+            flush=True,
+        )
     return identity

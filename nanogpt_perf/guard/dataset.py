@@ -8,22 +8,24 @@ from nanogpt_perf.errors import UserError
 
 
 def check_token_range(path: Path, largest: int, vocab_size: int, meta: Path) -> None:
-    """One error line when a token file's largest id is outside the vocabulary: it would index past the
-    model's embedding only once training had begun and written its first files."""
+    """One error line when a token file's largest id is outside the vocabulary: it would index past
+    the model's embedding only once training had begun and written its first files."""
     if largest < vocab_size:
         return
     whose = f"{meta}'s vocab_size" if meta.is_file() else "GPT-2's: the dataset has no meta.pkl"
     raise UserError(
-        f"{path} holds token id {largest}, outside the vocabulary of {vocab_size} tokens ({whose}): "
+        f"{path} holds token id {largest}, outside the vocabulary of {vocab_size} tokens "
+        f"({whose}): "
         "the tokens and the vocabulary do not belong together; prepare the dataset again"
     )
 
 
 def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """What changed in a dataset's files from identity saved to identity now, in words naming the first
-    few, or None (by every hash both record); not the folder: the same files elsewhere are the same data."""
+    """What changed in a dataset's files from identity saved to identity now, in words naming the
+    first few, or None (by every hash both record); not the folder: the same files elsewhere are the
+    same data."""
     before, after = saved.get("files"), now["files"]
-    recorded = lambda v: isinstance(v, dict) and type(v.get("bytes")) is int  # noqa: E731
+    recorded = lambda v: isinstance(v, dict) and type(v.get("bytes")) is int
     if not isinstance(before, dict) or not all(map(recorded, before.values())):
         return "the saved record of its files is not one (not written by this suite?)"
     changes = []

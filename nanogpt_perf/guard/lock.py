@@ -1,12 +1,13 @@
 """An out_dir's lock: one run at a time.
 
-While train.py runs, rank 0 holds out_dir/train.lock, created with O_EXCL (of two runs started together, one gets
-it), which says whose it is: the process id, the host, the process's start time and the command. A second run is
-refused while that process lives (check_lock, which the guard's preflight asks too, before any work); the lock of
-a process that has died without releasing it (SIGKILL, a crash of the machine) is taken over by the next run, with
-a line saying so. A lock of another host cannot be checked from here: refused, with how to remove it.
-What is no lock of ours (other contents, a pid no process can have, a folder or a FIFO in its
-place) is refused alike, and never waited on (a FIFO's plain open waits for a writer for ever)."""
+While train.py runs, rank 0 holds out_dir/train.lock, created with O_EXCL (of two runs started
+together, one gets it), which says whose it is: the process id, the host, the process's start time
+and the command. A second run is refused while that process lives (check_lock, which the guard's
+preflight asks too, before any work); the lock of a process that has died without releasing it
+(SIGKILL, a crash of the machine) is taken over by the next run, with a line saying so. A lock of
+another host cannot be checked from here: refused, with how to remove it. What is no lock of ours
+(other contents, a pid no process can have, a folder or a FIFO in its place) is refused alike, and
+never waited on (a FIFO's plain open waits for a writer for ever)."""
 
 import atexit
 import json
@@ -26,8 +27,8 @@ PID_LIMIT = 2**31  # pid_t is a C int: no process has a pid at or beyond it
 
 
 def process_stat(pid: int) -> list[str] | None:
-    """/proc/pid/stat's fields after the command name (Linux): [0] the state, [19] the start time in clock ticks
-    since boot; None where there is no such process or no /proc."""
+    """/proc/pid/stat's fields after the command name (Linux): [0] the state, [19] the start time in
+    clock ticks since boot; None where there is no such process or no /proc."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -35,7 +36,8 @@ def process_stat(pid: int) -> list[str] | None:
 
 
 def process_start(pid: int) -> str | None:
-    """When process pid started, which tells a live run from a new process that got a dead run's pid."""
+    """When process pid started, which tells a live run from a new process that got a dead run's
+    pid."""
     stat = process_stat(pid)
     return stat[19] if stat else None
 
@@ -48,7 +50,8 @@ def is_running(holder: dict[str, Any]) -> bool:
     if stat is None:  # no /proc: the pid alone
         return True
     started = holder.get("process_start")
-    return stat[0] != "Z" and (started is None or started == stat[19])  # a zombie has ended, and is not reaped
+    # a zombie has ended, and is not reaped
+    return stat[0] != "Z" and (started is None or started == stat[19])
 
 
 def read_holder(path: Path) -> tuple[bytes, dict[str, Any] | None]:
@@ -76,18 +79,24 @@ def held_by(holder: dict[str, Any]) -> str:
 
 
 def check_lock(out_dir: Path, holder: dict[str, Any] | None) -> None:
-    """A UserError when out_dir's lock (holder: what it says) stops this run; nothing when its process is dead."""
+    """A UserError when out_dir's lock (holder: what it says) stops this run; nothing when its
+    process is dead."""
     path = out_dir / LOCK_NAME
     if holder is None:
-        raise UserError(f"{path} is not a lock of train.py's, or a run is starting in {out_dir}: if none is, delete it")
+        raise UserError(
+            f"{path} is not a lock of train.py's, or a run is starting in {out_dir}: if none is, "
+            "delete it"
+        )
     if holder["host"] != socket.gethostname():
         raise UserError(
-            f"out_dir {out_dir} is locked by a run on another host ({held_by(holder)}): if that run has ended, "
+            f"out_dir {out_dir} is locked by a run on another host ({held_by(holder)}): if that "
+            "run has ended, "
             f"delete {path}; else choose another out_dir"
         )
     if is_running(holder):
         raise UserError(
-            f"out_dir {out_dir} is in use by another run ({held_by(holder)}): wait for it to end, or choose "
+            f"out_dir {out_dir} is in use by another run ({held_by(holder)}): wait for it to end, "
+            "or choose "
             f"another out_dir (if pid {holder['pid']} is not a train.py run, delete {path})"
         )
 
@@ -120,21 +129,29 @@ class OutDirLock:
                 raw, holder = read_holder(self.path)
                 check_lock(self.out_dir, holder)
                 if self.take_over(raw):
-                    print(f"out_dir {self.out_dir}: taking over the lock of a run that is no longer running "
-                          f"({held_by(holder)})", flush=True)  # fmt: skip
+                    print(
+                        f"out_dir {self.out_dir}: taking over the lock of a run that is no longer "
+                        "running "
+                        f"({held_by(holder)})",
+                        flush=True,
+                    )
                 continue
             with os.fdopen(fd, "wb") as f:
                 f.write(self.content)
                 f.flush()
                 os.fsync(f.fileno())
             self.held = True
-            atexit.register(self.release)  # on an exception too; the end of train.py releases it first
+            # on an exception too; the end of train.py releases it first
+            atexit.register(self.release)
             return
-        raise UserError(f"could not take {self.path}: other runs are starting in {self.out_dir} at the same time")
+        raise UserError(
+            f"could not take {self.path}: other runs are starting in {self.out_dir} at the same "
+            "time"
+        )
 
     def take_over(self, stale: bytes) -> bool:
-        """Move the stale lock aside, unless it is no longer the one judged stale (another run took it over in
-        between: put that run's back). True when it was removed."""
+        """Move the stale lock aside, unless it is no longer the one judged stale (another run took
+        it over in between: put that run's back). True when it was removed."""
         aside = self.path.with_name(f"{LOCK_NAME}.stale-{os.getpid()}")
         try:
             os.replace(self.path, aside)

@@ -1,7 +1,8 @@
-"""The checks of settings that name files and folders, or lists of names (a setting's check= in its declaration:
-nanogpt_perf/config.py): each raises ValueError saying what would be valid ('a path without a NUL character'), which
-configure turns into the line "out_dir must be a path without ..., not ...". A setting whose check is a path's has a
-leading ~ expanded (path_rule). This module imports no torch: the data preparers' worker processes import it."""
+"""The checks of settings that name files and folders, or lists of names (a setting's check= in its
+declaration: nanogpt_perf/config.py): each raises ValueError saying what would be valid ('a path
+without a NUL character'), which configure turns into the line "out_dir must be a path without ...,
+not ...". A setting whose check is a path's has a leading ~ expanded (path_rule). This module
+imports no torch: the data preparers' worker processes import it."""
 
 import os
 from collections.abc import Callable
@@ -11,19 +12,22 @@ from typing import Any
 from nanogpt_perf.files import file_kind
 
 Check = Callable[[Any], None]
-NAME_MAX, PATH_MAX = 255, 4096  # bytes: a name in a path, a whole path (Linux's and most file systems' limits)
+# bytes: a name in a path, a whole path (Linux's and most file systems' limits)
+NAME_MAX, PATH_MAX = 255, 4096
 
 
 def path_rule(check: Check) -> Check:
-    """Mark check as one of a setting that names a file or folder: configure expands a leading ~ in its value (the
-    shell expands ~ only at the start of a word, so --out_dir=~/x reaches a script as the text '~/x')."""
+    """Mark check as one of a setting that names a file or folder: configure expands a leading ~ in
+    its value (the shell expands ~ only at the start of a word, so --out_dir=~/x reaches a script as
+    the text '~/x')."""
     check.is_path = True  # type: ignore[attr-defined]
     return check
 
 
 def check_path(value: str) -> None:
-    """A ValueError saying what would be valid unless the OS can take value as a path: empty, a NUL character, a ~
-    that no shell expanded, a name or the whole path too long, a part of its folders a file."""
+    """A ValueError saying what would be valid unless the OS can take value as a path: empty, a NUL
+    character, a ~ that no shell expanded, a name or the whole path too long, a part of its folders
+    a file."""
     check_name(value)
     parent = next((p for p in Path(os.path.abspath(value)).parents if os.path.lexists(p)), None)
     if parent is not None and not os.path.isdir(parent):
@@ -39,12 +43,16 @@ def check_name(value: str) -> None:
     if value.startswith("~"):
         home = os.path.expanduser(value)
         instead = f": {home}" if home != value else ""
-        raise ValueError(f"a path without a leading ~ (no shell expands it inside a flag; write it out{instead})")
+        raise ValueError(
+            f"a path without a leading ~ (no shell expands it inside a flag; write it out{instead})"
+        )
     encoded = os.fsencode(value)
     if len(encoded) >= PATH_MAX:
         raise ValueError(f"a path of less than {PATH_MAX:,} bytes (this one has {len(encoded):,})")
     if long := next((name for name in encoded.split(b"/") if len(name) > NAME_MAX), None):
-        raise ValueError(f"a path whose every name has at most {NAME_MAX} bytes (one has {len(long):,})")
+        raise ValueError(
+            f"a path whose every name has at most {NAME_MAX} bytes (one has {len(long):,})"
+        )
 
 
 a_path = path_rule(check_path)
@@ -64,18 +72,22 @@ def writable(folder: str) -> bool:
 
 @path_rule
 def output_folder(value: str) -> None:
-    """A folder to write into: a path that is no file, whose nearest existing folder this user may write."""
+    """A folder to write into: a path that is no file, whose nearest existing folder this user may
+    write."""
     check_path(value)
     if os.path.lexists(value) and not os.path.isdir(value):
         raise ValueError(f"a folder (this is {file_kind(value)})")
-    nearest = next(p for p in (value, *map(str, Path(os.path.abspath(value)).parents)) if os.path.exists(p))
+    nearest = next(
+        p for p in (value, *map(str, Path(os.path.abspath(value)).parents)) if os.path.exists(p)
+    )
     if not writable(nearest):
         raise ValueError(f"a folder that you may write ({nearest} is not writable)")
 
 
 def output_file(suffix: str, optional: bool = True) -> Check:
-    """For a setting that names a file to write: '' where optional (none), or a path
-    ending in suffix that is no folder, in a folder that exists or can be made, and that this user may write."""
+    """For a setting that names a file to write: '' where optional (none), or a path ending in
+    suffix that is no folder, in a folder that exists or can be made, and that this user may
+    write."""
     what = ("'' or " if optional else "") + f"a {suffix} file"
 
     def check(value: str) -> None:
@@ -94,26 +106,32 @@ def output_file(suffix: str, optional: bool = True) -> Check:
         if not os.path.isdir(folder):
             raise ValueError(f"{what} in a folder ({folder} is {file_kind(folder)})")
         if not writable(str(folder)) or (os.path.exists(value) and not os.access(value, os.W_OK)):
-            raise ValueError(f"{what} that you may write ({path if os.path.exists(value) else folder} is not writable)")
+            raise ValueError(
+                f"{what} that you may write ({path if os.path.exists(value) else folder} is not "
+                "writable)"
+            )
 
     return path_rule(check)
 
 
 def init_from_one_of(*choices: str) -> Check:
-    """choices (e.g. 'scratch', 'resume' and GPT-2's hub names) or an existing folder in transformers' format."""
+    """choices (e.g. 'scratch', 'resume' and GPT-2's hub names) or an existing folder in
+    transformers' format."""
 
     def choice_or_folder(value: str) -> None:
         if value in choices:
             return
         try:
-            check_path(value)  # first: a ~ no shell expanded, a name too long, '' (which Path takes as '.')
+            # first: a ~ no shell expanded, a name too long, '' (which Path takes as '.')
+            check_path(value)
             folder = os.path.isdir(value)
         except ValueError:
             folder = False
         if not folder:
             raise ValueError(f"{', '.join(choices)} or a transformers folder")
 
-    choice_or_folder.choices = (*choices, "a transformers folder")  # type: ignore[attr-defined] (for --help)
+    # for --help
+    choice_or_folder.choices = (*choices, "a transformers folder")  # type: ignore[attr-defined]
     return path_rule(choice_or_folder)
 
 

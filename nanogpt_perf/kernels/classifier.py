@@ -1,8 +1,9 @@
-"""llm.c's fused classifier in Triton. One program per row of the logits (N, V) reads the row twice: once for its
-maximum and sum of exponentials (online, a block of columns at a time), once to overwrite it with the gradient of
-the row's cross-entropy, softmax - onehot. The row's loss is written aside. The logits stay in their own dtype (bf16
-in training) and every sum is in fp32, so the loss and its gradient cost one read, one read-and-write of the logits
-and nothing else: no fp32 copy, no separate softmax, no zeros for the one-hot."""
+"""llm.c's fused classifier in Triton. One program per row of the logits (N, V) reads the row twice:
+once for its maximum and sum of exponentials (online, a block of columns at a time), once to
+overwrite it with the gradient of the row's cross-entropy, softmax - onehot. The row's loss is
+written aside. The logits stay in their own dtype (bf16 in training) and every sum is in fp32, so
+the loss and its gradient cost one read, one read-and-write of the logits and nothing else: no fp32
+copy, no separate softmax, no zeros for the one-hot."""
 
 import torch
 import triton
@@ -13,7 +14,8 @@ MAX_BLOCK = 4096  # columns a program holds at once: 16 fp32 values a thread at 
 
 @triton.jit
 def _tanh(u):
-    return 2.0 * tl.sigmoid(2.0 * u) - 1.0  # triton.language has no tanh; this one saturates cleanly at +-1
+    # triton.language has no tanh; this one saturates cleanly at +-1
+    return 2.0 * tl.sigmoid(2.0 * u) - 1.0
 
 
 @triton.jit
@@ -33,7 +35,8 @@ def cross_entropy_rows_kernel(
     row_ptr = logits_ptr + row * row_stride
     target = tl.load(targets_ptr + row)
     valid = target != ignore_index
-    z_target = tl.load(row_ptr + tl.where(valid, target, 0)).to(tl.float32)  # before pass 2 overwrites it
+    # before pass 2 overwrites it
+    z_target = tl.load(row_ptr + tl.where(valid, target, 0)).to(tl.float32)
     if SOFTCAP:
         z_target = softcap * _tanh(z_target / softcap)
 
@@ -71,14 +74,22 @@ def launch_config(n_cols: int) -> dict[str, int]:
 
 
 def cross_entropy_in_place(
-    logits: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0, with_grad: bool = True, ignore_index: int = -1
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    softcap: float = 0.0,
+    with_grad: bool = True,
+    ignore_index: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each row's cross-entropy (float32; 0 where the target is ignore_index) of logits (N, V), capped as
-    softcap * tanh(logits / softcap) when softcap > 0, and with_grad its gradient over the logits in place (softmax -
-    onehot through the cap, in the logits' dtype; 0 on ignored rows), returned as well: (losses, logits or None)."""
+    """Each row's cross-entropy (float32; 0 where the target is ignore_index) of logits (N, V),
+    capped as softcap * tanh(logits / softcap) when softcap > 0, and with_grad its gradient over the
+    logits in place (softmax - onehot through the cap, in the logits' dtype; 0 on ignored rows),
+    returned as well: (losses, logits or None)."""
     n, v = logits.shape
     if logits.stride(1) != 1 or targets.shape != (n,):
-        raise ValueError(f"logits (N, V) with contiguous rows and targets (N,), not {logits.shape} and {targets.shape}")
+        raise ValueError(
+            f"logits (N, V) with contiguous rows and targets (N,), not {logits.shape} and "
+            f"{targets.shape}"
+        )
     losses = torch.empty(n, dtype=torch.float32, device=logits.device)
     if n:
         cross_entropy_rows_kernel[(n,)](

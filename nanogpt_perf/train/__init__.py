@@ -1,1 +1,2 @@
-"""Training: the step, data parallelism, checkpoints, exact resumption, preemption, the progress of a run."""
+"""Training: the step, data parallelism, checkpoints, exact resumption, preemption, the progress of
+a run."""
