@@ -2,7 +2,7 @@
 # config/train_shakespeare_char_cpu.py config/low_memory.py bfloat16 weights (and gradients) updated
 # with stochastic rounding, no float32 copy; AdamW's moments in 8 bits (torchao's AdamW8bit); Muon's
 # momentum in bfloat16 (not applied under AdamW). 16 -> 6 bytes of training state per parameter with
-# AdamW. Needs torchao: pip install -e ".[lowmem]". Quality (benchmarks/time_to_loss.py's 'lowmem'
+# AdamW. Needs torchao: pip install -e ".[lowmem]". Quality (lab/time_to_loss.py's 'lowmem'
 # set, 300 iterations of the CPU demo): within the float32 baseline's seed range on Shakespeare and
 # the King James Bible by characters (3 seeds), and on GPT-2 tokens at AdamW's tuned epsilon (8
 # seeds: its median 0.13 below the baseline's, 7 of 8 runs reaching the baseline's median loss

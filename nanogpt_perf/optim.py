@@ -34,9 +34,9 @@ NS_STEPS = 5
 NS_EPS = 1e-7
 # torch.optim.Muon's adjust_lr_fn: "original" (Keller Jordan's sqrt(max(1, rows/cols)), which
 # nanochat and modded-nanogpt use with lrs of 0.02-0.05) rather than "match_rms_adamw" (Moonshot's
-# 0.2 * sqrt(max(rows, cols)), meant to let Muon reuse AdamW's lr): on the CPU demo model
-# (benchmarks/muon.py's probe, 300 steps) "original" at 0.02 reached a val loss of 2.25,
-# "match_rms_adamw" at AdamW's own lr (2e-3) only 2.51, and needed 4x it to match
+# 0.2 * sqrt(max(rows, cols)), meant to let Muon reuse AdamW's lr): on the CPU demo model (a
+# probe of 300 steps, retired: git show e8c174b:benchmarks/muon.py) "original" at 0.02 reached a
+# val loss of 2.25, "match_rms_adamw" at AdamW's own lr (2e-3) only 2.51, and needed 4x it to match
 ADJUST_LR = "original"
 
 

@@ -25,7 +25,7 @@ from nanogpt_perf.config import setting
 QUANTIZE = ("none", "int8", "int4")
 # the dtype a CPU's kernel computes in best: FBGEMM's int8 takes float32; the int4 kernel's float32
 # path is ~30x slower than its bfloat16 one (dtype='auto' on a CPU: sample.py,
-# benchmarks/generate.py)
+# lab/generate.py)
 CPU_DTYPE = {"none": "float32", "int8": "float32", "int4": "bfloat16"}
 INT4_GROUP = 32  # inputs per int4 scale and zero: the CPU kernel takes 32, 64, 128 or 256
 # the CPU kernel's packing takes output rows in multiples of 16: a head of 65 gets 15 zero rows

@@ -103,7 +103,7 @@ def check_device(device: str) -> None:
 
 
 # the runtime's settings, in parts that a script takes as far as it uses them (sample.py: no
-# compile_mode, no peak_flops; benchmarks/loader.py: the device alone); RuntimeConfig is all of
+# compile_mode, no peak_flops; lab/loader.py: the device alone); RuntimeConfig is all of
 # them, as train.py and bench.py take them
 @dataclass
 class DeviceConfig:

@@ -67,7 +67,7 @@ GREEDY, SAMPLED = dict(temperature=0, top_k=200), dict(temperature=1.0, top_k=20
     ids=["greedy", "greedy-compiled", "sampled"],
 )
 def test_bf16_graph_decoding_gives_the_eager_tokens(sampling, compile):
-    """The path scripts/gpu_suite.py times: the weights cast to bf16 by the Engine under a bf16 runtime, more than
+    """The path lab/gpu_suite.py times: the weights cast to bf16 by the Engine under a bf16 runtime, more than
     two sequences, top-k 200 over a vocabulary padded past the real one (whose tail is never drawn), past
     block_size. A replay runs the eager step's own kernels, so the tokens are the same, not merely close."""
     runtime = resolve_runtime("cuda", "bfloat16")

@@ -414,7 +414,7 @@ def test_inf_is_taken_where_it_means_no_limit_and_nan_nowhere():
 ENTRY_SCRIPTS = [
     "train.py", "bench.py", "sample.py", "export.py", "hellaswag.py", "lab/plot.py", "lab/generate.py",
     "lab/loader.py", "lab/prepare.py",
-    "lab/time_to_loss.py", "lab/ttl_data.py", "scripts/gpu_suite.py", "lab/soak.py",
+    "lab/time_to_loss.py", "lab/ttl_data.py", "lab/gpu_suite.py", "lab/soak.py",
 ]  # fmt: skip
 
 
