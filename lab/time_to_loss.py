@@ -43,8 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure, read_config_file
 from lab.charts import loss_curves
 from lab.plot import read_log
-from lab.ttl_curves import best_values, run_curve, seed_major, summarize
-from lab.ttl_report import run_line, summary_csv, summary_table, sweep_table
+from lab.ttl_curves import (
+    best_values,
+    run_curve,
+    run_line,
+    seed_major,
+    summarize,
+    summary_csv,
+    summary_table,
+    sweep_table,
+)
 from lab.ttl_runs import (
     COUNTED,
     MARK,

@@ -33,6 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
+from nanogpt_perf.data.identity import check_token_ids, dataset_identity
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import ReadFailed, open_file, read_file, write_json
 
 MARK = "ttl_run.json"  # in a run's out_dir, written once train.py has ended as a run that counts: what made it
@@ -42,8 +44,6 @@ NOT_CODE = ("tests/", "lab/", "scripts/", "docs/", "config/")
 COUNTED = ("finished", "diverged")  # the outcomes that are runs of the benchmark
 GRACE_S = 30  # after SIGTERM, the seconds a run has to finish its step, save and exit before it is killed
 PACKAGES = ("torch", "triton", "numpy")  # what a run's steps run on, besides Python and the code
-# a dataset's vocabulary and token files, in either layout (nanogpt_perf/data/shards.py)
-DATA_FILES = ("meta.pkl", "*.bin")
 
 
 def code_files(root: Path) -> list[str]:
@@ -95,23 +95,6 @@ def file_digest(path: Path) -> str | None:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except (OSError, ReadFailed):
         return None
-
-
-_digests: dict[tuple[int, ...], str | None] = {}
-
-
-def kept_digest(path: Path) -> str | None:
-    """file_digest, kept for this process by the file's device, inode, size and modification and
-    change times (a change time cannot be set back): a large dataset is read once a benchmark, not
-    once a run."""
-    try:
-        s = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    key = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-    if key not in _digests:
-        _digests[key] = file_digest(path)
-    return _digests[key]
 
 
 def code_digest(root: Path) -> str:
@@ -168,16 +151,17 @@ def run_identity(command: list[str], threads: str | None, root: Path) -> dict[st
 def dataset_content(out_dir: Path, root: Path) -> dict[str, str | None] | None:
     """The contents of the dataset that the run in out_dir trained on (its manifest's
     data_dir/dataset, from root, where train.py runs) as they are now: the SHA-256 of its meta.pkl
-    and token files by name ({}: none there); None where out_dir has no manifest naming one. Its
-    contents, not its name nor its files' times: the same command names the same folder, which may
-    have been prepared again from other text."""
+    and token files by name (data/identity.py's, the token files' kept in token_ids.json); None
+    where out_dir has no manifest naming a dataset that can be read. Its contents, not its name nor
+    its files' times: the same command names the same folder, which may have been prepared again
+    from other text."""
     try:
         settings = json.loads(read_file(out_dir / "manifest.json"))["settings"]
         folder = root / settings["data_dir"] / settings["dataset"]
-        names = sorted({path.name for pattern in DATA_FILES for path in folder.glob(pattern)})
-    except (OSError, ReadFailed, ValueError, KeyError, TypeError):
+        files = dataset_identity(folder, check_token_ids(folder, 2**16))["files"]
+    except (OSError, UserError, ValueError, KeyError, TypeError):
         return None
-    return {name: kept_digest(folder / name) for name in names}
+    return {name: file.get("sha256") for name, file in files.items()}
 
 
 def read_records(out_dir: Path) -> list[dict[str, Any]] | None:

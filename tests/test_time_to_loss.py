@@ -29,8 +29,9 @@ from lab.ttl_curves import (
     run_curve,
     seed_major,
     summarize,
+    summary_table,
+    sweep_table,
 )
-from lab.ttl_report import summary_table, sweep_table
 from lab.ttl_runs import (
     code_digest,
     file_digest,
@@ -948,7 +949,7 @@ def run_from(script: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "module, where", [("ttl_report.py", "its folder"), ("ttl_curves.py", "another"), ("ttl_runs.py", "its folder")]
+    "module, where", [("ttl_curves.py", "its folder"), ("ttl_curves.py", "another"), ("ttl_runs.py", "its folder")]
 )  # every script from both: test_every_script_runs_from_any_folder (slow)
 def test_the_time_to_loss_modules_say_what_they_are_from_any_folder(tmp_path, module, where):
     script = ROOT / "lab" / module
