@@ -127,16 +127,12 @@ def expected_state(
     optimizer: torch.optim.Optimizer, p: torch.Tensor, device: torch.device | str
 ) -> dict:
     """The state (but its step) optimizer keeps for p, as zeros on device (meta: shapes and formats
-    only): a MuonAdamW's momentum, torchao's AdamW moments (quantized or plain, by its own rule) or
-    torch's AdamW's."""
-    from nanogpt_perf.lowbit import new_momentum
-
+    only): what its own state_like(p, device) says (an optimizer of ours declares its state, as
+    MuonAdamW does), else torchao's AdamW moments (quantized or plain, by its own rule) or torch's
+    AdamW's."""
+    if hasattr(optimizer, "state_like"):
+        return optimizer.state_like(p, device)
     like = torch.empty_like(p, device=device)
-    group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
-    if group.get("muon"):  # a MuonAdamW's Muon group
-        return {"momentum_buffer": new_momentum(like, optimizer.momentum_dtype)}
-    if "muon" in group:  # a MuonAdamW's AdamW group, which its inner AdamW steps
-        optimizer = optimizer.adamw
     if is_torchao(optimizer):
         state = {
             "exp_avg": optimizer._new_buffer(like, True),

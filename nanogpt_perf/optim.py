@@ -21,9 +21,9 @@ from torch import nn
 
 from model import adamw, decay_groups
 from nanogpt_perf.config import Config, setting
-from nanogpt_perf.lowbit import MOMENTUM_BYTES, MOMENTUM_DTYPES
+from nanogpt_perf.lowbit import MOMENTUM_BYTES, MOMENTUM_DTYPES, new_momentum
 from nanogpt_perf.lowmem import LowMemConfig, import_torchao, offloaded_adamw, torchao_adamw
-from nanogpt_perf.lowmem_state import register_state_codec
+from nanogpt_perf.lowmem_state import expected_state, register_state_codec
 
 OPTIMIZERS: dict[str, "OptimizerKind"] = {}  # the table: its rows below the builders
 # each MuonAdamW group's own learning rate before the schedule: learning_rate or muon_lr
@@ -458,7 +458,7 @@ class MuonAdamW(torch.optim.Optimizer):
         """_muon_step's update for one matrix whose momentum or weight is not float32: the momentum
         read into float32, updated and stored back in its own format; the weight updated in float32
         and, when bfloat16, stochastically rounded back."""
-        from nanogpt_perf.lowbit import dequantized, new_momentum, stochastic_round_bf16
+        from nanogpt_perf.lowbit import dequantized, stochastic_round_bf16
 
         state, lr, momentum = self.state[p], group["lr"], group["momentum"]
         if "momentum_buffer" not in state:
@@ -486,6 +486,15 @@ class MuonAdamW(torch.optim.Optimizer):
         return {**super().__getstate__(), "adamw": self.adamw, "ns_dtype": self.ns_dtype} | {
             "momentum_dtype": self.momentum_dtype
         }
+
+    def state_like(self, p: torch.Tensor, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """The state (but its step) kept for p, as zeros on device, for the checkpoint's checks
+        (lowmem_state.expected_state): Muon's momentum, or the inner AdamW's moments."""
+        group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+        if group["muon"]:
+            like = torch.empty_like(p, device=device)
+            return {"momentum_buffer": new_momentum(like, self.momentum_dtype)}
+        return expected_state(self.adamw, p, device)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch.optim.Optimizer's, for a MuonAdamW's state with the same kinds of group only; each

@@ -367,3 +367,51 @@ def test_an_optimizer_is_a_row_refused_a_state_format_it_lacks(monkeypatch, tiny
         build_optimizer(tiny().bfloat16(), optim("sgd"), LowMemConfig(weights_dtype="bfloat16"))
     monkeypatch.setitem(OPTIMIZERS, "sgd", toy_sgd(Formats(state_bits=(32, 8))))  # its row: 8 bits too
     optimizer_rules(SimpleNamespace(optim=optim("sgd"), lowmem=LowMemConfig(state_bits=8)))
+
+
+class EightBitSGD(torch.optim.SGD):
+    """SGD with its momentum in 8 bits, as a trail would add it to optim.py: it declares the state it
+    keeps (state_like), which is all a resume's checks need of it."""
+
+    def __init__(self, params, lr: float):
+        super().__init__(params, lr=lr, momentum=0.9)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        from nanogpt_perf.lowbit import dequantized, new_momentum
+
+        for p in (p for g in self.param_groups for p in g["params"] if p.grad is not None):
+            buffer = self.state[p].setdefault("momentum_buffer", new_momentum(p, "8bit"))
+            m = dequantized(buffer).mul_(0.9).add_(p.grad)
+            buffer.copy_(m)
+            p.add_(m, alpha=-self.param_groups[0]["lr"])
+
+    def state_like(self, p: torch.Tensor, device) -> dict:
+        from nanogpt_perf.lowbit import new_momentum
+
+        return {"momentum_buffer": new_momentum(torch.empty_like(p, device=device), "8bit")}
+
+
+def test_an_optimizer_with_a_low_bit_state_of_its_own_resumes_by_declaring_it(monkeypatch):
+    """The low-bit state's checkpoint encoding is the optimizer's: a new row whose optimizer keeps
+    an 8-bit momentum saves it as plain data and passes a resume's checks because it says what it
+    keeps (state_like); the same optimizer without that declaration is refused in one line."""
+    pytest.importorskip("torchao")
+    from nanogpt_perf.lowmem_state import check_saved_state
+
+    build_sgd = lambda model, cfg, spec, ns_dtype: EightBitSGD(model.parameters(), cfg.learning_rate)
+    monkeypatch.setitem(OPTIMIZERS, "sgd", OptimizerKind(build_sgd, Formats(state_bits=(32, 8)), None))
+    spec, model = LowMemConfig(state_bits=8), tiny()
+    optimizer = build_optimizer(model, optim("sgd"), spec)
+    for _ in range(2):
+        model(torch.randint(64, (2, 32)), torch.randint(64, (2, 32)))[1].backward()
+        optimizer.step()
+    state = optimizer.state_dict()
+    encoded = [v for v in state["state"].values() if isinstance(v["momentum_buffer"], dict)]
+    assert encoded and all(v["momentum_buffer"]["codes"].dtype == torch.uint8 for v in encoded)
+    again = build_optimizer(tiny(), optim("sgd"), spec)
+    check_saved_state(again, state)
+    again.load_state_dict(state)
+    monkeypatch.delattr(EightBitSGD, "state_like")
+    with pytest.raises(UserError, match="holds 'momentum_buffer', which this optimizer does not keep"):
+        check_saved_state(build_optimizer(tiny(), optim("sgd"), spec), state)
