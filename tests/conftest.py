@@ -15,10 +15,15 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-import pytest
-import torch
-from safetensors.torch import save as safetensors_bytes
+# One thread for torch here and in every script a test starts: the tensors are tiny, and where two
+# pytest workers (or any other load) share 2 cores, OpenMP's threads spin waiting for a core (a tiny
+# train.py took 10 times as long on 2 threads as on 1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import save as safetensors_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
