@@ -31,7 +31,9 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +41,7 @@ from configurator import configure
 from nanogpt_perf.config import setting
 from nanogpt_perf.guard.paths import comma_separated
 from nanogpt_perf.lowmem import LowMemConfig as LowMem
+from nanogpt_perf.memory import training_state_bytes
 from nanogpt_perf.optim import OptimConfig
 
 SIZES = {"124M": (12, 768), "350M": (24, 1024), "small": (4, 256)}
@@ -81,24 +84,30 @@ class MemoryBenchConfig:
                                "forward or backward")  # fmt: skip
 
 
-def build(size: str, config: str, batch: int, block: int):
-    """Our GPT (model.py: no biases, the fused lm_head + cross-entropy, GPT-2's padded vocabulary) at size, its
-    optimizer with config's savers, and a step function (forward, backward, step; the step in backward where asked)
-    that returns the training state's bytes with the gradients at their fullest."""
+def build(size: str, config: str, block: int, **optim: Any):
+    """Our GPT (model.py: no biases, the fused lm_head + cross-entropy, GPT-2's padded vocabulary)
+    at size, with config's savers, and its optimizer (optim: OptimConfig's settings beside HYPER)."""
     from model import GPT, GPTConfig
-    from nanogpt_perf.in_backward import OptimizerInBackward
     from nanogpt_perf.lowmem import cast_weights
-    from nanogpt_perf.memory import training_state_bytes
     from nanogpt_perf.optim import build_optimizer
 
-    n_layer, n_embd = SIZES[size]
-    optimizer, spec = CONFIGS[config]
+    (n_layer, n_embd), (optimizer, spec) = SIZES[size], CONFIGS[config]
     torch.manual_seed(0)
-    cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=block, bias=False)
-    model = cast_weights(GPT(GPTConfig(**{**cfg.__dict__, "loss_impl": "fused"})), spec)
-    optim = build_optimizer(model, OptimConfig(optimizer=optimizer, **HYPER), spec)
+    shape = dict(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=block)
+    model = cast_weights(GPT(GPTConfig(**shape, bias=False, loss_impl="fused")), spec)
+    opt = OptimConfig(optimizer=optimizer, **HYPER, **optim)
+    return model, build_optimizer(model, opt, spec), spec
+
+
+def stepper(size: str, config: str, batch: int, block: int) -> Callable[[], dict[str, int]]:
+    """A step (forward, backward, step; the step in backward where config asks) that returns the
+    training state's bytes with the gradients at their fullest."""
+    from nanogpt_perf.in_backward import OptimizerInBackward
+
+    model, optim, spec = build(size, config, block)
     hooks = OptimizerInBackward(model, optim) if spec.in_backward else None
-    tokens = torch.randint(cfg.vocab_size, (batch, block + 1), generator=torch.Generator().manual_seed(1))
+    vocab = model.config.vocab_size
+    tokens = torch.randint(vocab, (batch, block + 1), generator=torch.Generator().manual_seed(1))
     x, y = tokens[:, :-1], tokens[:, 1:]
 
     def step() -> dict[str, int]:
@@ -112,7 +121,13 @@ def build(size: str, config: str, batch: int, block: int):
         optim.zero_grad(set_to_none=True)
         return state
 
-    return model, optim, step
+    return step
+
+
+def per_param(size: str, config: str, state: dict[str, int]) -> dict:
+    """The state's bytes per parameter by part, and in all."""
+    per = {k: state[k] / state["params"] for k in ("weights", "grads", "optimizer")}
+    return dict(size=size, config=config, params=state["params"], **per, state=sum(per.values()))
 
 
 def one(size: str, config: str, batch: int, block: int) -> dict:
@@ -123,43 +138,30 @@ def one(size: str, config: str, batch: int, block: int) -> dict:
     import torchao.optim  # noqa: F401  (loaded before the baseline, as torch is)
 
     baseline = held_memory_bytes(cpu)
-    _, _, step = build(size, config, batch, block)
-    times, states = [], []
+    step, states, times = stepper(size, config, batch, block), [], []
     t = time.perf_counter()
     states.append(step())
     times.append(time.perf_counter() - t)
     t = time.perf_counter()
     peak = process_peak_bytes(lambda: states.append(step()), cpu)
     times.append(time.perf_counter() - t)
-    state, n = states[-1], states[-1]["params"]
-    per = {k: state[k] / n for k in ("weights", "grads", "optimizer")}
-    total, rise = sum(per.values()), (peak - baseline) / n
-    figures = dict(state=total, peak=rise, rest=rise - total, step1_s=times[0], step2_s=times[1])
-    return dict(size=size, config=config, params=n, **per) | figures
+    row = per_param(size, config, states[-1])
+    rise = (peak - baseline) / row["params"]
+    return row | dict(peak=rise, rest=rise - row["state"], step1_s=times[0], step2_s=times[1])
 
 
 def state_only(size: str, config: str) -> dict:
-    """The training state's bytes without a forward or backward pass (for a CPU that computes the bfloat16 ones
-    slowly): one step on zero gradients makes the optimizer's state (Muon's Newton-Schulz with 1 iteration: the
-    bytes are the same), then the gradients are counted as they would be at their fullest (none in backward)."""
-    from model import GPT, GPTConfig
-    from nanogpt_perf.lowmem import cast_weights
-    from nanogpt_perf.memory import training_state_bytes
-    from nanogpt_perf.optim import build_optimizer
-
-    n_layer, n_embd = SIZES[size]
-    optimizer, spec = CONFIGS[config]
-    cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, block_size=256, bias=False)
-    model = cast_weights(GPT(cfg), spec)
-    optim = build_optimizer(model, OptimConfig(optimizer=optimizer, muon_ns_steps=1, **HYPER), spec)
+    """The training state's bytes without a forward or backward pass (for a CPU that computes the
+    bfloat16 ones slowly): one step on zero gradients makes the optimizer's state (Muon's
+    Newton-Schulz with 1 iteration: the bytes are the same), then the gradients are counted as
+    they would be at their fullest (none in backward)."""
+    model, optim, spec = build(size, config, block=256, muon_ns_steps=1)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optim.step()
     if spec.in_backward:
         optim.zero_grad(set_to_none=True)
-    state = training_state_bytes(model, optim)
-    per = {k: state[k] / state["params"] for k in ("weights", "grads", "optimizer")}
-    return dict(size=size, config=config, params=state["params"], **per, state=sum(per.values()))
+    return per_param(size, config, training_state_bytes(model, optim))
 
 
 # a measurement in a fresh process: FUNCTION(**ARGS) of this module, printed as JSON
@@ -196,7 +198,7 @@ def table(rows: list[dict]) -> None:
 def timed(configs: list[str], rounds: int, batch: int, block: int) -> None:
     """Each configuration's CPU time per step at SIZES['small'], the configurations interleaved round by round
     (the machine is noisy): medians over rounds after a warm-up round (torchao compiles there)."""
-    steps = {c: build("small", c, batch, block)[2] for c in configs}
+    steps = {c: stepper("small", c, batch, block) for c in configs}
     times: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(rounds + 1):
         for c in configs:

@@ -1,27 +1,25 @@
 """
-Time to a loss: the tokens and the training seconds each configuration takes to reach a target val loss (by default
-the baseline's final one), over several seeds, each run a train.py subprocess.
+Time to a loss: the tokens and the training seconds each configuration takes to reach a target val
+loss (by default the baseline's final one), over several seeds, each run a train.py subprocess.
 
     python lab/time_to_loss.py --sweep=learning_rate=3e-3,2e-3,1e-3     # AdamW's best lr on the CPU demo
     python lab/time_to_loss.py --config_set=recipe --max_iters=2000     # baseline, recipe, recipe minus each
     python lab/time_to_loss.py --config_set=recipe --task=kjv_char      # on text the tuning never saw
 
-The configurations are named in a Python file (lab/ttl_configs.py): tasks (the data and the model's shape)
-and sets of configurations (train.py's config files and flags), the first of a set being the baseline. Runs go
-seed-major (every configuration's first seed, then every second seed, ...) so that drift in the machine's speed
-touches all alike, one at a time by default (torch's threads on every core). Every run evaluates every
-eval_interval iterations on the same eval_iters windows; its seconds are training seconds: the sum of train.py's
-logging windows (log_interval = eval_interval), which leave the evals and checkpoint writes out. A crossing is placed
-by linear interpolation between the eval before it and the first eval at or below the target.
+The configurations are named in lab/ttl_configs.py: tasks (the data and the model's shape) and sets
+of configurations (train.py's config files and flags), the first of a set the baseline. Runs go
+seed-major, so that drift in the machine's speed touches all alike, one at a time by default. Every
+run evaluates every eval_interval iterations on the same eval_iters windows; its seconds are
+training seconds, the sum of train.py's logging windows (log_interval = eval_interval), evals and
+checkpoint writes left out. A crossing is interpolated linearly between the evals around it.
 
-Writes OUT/time_to_loss.json (every run's curve, the summary), .csv (the summary) and .png (val loss against tokens
-and against seconds, the median over seeds with the seeds' range as a band), and prints the tables. A run already
-finished in its out_dir is not run again where everything that made it is the same (its command and threads, its
-config files' contents, the code, the versions of Python and torch, the machine, its dataset's contents:
-lab/ttl_runs.py), so an interrupted benchmark resumes; --fresh=True runs everything again. A run
-that train.py stops on non-finite steps (diverged) is "never" in the tables. SIGTERM or Ctrl-C stops the
-runs going (SIGTERM to each, SIGKILL 30 s later or at a second signal), says which, and ends the
-benchmark: a stopped run is never taken as a finished one.
+Writes OUT/time_to_loss.json (every run's curve, the summary), .csv (the summary) and .png (val loss
+against tokens and against seconds, the median over seeds, the seeds' range as a band), and prints
+the tables. A run already finished in its out_dir is reused where everything that made it is the
+same (lab/ttl_runs.py), so an interrupted benchmark resumes; --fresh=True runs everything again. A
+run that train.py stops on non-finite steps (diverged) is "never". SIGTERM or Ctrl-C stops the runs
+(SIGTERM to each, SIGKILL 30 s later or at a second signal), says which, and ends the benchmark: a
+stopped run is never taken as a finished one.
 """
 
 import json
@@ -43,16 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure, read_config_file
 from lab.charts import loss_curves
 from lab.plot import read_log
-from lab.ttl_curves import (
-    best_values,
-    run_curve,
-    run_line,
-    seed_major,
-    summarize,
-    summary_csv,
-    summary_table,
-    sweep_table,
-)
+from lab.ttl_curves import print_report, run_curve, run_line, seed_major, summarize, summary_csv, sweep_summary
 from lab.ttl_runs import (
     COUNTED,
     MARK,
@@ -126,7 +115,6 @@ def eval_within_the_run(cfg: Config) -> None:
 
 
 cfg = configure(ttl=TimeToLossConfig, cross=(eval_within_the_run,))
-settings = cfg.as_dict()
 # -----------------------------------------------------------------------------
 
 
@@ -276,15 +264,6 @@ def run_train(which: str, cmd: list[str], env: dict[str, str], out_dir: Path, ru
     return ran | ({"said": said} if kind == "diverged" else {})
 
 
-def tokens_per_iter(out_dir: Path) -> int:
-    shape = read_json(out_dir / "manifest.json").get("settings")
-    try:
-        return shape["batch_size"] * shape["gradient_accumulation_steps"] * shape["block_size"]
-    except (KeyError, TypeError):
-        raise UserError(f"{out_dir / 'manifest.json'} has no batch_size, gradient_accumulation_steps and "
-                        "block_size in its settings: not a manifest of train.py's") from None  # fmt: skip
-
-
 def train(name: str, seed: int, args: list[str], out_dir: Path, runs: Runs) -> dict[str, Any] | None:
     """One run of train.py in out_dir, or the one already there that everything the same made: its record and its
     curve; None when the runs were stopped before it ended."""
@@ -300,7 +279,13 @@ def train(name: str, seed: int, args: list[str], out_dir: Path, runs: Runs) -> d
         identity["data"] = dataset_content(out_dir, ROOT)  # train.py may have prepared it
         mark_finished(out_dir, identity, ran)
     manifest = read_json(out_dir / "manifest.json")
-    curve = run_curve(read_log(out_dir / "log.jsonl"), tokens_per_iter(out_dir), ran["outcome"] == "diverged")
+    try:
+        shape = manifest["settings"]
+        per_iter = shape["batch_size"] * shape["gradient_accumulation_steps"] * shape["block_size"]
+    except (KeyError, TypeError):
+        raise UserError(f"{out_dir / 'manifest.json'} has no batch_size, gradient_accumulation_steps "
+                        "and block_size in its settings: not a manifest of train.py's") from None  # fmt: skip
+    curve = run_curve(read_log(out_dir / "log.jsonl"), per_iter, ran["outcome"] == "diverged")
     return {"config": name, "seed": seed, "out_dir": str(out_dir), **identity, "reused": reused,
             "outcome": ran["outcome"], "said": ran.get("said"),
             "git_commit": manifest.get("git_commit"), "git_dirty": manifest.get("git_dirty"),
@@ -360,68 +345,31 @@ def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]
     return [f.result() for f in futures]
 
 
-def sweep_summary(chosen: dict[str, list[str]], curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """A sweep's table: each configuration's values and their final val losses over seeds, the best marked."""
-    key, finals = cfg.sweep.split("=")[0], {}
-    for name in chosen:
-        config, value = name.rsplit(f" {key}=", 1)
-        finals.setdefault(config, {})[value] = [c["final_val_loss"] for c in curves[name]]
-    return {"key": key, "table": best_values(finals)}
+def main() -> None:
+    chosen, results = configurations(), results_folder()
+    t0 = time.perf_counter()
+    each = f"{cfg.seeds} seeds, {cfg.max_iters} iterations each, {cfg.jobs} at a time"
+    print(f"{len(chosen)} configurations x {each}, into {results}")
+    runs = run_all(chosen, results)
+    wall = time.perf_counter() - t0
+    curves = {name: [r["curve"] for r in runs if r["config"] == name] for name in chosen}
+    summary = summarize(curves, next(iter(chosen)), cfg.target or None)
+    sweep_doc = sweep_summary(cfg.sweep.split("=")[0], curves) if cfg.sweep else None
+    commit, dirty = git_state(ROOT)
+    doc = {"kind": "time_to_loss", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "git_commit": commit, "git_dirty": dirty, "cpu_count": os.cpu_count(), "command": sys.argv,
+           "settings": cfg.as_dict(), "configurations": chosen, "wall_s": wall, "summary": summary,
+           "sweep": sweep_doc, "runs": runs}  # fmt: skip
+    write_json(results / "time_to_loss.json", doc)
+    write_text(results / "time_to_loss.csv", summary_csv(summary))
+    title = f"{cfg.task}, {cfg.config_set}, {cfg.max_iters} iterations, {cfg.seeds} seeds"
+    drawn = loss_curves(results / "time_to_loss.png", curves, summary, title)
+    print_report(summary, bool(cfg.target), sweep_doc, runs)
+    walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
+    each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""
+    print(f"{len(runs)} runs ({sum(r['reused'] for r in runs)} reused) in {wall:,.0f} s wall{each}")
+    print(f"wrote {results / 'time_to_loss.json'}\nwrote {results / 'time_to_loss.csv'}\n{drawn}")
 
 
-def print_report(summary: dict[str, Any], sweep_doc: dict[str, Any] | None, runs: list[dict[str, Any]]) -> None:
-    if summary["target"] is None:
-        print(f"\nno target: most seeds of the baseline {summary['baseline']!r} diverged, so every run is 'never' "
-              "(give --target)")  # fmt: skip
-    else:
-        given = "given" if cfg.target else f"the final val loss of {summary['baseline']}, median"
-        print(f"\ntarget val loss {summary['target']:.4f} ({given}); seconds are training seconds, evals left out; "
-              "medians over seeds [min, max]")  # fmt: skip
-    print(summary_table(summary))
-    if sweep_doc:
-        print()
-        print(sweep_table(sweep_doc))
-    if diverged := [f"{r['config']} seed {r['seed']}" for r in runs if r["outcome"] == "diverged"]:
-        print(f"diverged (non-finite steps; 'never', with no final val loss): {', '.join(diverged)}")
-    per_iter = {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}
-    if len(per_iter) > 1:
-        print(f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): compare tokens")
-
-
-chosen = configurations()
-results = results_folder()
-baseline = next(iter(chosen))
-t0 = time.perf_counter()
-each = f"{cfg.seeds} seeds, {cfg.max_iters} iterations each, {cfg.jobs} at a time"
-print(f"{len(chosen)} configurations x {each}, into {results}")
-runs = run_all(chosen, results)
-wall = time.perf_counter() - t0
-
-curves = {name: [r["curve"] for r in runs if r["config"] == name] for name in chosen}
-summary = summarize(curves, baseline, cfg.target or None)
-sweep_doc = sweep_summary(chosen, curves) if cfg.sweep else None
-commit, dirty = git_state(ROOT)
-doc = {
-    "kind": "time_to_loss",
-    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    "git_commit": commit,
-    "git_dirty": dirty,
-    "cpu_count": os.cpu_count(),
-    "command": sys.argv,
-    "settings": settings,
-    "configurations": chosen,
-    "wall_s": wall,
-    "summary": summary,
-    "sweep": sweep_doc,
-    "runs": runs,
-}
-write_json(results / "time_to_loss.json", doc)
-write_text(results / "time_to_loss.csv", summary_csv(summary))
-title = f"{cfg.task}, {cfg.config_set}, {cfg.max_iters} iterations, {cfg.seeds} seeds"
-lines = [f"wrote {results / 'time_to_loss.json'}", f"wrote {results / 'time_to_loss.csv'}"]
-lines.append(loss_curves(results / "time_to_loss.png", curves, summary, title))
-print_report(summary, sweep_doc, runs)
-walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
-each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""
-print(f"{len(runs)} runs ({sum(r['reused'] for r in runs)} reused) in {wall:,.0f} s wall{each}")
-print("\n".join(lines))
+if __name__ == "__main__":
+    main()

@@ -278,5 +278,35 @@ def summary_csv(summary: dict[str, Any]) -> str:
     return out.getvalue()
 
 
+def sweep_summary(key: str, curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A sweep over key's table: each configuration's values and their final val losses over seeds,
+    the best marked; curves: 'CONFIGURATION KEY=VALUE' -> its seeds' curves."""
+    finals: dict[str, dict[str, list[float]]] = {}
+    for name in curves:
+        config, value = name.rsplit(f" {key}=", 1)
+        finals.setdefault(config, {})[value] = [c["final_val_loss"] for c in curves[name]]
+    return {"key": key, "table": best_values(finals)}
+
+
+def print_report(summary: dict[str, Any], given: bool, sweep: dict | None, runs: list[dict]) -> None:
+    """The tables and notes printed at the end; given: the target was given, not the baseline's."""
+    if summary["target"] is None:
+        print(f"\nno target: most seeds of the baseline {summary['baseline']!r} diverged, so every run is 'never' "
+              "(give --target)")  # fmt: skip
+    else:
+        said = "given" if given else f"the final val loss of {summary['baseline']}, median"
+        print(f"\ntarget val loss {summary['target']:.4f} ({said}); seconds are training seconds, evals left out; "
+              "medians over seeds [min, max]")  # fmt: skip
+    print(summary_table(summary))
+    if sweep:
+        print()
+        print(sweep_table(sweep))
+    if diverged := [f"{r['config']} seed {r['seed']}" for r in runs if r["outcome"] == "diverged"]:
+        print(f"diverged (non-finite steps; 'never', with no final val loss): {', '.join(diverged)}")
+    per_iter = {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}
+    if len(per_iter) > 1:
+        print(f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): compare tokens")
+
+
 if __name__ == "__main__":
     raise SystemExit("error: ttl_curves.py is a module of lab/time_to_loss.py: run that one (--help)")
