@@ -1,18 +1,9 @@
 """The lab's one chart helper: PNG files drawn off screen by matplotlib (Agg: no display needed).
-matplotlib is optional (the dev extra): without it figure() is None and a writer returns
-NO_MATPLOTLIB, one line, instead of drawing; this module imports matplotlib only when asked. Every
-writer saves atomically (a reader never sees half a chart; a full disk is one line,
-files.WriteFailed, the previous file kept) and returns the line to print.
-
-The API (stable; lab/*.py, bench.py and plot.py call it):
-- NO_MATPLOTLIB: what a writer returns where matplotlib is not installed
-- pyplot(): matplotlib.pyplot drawing to files, or None
-- figure(*args, **kwargs): plt.subplots(*args, **kwargs) off screen, (fig, axes), or None
-- save(fig, path, dpi): fig written to path as a PNG and closed; 'wrote PATH'
-- close(fig): forget a figure without saving it
-- bench_bars(path, doc): bench.py's chart of its results document (median ms/iter, whisker to p90)
-- run_curves(runs, path): lab/plot.py's panels of runs' curves (loss, lr, tokens/s, ms, HellaSwag)
-- loss_curves(path, curves, summary, title): lab/time_to_loss.py's val loss against tokens, seconds
+matplotlib is optional (the dev extra), imported only when asked: without it figure() is None and
+a writer returns NO_MATPLOTLIB, one line, instead of drawing. Every writer saves atomically (a
+reader never sees half a chart; a full disk is one line, files.WriteFailed, the previous file
+kept) and returns the line to print: bench_bars (bench.py), run_curves (lab/plot.py), loss_curves
+(lab/time_to_loss.py); figure, save and close for the GPU suite's.
 """
 
 from pathlib import Path
@@ -126,7 +117,9 @@ def run_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> str:
 
     hellaswag = any(c["hellaswag_acc_norm"][0] for run in runs.values() for c in run)
     shape = (2, 3 if hellaswag else 2)
-    fig, grid = pyplot().subplots(*shape, figsize=FIGSIZE, sharex=True, layout="constrained")
+    if (made := figure(*shape, figsize=FIGSIZE, sharex=True, layout="constrained")) is None:
+        return NO_MATPLOTLIB
+    fig, grid = made
     axes = list(grid.T.flat) if hellaswag else list(grid.flat)  # by columns
     if hellaswag:
         axes[1], axes[2] = axes[2], axes[1]  # the first four in the 2x2 order

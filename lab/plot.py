@@ -125,13 +125,6 @@ def run_names(out_dirs: list[Path]) -> list[str]:
     return [str(d) if names.count(n) > 1 else n for d, n in zip(out_dirs, names, strict=True)]
 
 
-def pyplot() -> Any:
-    """matplotlib.pyplot drawing to files (charts.py), or the line that says how to install it."""
-    if (plt := charts.pyplot()) is None:
-        raise UserError("plot.py needs matplotlib: pip install matplotlib")
-    return plt
-
-
 @dataclass(frozen=True)
 class PlotConfig:
     out: str = setting(
@@ -154,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         output_file(".png", optional=False)(str(out))
     except ValueError as e:
         raise UserError(f"out must be {e}, not {out}") from None
-    pyplot()  # before reading the logs: a missing matplotlib is the first thing to know
+    if charts.pyplot() is None:  # before reading the logs: the first thing to know
+        raise UserError("plot.py needs matplotlib: pip install matplotlib")
     runs = dict(zip(run_names(out_dirs), map(load_curves, out_dirs), strict=True))
     print(charts.run_curves(runs, out))  # a disk that will not take it: files.WriteFailed
 
