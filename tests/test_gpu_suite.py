@@ -94,7 +94,7 @@ def test_refused_in_one_line_before_anything_is_written(name: str, tmp_path: Pat
 
 @pytest.mark.parametrize("out", ["out-gpu", "out-gpu/part/deeper", "{tmp}/new", "{tmp}"])
 def test_folders_the_suite_accepts(out: str, tmp_path: Path):
-    assert gpu_suite_io.out_problem(out.replace("{tmp}", str(tmp_path))) is None
+    gpu_suite_io.suite_folder(out.replace("{tmp}", str(tmp_path)))  # raises ValueError if refused
 
 
 def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(tmp_path: Path, monkeypatch):
