@@ -41,7 +41,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from configurator import configure, read_config_file
 from lab.charts import loss_curves
 from lab.plot import read_log
-from lab.ttl_curves import print_report, run_curve, run_line, seed_major, summarize, summary_csv, sweep_summary
+from lab.ttl_curves import (
+    print_report,
+    run_curve,
+    run_line,
+    seed_major,
+    summarize,
+    summary_csv,
+    sweep_summary,  # noqa: I001
+)
 from lab.ttl_runs import (
     COUNTED,
     MARK,

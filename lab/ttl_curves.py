@@ -1,5 +1,5 @@
 """The arithmetic and the report of lab/time_to_loss.py, on the records train.py writes (no
-training):
+training, no torch):
 
 - a run's curve: its evals' val loss against iterations, tokens and training seconds. Training
   seconds are the sum of the logging windows' ms_per_iter x the window's iterations: train.py's
@@ -19,14 +19,8 @@ import csv
 import io
 import math
 import statistics
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
-
-from lab.bench_report import fmt, markdown_table
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
@@ -214,7 +208,7 @@ def loss_text(loss: float | None) -> str:
 
 
 def spread_text(spread: dict[str, Any], shown: Any) -> str:
-    """'median [min, max]' over seeds ('never' for not reached), or the one value of a single seed."""
+    """'median [min, max]' over seeds ('never' for not reached), or a single seed's one value."""
     if spread["runs"] == 1 or spread["median"] is None and spread["min"] is None:
         return shown(spread["median"])
     return f"{shown(spread['median'])} [{shown(spread['min'])}, {shown(spread['max'])}]"
@@ -222,59 +216,70 @@ def spread_text(spread: dict[str, Any], shown: Any) -> str:
 
 def run_line(k: int, count: int, run: dict[str, Any]) -> str:
     """The line printed as a run ends (k of count)."""
+    from lab.bench_report import fmt  # (bench.py's library loads torch: not for the arithmetic)
+
     c = run["curve"]
     how = "reused" if run["reused"] else f"{run['wall_s']:,.0f} s wall"
-    end = "diverged (non-finite steps): never" if c["diverged"] else f"final val {loss_text(c['final_val_loss'])}"
-    return (f"[{k}/{count}] {run['config']}, seed {run['seed']}: {end}, {c['training_seconds']:,.1f} s training, "
-            f"{fmt(c['ms_per_iter'], ',.1f')} ms/iter ({how})")  # fmt: skip
+    final = f"final val {loss_text(c['final_val_loss'])}"
+    end = "diverged (non-finite steps): never" if c["diverged"] else final
+    return (f"[{k}/{count}] {run['config']}, seed {run['seed']}: {end}, "
+            f"{c['training_seconds']:,.1f} s training, {fmt(c['ms_per_iter'], ',.1f')} ms/iter "
+            f"({how})")  # fmt: skip
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """One row per configuration: seeds that reached the target, tokens and training seconds to it (median [min,
-    max]) and their ratios to the baseline, ms per iteration and its ratio, the val loss at the baseline's final
-    tokens and the final val loss."""
-    rows = []
+    """One row per configuration: seeds that reached the target, tokens and training seconds to it
+    (median [min, max]) and their ratios to the baseline, ms per iteration and its ratio, the val
+    loss at the baseline's final tokens and the final val loss."""
+    from lab.bench_report import fmt, markdown_table
+
+    rows, x = [], lambda ratio: fmt(ratio, ".2f", suffix="x")
     for name, r in summary["rows"].items():
         t, s = r["tokens_to_target"], r["seconds_to_target"]
         rows.append([
             name, f"{t['reached']}/{t['runs']}",
-            spread_text(t, tokens_text), fmt(r["tokens_ratio"], ".2f", suffix="x"),
-            spread_text(s, seconds_text), fmt(r["seconds_ratio"], ".2f", suffix="x"),
-            fmt(r["ms_per_iter"], ",.1f"), fmt(r["ms_ratio"], ".2f", suffix="x"),
-            spread_text(r["val_loss_at_equal_tokens"], loss_text), spread_text(r["final_val_loss"], loss_text),
+            spread_text(t, tokens_text), x(r["tokens_ratio"]),
+            spread_text(s, seconds_text), x(r["seconds_ratio"]),
+            fmt(r["ms_per_iter"], ",.1f"), x(r["ms_ratio"]),
+            spread_text(r["val_loss_at_equal_tokens"], loss_text),
+            spread_text(r["final_val_loss"], loss_text),
         ])  # fmt: skip
     equal = tokens_text(summary["equal_tokens"])
-    headers = ["configuration", "reached", "tokens to target", "x base", "train s to target", "x base",
-               "ms/iter", "x base", f"val at {equal} tokens", "final val"]  # fmt: skip
+    headers = ["configuration", "reached", "tokens to target", "x base", "train s to target",
+               "x base", "ms/iter", "x base", f"val at {equal} tokens", "final val"]  # fmt: skip
     return markdown_table(headers, rows)
 
 
 def sweep_table(sweep: dict[str, Any]) -> str:
-    """A sweep's values, configuration by configuration: the median final val loss [min, max] over seeds ('-': a
-    seed that diverged), the best (lowest median) marked, and how many seeds diverged."""
+    """A sweep's values, configuration by configuration: the median final val loss [min, max] over
+    seeds ('-': a seed that diverged), the best (lowest median) marked, how many seeds diverged."""
+    from lab.bench_report import markdown_table
+
     rows = []
     for config, entry in sweep["table"].items():
         for value, spread in entry["values"].items():
             notes = ["best"] if value == entry["best"] else []
             if diverged := spread["runs"] - spread["reached"]:
                 notes.append(f"{diverged}/{spread['runs']} diverged")
-            rows.append([config, f"{sweep['key']}={value}", spread_text(spread, loss_text), ", ".join(notes)])
+            loss = spread_text(spread, loss_text)
+            rows.append([config, f"{sweep['key']}={value}", loss, ", ".join(notes)])
     return markdown_table(["configuration", "value", "final val loss", ""], rows, left=(0, 1, 3))
 
 
 CSV_COLUMNS = ("tokens_to_target", "seconds_to_target", "val_loss_at_equal_tokens", "final_val_loss")
+PARTS = ("median", "min", "max", "reached")
+RATIOS = ("tokens_ratio", "seconds_ratio", "ms_per_iter", "ms_ratio")
 
 
 def summary_csv(summary: dict[str, Any]) -> str:
-    """The summary table as CSV: one row per configuration, each spread as its median, min, max and count reached."""
+    """The summary table as CSV: a row per configuration, each spread as its PARTS."""
     out = io.StringIO(newline="")
     writer = csv.writer(out)
-    spreads = [f"{key}_{part}" for key in CSV_COLUMNS for part in ("median", "min", "max", "reached")]
-    writer.writerow(["configuration", "target", *spreads, "tokens_ratio", "seconds_ratio", "ms_per_iter", "ms_ratio"])
+    spreads = [f"{key}_{part}" for key in CSV_COLUMNS for part in PARTS]
+    writer.writerow(["configuration", "target", *spreads, *RATIOS])
     for name, r in summary["rows"].items():
-        values = [r[key][part] for key in CSV_COLUMNS for part in ("median", "min", "max", "reached")]
-        figures = [r["tokens_ratio"], r["seconds_ratio"], r["ms_per_iter"], r["ms_ratio"]]
-        writer.writerow([name, summary["target"], *values, *figures])
+        values = [r[key][part] for key in CSV_COLUMNS for part in PARTS]
+        writer.writerow([name, summary["target"], *values, *(r[key] for key in RATIOS)])
     return out.getvalue()
 
 
@@ -291,21 +296,23 @@ def sweep_summary(key: str, curves: dict[str, list[dict[str, Any]]]) -> dict[str
 def print_report(summary: dict[str, Any], given: bool, sweep: dict | None, runs: list[dict]) -> None:
     """The tables and notes printed at the end; given: the target was given, not the baseline's."""
     if summary["target"] is None:
-        print(f"\nno target: most seeds of the baseline {summary['baseline']!r} diverged, so every run is 'never' "
-              "(give --target)")  # fmt: skip
+        print(f"\nno target: most seeds of the baseline {summary['baseline']!r} diverged, so every "
+              "run is 'never' (give --target)")  # fmt: skip
     else:
         said = "given" if given else f"the final val loss of {summary['baseline']}, median"
-        print(f"\ntarget val loss {summary['target']:.4f} ({said}); seconds are training seconds, evals left out; "
-              "medians over seeds [min, max]")  # fmt: skip
+        print(f"\ntarget val loss {summary['target']:.4f} ({said}); seconds are training seconds, "
+              "evals left out; medians over seeds [min, max]")  # fmt: skip
     print(summary_table(summary))
     if sweep:
         print()
         print(sweep_table(sweep))
     if diverged := [f"{r['config']} seed {r['seed']}" for r in runs if r["outcome"] == "diverged"]:
-        print(f"diverged (non-finite steps; 'never', with no final val loss): {', '.join(diverged)}")
+        never = "diverged (non-finite steps; 'never', with no final val loss)"
+        print(f"{never}: {', '.join(diverged)}")
     per_iter = {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}
     if len(per_iter) > 1:
-        print(f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): compare tokens")
+        print(f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): "
+              "compare tokens")  # fmt: skip
 
 
 if __name__ == "__main__":
