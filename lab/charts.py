@@ -6,6 +6,7 @@ kept) and returns the line to print: bench_bars (bench.py), run_curves (lab/plot
 (lab/time_to_loss.py); figure, save and close for the GPU suite's.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,12 +158,10 @@ def run_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> str:
     return save(fig, path, dpi=DPI)
 
 
-def loss_curves(path: Path, curves: dict[str, Any], summary: dict[str, Any], title: str) -> str:
+def loss_curves(path: Path, curves: dict[str, Any], summary: dict[str, Any], title: str, median_curve: Callable) -> str:
     """lab/time_to_loss.py's chart: val loss against tokens and against training seconds, per
     configuration the median over seeds as a line and the seeds' range as a band, the target
-    dashed. curves: name -> its seeds' curves; the band from lab/ttl_curves.py's median_curve."""
-    from lab.ttl_curves import median_curve
-
+    dashed. curves: name -> its seeds' curves; median_curve(runs, axis): lab/ttl_curves.py's."""
     if (made := figure(1, 2, figsize=(13, 5), sharey=True, layout="constrained")) is None:
         return NO_MATPLOTLIB
     fig, axes = made

@@ -42,6 +42,7 @@ from configurator import configure, read_config_file
 from lab.charts import loss_curves
 from lab.plot import read_log
 from lab.ttl_curves import (
+    median_curve,
     print_report,
     run_curve,
     run_line,
@@ -371,7 +372,7 @@ def main() -> None:
     write_json(results / "time_to_loss.json", doc)
     write_text(results / "time_to_loss.csv", summary_csv(summary))
     title = f"{cfg.task}, {cfg.config_set}, {cfg.max_iters} iterations, {cfg.seeds} seeds"
-    drawn = loss_curves(results / "time_to_loss.png", curves, summary, title)
+    drawn = loss_curves(results / "time_to_loss.png", curves, summary, title, median_curve)
     print_report(summary, bool(cfg.target), sweep_doc, runs)
     walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
     each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""

@@ -27,10 +27,11 @@ LAYERS = {
     "nanogpt_perf.generate": 4,  # generation: the engine, speculative decoding, GGUF out
     "nanogpt_perf.speculative": 4.2,  # on the engine
     "nanogpt_perf.gguf_export": 4,
-    "lab": 5,  # what measures: bench.py's library, the GPU suite
     "configurator": 6,  # a script's command line, over the core's rules and errors: the package never imports it
+    "lab": 7,  # what measures: bench.py's library and the lab's scripts, over all of the rest
 }
 LIBRARY = [ROOT / "model.py", ROOT / "configurator.py", *sorted((ROOT / "nanogpt_perf").rglob("*.py"))]
+LIBRARY += sorted((ROOT / "lab").glob("*.py"))
 
 
 def module_name(path: Path) -> str:
@@ -54,7 +55,7 @@ def project_imports(path: Path, in_functions: bool = True) -> set[str]:
         nodes.extend(ast.iter_child_nodes(node))
         names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
         names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        found |= {n for n in names if n.split(".")[0] in ("model", "configurator", "nanogpt_perf")}
+        found |= {n for n in names if n.split(".")[0] in ("model", "configurator", "nanogpt_perf", "lab")}
     return found
 
 
