@@ -1,5 +1,5 @@
-"""The configurations bench.py times: one Case per row (a name and the settings it runs with), the ladder from fp32
-eager to every switch on, and sweeps of one setting."""
+"""The configurations bench.py times: one Case per row (a name and the settings it runs with), the
+ladder from fp32 eager to every switch on, and sweeps of one setting."""
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -11,15 +11,25 @@ from nanogpt_perf.config import Config
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.train.build import model_config, round_up
 
-# bench.py's settings of what to run and where to write it: not settings of the configuration a row measured
-NOT_MEASURED = ("ladder", "skip_rungs", "sweep", "find_max_batch", "out_json", "profile", "memory_snapshot")
+# bench.py's settings of what to run and where to write it: not settings of the configuration a row
+# measured
+NOT_MEASURED = (
+    "ladder",
+    "skip_rungs",
+    "sweep",
+    "find_max_batch",
+    "out_json",
+    "profile",
+    "memory_snapshot",
+)
 NOT_MEASURED += ("compare", "baseline", "tolerance_pct", "data_dir", "fit_memory_gb")
 
 
 @dataclass(frozen=True)
 class Case:
-    """One configuration to time: a name, and the settings train.py's builder takes (the model, the work of an
-    iteration, the optimizer and every performance switch), vocab_size that of the tokens before padding."""
+    """One configuration to time: a name, and the settings train.py's builder takes (the model, the
+    work of an iteration, the optimizer and every performance switch), vocab_size that of the tokens
+    before padding."""
 
     name: str
     settings: Config
@@ -34,8 +44,8 @@ class Case:
         return s.gradient_accumulation_steps * s.batch_size * s.block_size
 
     def measured(self) -> dict[str, Any]:
-        """What a row of the results was measured with: every setting that can change its figures, the model's
-        vocab_size padded as it ran, and the tokens of an iteration."""
+        """What a row of the results was measured with: every setting that can change its figures,
+        the model's vocab_size padded as it ran, and the tokens of an iteration."""
         s = self.settings
         padded = model_config(s, s.vocab_size).vocab_size
         return {k: v for k, v in s.as_dict().items() if k not in NOT_MEASURED} | {
@@ -52,7 +62,8 @@ class Rung:
     key: str  # its name in bench.py's skip_rungs
     name: str
     apply: Callable[[Case], Case]
-    unavailable: Callable[[Case, torch.device], str | None] = lambda case, device: None  # why it cannot run here
+    # why it cannot run here
+    unavailable: Callable[[Case, torch.device], str | None] = lambda case, device: None
 
 
 def no_tf32(case: Case, device: torch.device) -> str | None:
@@ -64,11 +75,19 @@ def no_tf32(case: Case, device: torch.device) -> str | None:
 
 
 def no_bf16(case: Case, device: torch.device) -> str | None:
-    return "this GPU has no bf16" if device.type == "cuda" and not torch.cuda.is_bf16_supported() else None
+    return (
+        "this GPU has no bf16"
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported()
+        else None
+    )
 
 
 def no_compile(case: Case, device: torch.device) -> str | None:
-    return None if torch._dynamo.is_dynamo_supported() else "torch.compile is not supported on this platform"
+    return (
+        None
+        if torch._dynamo.is_dynamo_supported()
+        else "torch.compile is not supported on this platform"
+    )
 
 
 def no_fused_adamw(case: Case, device: torch.device) -> str | None:
@@ -80,32 +99,50 @@ def no_fused_adamw(case: Case, device: torch.device) -> str | None:
 
 
 def ladder_rungs(vocab_size: int, pad_vocab: int) -> list[Rung]:
-    """From fp32 eager to every switch on, in the order of the story told for GPT-2 (124M) on an A100."""
+    """From fp32 eager to every switch on, in the order of the story told for GPT-2 (124M) on an
+    A100."""
     padded = round_up(vocab_size, pad_vocab)
     multiple = lambda c, d: (
-        f"vocab_size {vocab_size} is a multiple of {pad_vocab} already" if padded == vocab_size else None
+        f"vocab_size {vocab_size} is a multiple of {pad_vocab} already"
+        if padded == vocab_size
+        else None
     )  # noqa: E731
     return [
         Rung("tf32", "+TF32", lambda c: c.but(tf32=True), no_tf32),
         Rung("bf16", "+bf16 autocast", lambda c: c.but(dtype="bfloat16"), no_bf16),
         Rung("compile", "+torch.compile", lambda c: c.but(compile=True), no_compile),
         Rung("flash", "+flash attention", lambda c: c.but(attention="sdpa")),
-        Rung("pad_vocab", f"+vocab padding ({vocab_size} -> {padded})", lambda c: c.but(pad_vocab=pad_vocab), multiple),
+        Rung(
+            "pad_vocab",
+            f"+vocab padding ({vocab_size} -> {padded})",
+            lambda c: c.but(pad_vocab=pad_vocab),
+            multiple,
+        ),
         Rung("fused", "+fused AdamW", lambda c: c.but(fused_adamw=True), no_fused_adamw),
     ]
 
 
-def ladder_cases(case: Case, device: torch.device, skip: Iterable[str] = ()) -> list[tuple[Case, str | None]]:
-    """Each rung's Case with the reason it is skipped (None to run it). The first rung is case with every switch
-    off: fp32, eager, manual attention, the vocabulary unpadded, unfused AdamW; case's pad_vocab is the padding
-    rung's. A skipped rung adds nothing to the rungs after it."""
+def ladder_cases(
+    case: Case, device: torch.device, skip: Iterable[str] = ()
+) -> list[tuple[Case, str | None]]:
+    """Each rung's Case with the reason it is skipped (None to run it). The first rung is case with
+    every switch off: fp32, eager, manual attention, the vocabulary unpadded, unfused AdamW; case's
+    pad_vocab is the padding rung's. A skipped rung adds nothing to the rungs after it."""
     rungs, skip = ladder_rungs(case.settings.vocab_size, case.settings.pad_vocab), set(skip)
     unknown = set(skip) - {r.key for r in rungs}
     if unknown:
         raise UserError(
-            f"no rung {', '.join(sorted(unknown))} to skip; the rungs are {', '.join(r.key for r in rungs)}"
+            f"no rung {', '.join(sorted(unknown))} to skip; the rungs are "
+            f"{', '.join(r.key for r in rungs)}"
         )
-    off = dict(dtype="float32", tf32=False, compile=False, compile_mode="default", fused_adamw=False, pad_vocab=1)
+    off = dict(
+        dtype="float32",
+        tf32=False,
+        compile=False,
+        compile_mode="default",
+        fused_adamw=False,
+        pad_vocab=1,
+    )
     case = case.but("fp32 eager", attention="manual", **off)
     cases: list[tuple[Case, str | None]] = [(case, None)]
     for rung in rungs:
@@ -117,8 +154,9 @@ def ladder_cases(case: Case, device: torch.device, skip: Iterable[str] = ()) -> 
 
 
 def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
-    """The largest n <= limit for which fits(n), fits being true up to some n and false beyond: doubling from 1
-    until it fails, then bisecting (most_tries(limit) calls at most). 0 when not even 1 fits."""
+    """The largest n <= limit for which fits(n), fits being true up to some n and false beyond:
+    doubling from 1 until it fails, then bisecting (most_tries(limit) calls at most). 0 when not
+    even 1 fits."""
     if limit < 1 or not fits(1):
         return 0
     good = 1

@@ -1,8 +1,8 @@
-"""bench.py's fit_memory_gb: the largest GPT of a family (n_layer x n_embd at the configuration's aspect, its head
-size kept) whose training step fits a memory budget, each size measured by one step (device memory on a GPU, the
-process's resident set on a CPU, each size in a fresh process there). A size whose state alone (the formats'
-arithmetic) exceeds the budget is not built: a CPU would swap or be killed rather than fail.
-A budget over the device's memory is refused."""
+"""bench.py's fit_memory_gb: the largest GPT of a family (n_layer x n_embd at the configuration's
+aspect, its head size kept) whose training step fits a memory budget, each size measured by one step
+(device memory on a GPU, the process's resident set on a CPU, each size in a fresh process there). A
+size whose state alone (the formats' arithmetic) exceeds the budget is not built: a CPU would swap
+or be killed rather than fail. A budget over the device's memory is refused."""
 
 import json
 import math
@@ -23,15 +23,19 @@ Row = dict[str, Any]
 
 
 def family(case: Case, n_layer: int) -> Case:
-    """case at n_layer layers, n_embd scaled with it (n_embd / n_layer kept, a multiple of the head size)."""
+    """case at n_layer layers, n_embd scaled with it (n_embd / n_layer kept, a multiple of the head
+    size)."""
     s = case.settings
     head = s.n_embd // s.n_head
     n_embd = max(head, round(s.n_embd * n_layer / s.n_layer / head) * head)
-    return case.but(f"n_layer={n_layer} n_embd={n_embd}", n_layer=n_layer, n_embd=n_embd, n_head=n_embd // head)
+    return case.but(
+        f"n_layer={n_layer} n_embd={n_embd}", n_layer=n_layer, n_embd=n_embd, n_head=n_embd // head
+    )
 
 
 def parameters(case: Case) -> int:
-    """A GPT's parameters from its shape, without building it: the blocks' matrices and the embeddings."""
+    """A GPT's parameters from its shape, without building it: the blocks' matrices and the
+    embeddings."""
     s = case.settings
     vocab = model_config(s, s.vocab_size).vocab_size
     return 12 * s.n_layer * s.n_embd**2 + (vocab + s.block_size) * s.n_embd
@@ -39,7 +43,8 @@ def parameters(case: Case) -> int:
 
 def state_floor(case: Case) -> float:
     """Bytes per parameter the state takes at the least by its formats: weights, gradients, and the
-    optimizer's state of the blocks' matrices (its row of optim.OPTIMIZERS), which hold most parameters."""
+    optimizer's state of the blocks' matrices (its row of optim.OPTIMIZERS), which hold most
+    parameters."""
     spec = case.settings.lowmem.applied(case.settings.optimizer)
     optimizer = OPTIMIZERS[case.settings.optimizer].state_bytes(spec, True)
     return spec.weight_bytes + spec.grad_bytes + optimizer
@@ -116,9 +121,10 @@ def check_budget(budget_gb: float, memory: int | None, device_type: str) -> None
 
 
 def in_a_fresh_process(argv: list[str]) -> Callable[[Case], Row]:
-    """A CPU's measurement of one size: bench.py again (argv: this run's command line) with the size and one step,
-    in a fresh process. A process keeps the pages an earlier, larger size freed, so in one process a later size's
-    peak over its baseline came out low, and its resident set's peak could not be reset everywhere."""
+    """A CPU's measurement of one size: bench.py again (argv: this run's command line) with the size
+    and one step, in a fresh process. A process keeps the pages an earlier, larger size freed, so in
+    one process a later size's peak over its baseline came out low, and its resident set's peak
+    could not be reset everywhere."""
 
     def measure(member: Case) -> Row:
         s = member.settings
@@ -126,9 +132,13 @@ def in_a_fresh_process(argv: list[str]) -> Callable[[Case], Row]:
             out = Path(tmp) / "size.json"
             size = [f"--n_layer={s.n_layer}", f"--n_embd={s.n_embd}", f"--n_head={s.n_head}"]
             one = ["--fit_memory_gb=0", "--steps=1", "--burn_in=1", f"--out_json={out}"]
-            done = subprocess.run([sys.executable, *argv, *size, *one], capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, *argv, *size, *one], capture_output=True, text=True
+            )
             if done.returncode != 0 or not out.is_file():
-                lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit code {done.returncode}"]
+                lines = (done.stderr or done.stdout).strip().splitlines() or [
+                    f"exit code {done.returncode}"
+                ]
                 return result(member, "failed", lines[-1])
             return json.loads(out.read_text())["results"][0] | {"name": member.name}
 

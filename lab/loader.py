@@ -1,9 +1,8 @@
-"""
-Time the loader alone: batches per second that train.py's training step can take from it, in each window order,
-and the process's memory over a long run. An H100 training GPT-2 (124M) takes about 30 batches of 16 x 1024 a
-second; the loader should never be what it waits for.
+"""Time the loader alone: batches per second that train.py's training step can take from it, in each
+window order, and the process's memory over a long run. An H100 training GPT-2 (124M) takes about 30
+batches of 16 x 1024 a second; the loader should never be what it waits for.
 
-    python lab/loader.py                                    # 20 synthetic shards of 10M tokens in a temp folder
+    python lab/loader.py        # 20 synthetic shards of 10M tokens in a temporary folder
     python lab/loader.py --data=data/fineweb --batches=10000 --device=cuda
 
 Each order runs `repeats` times, interleaved; the figure is the median.
@@ -43,36 +42,56 @@ from nanogpt_perf.runtime import DeviceConfig, resolve_device
 class LoaderBenchConfig:
     """Settings of lab/loader.py: the data, the batches and the runs"""
 
-    data: str = setting("", "a dataset folder (train.bin or llm.c shards); '' = synthetic shards written to a temp "
-                        "folder", check=optional_path)  # fmt: skip
-    shards: int = setting(20, "synthetic shards (the first is val)", min=2, note=" (the first is val)")
+    data: str = setting("", "a dataset folder (train.bin or llm.c shards); '' = synthetic shards "
+                        "written to a temp folder", check=optional_path)  # fmt: skip
+    shards: int = setting(
+        20, "synthetic shards (the first is val)", min=2, note=" (the first is val)"
+    )
     shard_tokens: int = setting(10_000_000, "tokens per synthetic shard", min=1)
     batch_size: int = setting(16, "sequences a batch", min=1)
     block_size: int = setting(1024, "tokens a sequence", min=1)
-    batches: int = setting(10_000, "per run; memory is read after 100 and after all of them; at most 10,000,000 (a "
-                           "run shows nothing until it ends)", above=100, max=10_000_000,
+    batches: int = setting(10_000, "per run; memory is read after 100 and after all of them; at "
+                           "most 10,000,000 (a run shows nothing until it ends)", above=100,
+                           max=10_000_000,
                            note=" (memory is read after 100)")  # fmt: skip
-    orders: str = setting("random,epochs", "the loader's data_orders compared", check=comma_separated(*DATA_ORDERS))
+    orders: str = setting(
+        "random,epochs", "the loader's data_orders compared", check=comma_separated(*DATA_ORDERS)
+    )
     repeats: int = setting(3, "runs of each order, interleaved; at most 1,000", min=1, max=1_000)
 
 
 def a_window_fits(cfg: Config) -> None:
     """A window is block_size + 1 tokens."""
     if cfg.shard_tokens <= cfg.block_size:
-        raise ValueError(f"shard_tokens must be > block_size ({cfg.block_size}), not {cfg.shard_tokens}")
+        raise ValueError(
+            f"shard_tokens must be > block_size ({cfg.block_size}), not {cfg.shard_tokens}"
+        )
 
 
-cfg = configure(loader=LoaderBenchConfig, hardware=DeviceConfig, defaults={"device": "cpu"}, cross=(a_window_fits,))
+cfg = configure(
+    loader=LoaderBenchConfig,
+    hardware=DeviceConfig,
+    defaults={"device": "cpu"},
+    cross=(a_window_fits,),
+)
 # -----------------------------------------------------------------------------
 if cfg.data and not os.path.isdir(cfg.data):
-    raise UserError(f"data must be '' or a dataset folder (train.bin and val.bin, or shards), not {cfg.data!r}")
-# SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status 143)
+    raise UserError(
+        f"data must be '' or a dataset folder (train.bin and val.bin, or shards), not {cfg.data!r}"
+    )
+# SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status
+# 143)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-if not cfg.data and cfg.shards * cfg.shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free:
+if (
+    not cfg.data
+    and cfg.shards * cfg.shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free
+):
     free, size = shutil.disk_usage(tempfile.gettempdir()).free, cfg.shards * cfg.shard_tokens * 2
     raise UserError(
-        f"{cfg.shards} synthetic shards of {cfg.shard_tokens:,} tokens take {size / 1e9:,.1f} GB, more "
-        f"than the {free / 1e9:,.1f} GB free in {tempfile.gettempdir()}: fewer shards or shard_tokens, or --data"
+        f"{cfg.shards} synthetic shards of {cfg.shard_tokens:,} tokens take {size / 1e9:,.1f} GB, "
+        "more "
+        f"than the {free / 1e9:,.1f} GB free in {tempfile.gettempdir()}: fewer shards or "
+        "shard_tokens, or --data"
     )
 
 
@@ -90,7 +109,9 @@ def synthetic_shards(folder: Path) -> Path:
 
 def run(path: Path, order: str) -> tuple[float, float, float]:
     """(batches per second after the first 100, RSS after 100 batches and after all, in MB)."""
-    loader = TokenBatches(path, cfg.batch_size, cfg.block_size, resolve_device(cfg.device), 0, data_order=order)
+    loader = TokenBatches(
+        path, cfg.batch_size, cfg.block_size, resolve_device(cfg.device), 0, data_order=order
+    )
     for _ in range(100):
         loader.next_batch()
     rss_100, t0 = resident_mb(), time.perf_counter()
@@ -118,7 +139,9 @@ with tempfile.TemporaryDirectory() as tmp:
     for order, runs in figures.items():
         growth = max(end - start for _, start, end in runs)
         print(
-            f"{order}: median {statistics.median(r for r, _, _ in runs):,.0f} batches/s of {cfg.batch_size} x "
-            f"{cfg.block_size} over {len(runs)} runs; RSS grew by at most {growth:.1f} MB from batch 100 to "
+            f"{order}: median {statistics.median(r for r, _, _ in runs):,.0f} batches/s of "
+            f"{cfg.batch_size} x "
+            f"{cfg.block_size} over {len(runs)} runs; RSS grew by at most {growth:.1f} MB from "
+            "batch 100 to "
             f"{cfg.batches:,}"
         )

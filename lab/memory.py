@@ -53,16 +53,27 @@ CONFIGS = {
     "adamw-bf16-8bit": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=8)),
     "adamw-bf16-4bit": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=4)),
     "adamw-inbwd": ("adamw", LowMem(in_backward=True)),
-    "adamw-bf16-8bit-inbwd": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=8, in_backward=True)),
-    "adamw-bf16-4bit-inbwd": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=4, in_backward=True)),
+    "adamw-bf16-8bit-inbwd": (
+        "adamw",
+        LowMem(weights_dtype="bfloat16", state_bits=8, in_backward=True),
+    ),
+    "adamw-bf16-4bit-inbwd": (
+        "adamw",
+        LowMem(weights_dtype="bfloat16", state_bits=4, in_backward=True),
+    ),
     "muon": ("muon", LowMem()),
     "muon-bf16mom": ("muon", LowMem(muon_momentum_dtype="bfloat16")),
     "muon-8bitmom": ("muon", LowMem(muon_momentum_dtype="8bit")),
     "muon-bf16-bf16mom": ("muon", LowMem(weights_dtype="bfloat16", muon_momentum_dtype="bfloat16")),
-    "muon-bf16-8bitmom-8bit": ("muon", LowMem(weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit")),
+    "muon-bf16-8bitmom-8bit": (
+        "muon",
+        LowMem(weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit"),
+    ),
     "muon-bf16-8bitmom-8bit-inbwd": (
         "muon",
-        LowMem(weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit", in_backward=True),
+        LowMem(
+            weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit", in_backward=True
+        ),
     ),
 }
 HYPER = dict(learning_rate=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95)
@@ -86,7 +97,8 @@ class MemoryBenchConfig:
 
 def build(size: str, config: str, block: int, **optim: Any):
     """Our GPT (model.py: no biases, the fused lm_head + cross-entropy, GPT-2's padded vocabulary)
-    at size, with config's savers, and its optimizer (optim: OptimConfig's settings beside HYPER)."""
+    at size, with config's savers, and its optimizer (optim: OptimConfig's settings beside
+    HYPER)."""
     from model import GPT, GPTConfig
     from nanogpt_perf.lowmem import cast_weights
     from nanogpt_perf.optim import build_optimizer
@@ -181,8 +193,10 @@ def run_fresh(size: str, config: str, batch: int, block: int, only_state: bool =
 
 
 def table(rows: list[dict]) -> None:
-    print(f"{'size':>5} {'configuration':<30} {'weights':>7} {'grads':>6} {'optim':>6} {'STATE':>6} "
-          f"{'peak rise':>9} {'act+ws':>6} {'step1 s':>8} {'step2 s':>8}")  # fmt: skip
+    print(
+        f"{'size':>5} {'configuration':<30} {'weights':>7} {'grads':>6} {'optim':>6} {'STATE':>6} "
+        f"{'peak rise':>9} {'act+ws':>6} {'step1 s':>8} {'step2 s':>8}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['size']:>5} {r['config']:<30} error: {r['error']}")
@@ -196,8 +210,9 @@ def table(rows: list[dict]) -> None:
 
 
 def timed(configs: list[str], rounds: int, batch: int, block: int) -> None:
-    """Each configuration's CPU time per step at SIZES['small'], the configurations interleaved round by round
-    (the machine is noisy): medians over rounds after a warm-up round (torchao compiles there)."""
+    """Each configuration's CPU time per step at SIZES['small'], the configurations interleaved
+    round by round (the machine is noisy): medians over rounds after a warm-up round (torchao
+    compiles there)."""
     steps = {c: stepper("small", c, batch, block) for c in configs}
     times: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(rounds + 1):
@@ -207,7 +222,10 @@ def timed(configs: list[str], rounds: int, batch: int, block: int) -> None:
             if r:
                 times[c].append(time.perf_counter() - t)
     base = statistics.median(times[configs[0]])
-    print(f"ms per step at {SIZES['small']} (n_layer, n_embd), {batch} x {block} tokens, median of {rounds}:")
+    print(
+        f"ms per step at {SIZES['small']} (n_layer, n_embd), {batch} x {block} tokens, median of "
+        f"{rounds}:"
+    )
     for c in configs:
         m = statistics.median(times[c])
         print(f"{c:<30} {1e3 * m:8.0f} ms  x{m / base:.2f} of {configs[0]}")

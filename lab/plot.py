@@ -1,14 +1,14 @@
-"""
-Draw the curves of one or more training runs from their out_dir/log.jsonl into one PNG, to compare them at a glance:
-loss (step loss, and the train and val estimates of the evals), learning rate, tokens/s and ms per iteration.
+"""Draw the curves of one or more training runs from their out_dir/log.jsonl into one PNG, to
+compare them at a glance: loss (step loss, and the train and val estimates of the evals), learning
+rate, tokens/s and ms per iteration.
 
-    python lab/plot.py out-shakespeare-char                  # writes out-shakespeare-char/curves.png
-    python lab/plot.py out-a out-b out-c                     # writes curves.png here, one colour per run
+    python lab/plot.py out-shakespeare-char     # writes out-shakespeare-char/curves.png
+    python lab/plot.py out-a out-b out-c        # writes curves.png here, one colour per run
     python lab/plot.py out-a out-b --out=compare/ab.png
 
-A log.jsonl that holds several runs appended (a resumed run, or one started again in the same out_dir) is drawn as
-one line per run, in the same colour. Each run's first step record is left out of the speed panels: it includes
-compilation and warm-up.
+A log.jsonl that holds several runs appended (a resumed run, or one started again in the same
+out_dir) is drawn as one line per run, in the same colour. Each run's first step record is left out
+of the speed panels: it includes compilation and warm-up.
 """
 
 import json
@@ -46,7 +46,9 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as e:
             raise UserError(f"{path} line {n} is not JSON ({e.msg}): {line[:60]!r}") from None
         except RecursionError:
-            raise UserError(f"{path} line {n} is not a log record: its JSON is nested too deeply to read") from None
+            raise UserError(
+                f"{path} line {n} is not a log record: its JSON is nested too deeply to read"
+            ) from None
         if not isinstance(record, dict):
             raise UserError(f"{path} line {n} is not a JSON object: {line[:60]!r}")
         records.append(record)
@@ -54,8 +56,8 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 
 
 def split_runs(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The records of each run appended to one log: a new run starts where iter or elapsed_s goes back down (a
-    resumed run goes on from its checkpoint's iter, but its clock starts again)."""
+    """The records of each run appended to one log: a new run starts where iter or elapsed_s goes
+    back down (a resumed run goes on from its checkpoint's iter, but its clock starts again)."""
     runs: list[list[dict[str, Any]]] = []
     previous: dict[str, Any] = {}
     for record in records:
@@ -77,10 +79,13 @@ def step_loss(record: dict[str, Any]) -> Any:
 
 
 def points(records: list[dict[str, Any]], value: Any) -> Points:
-    """(iter, value(record)) of the records where both are numbers; value is a log key or a function of a record."""
+    """(iter, value(record)) of the records where both are numbers; value is a log key or a function
+    of a record."""
     get = value if callable(value) else lambda r: r.get(value)
     pairs = [(r.get("iter"), get(r)) for r in records]
-    pairs = [(i, v) for i, v in pairs if isinstance(i, (int, float)) and isinstance(v, (int, float))]
+    pairs = [
+        (i, v) for i, v in pairs if isinstance(i, (int, float)) and isinstance(v, (int, float))
+    ]
     return [i for i, _ in pairs], [v for _, v in pairs]
 
 
@@ -114,7 +119,8 @@ def load_curves(out_dir: Path) -> list[Curves]:
     records = read_log(path)
     if not points(records, step_loss)[0]:
         raise UserError(
-            f"{path} has no step records (a number for iter and for step_loss): the run logged no optimizer step"
+            f"{path} has no step records (a number for iter and for step_loss): the run logged no "
+            "optimizer step"
         )
     return [curves(run) for run in split_runs(records)]
 
@@ -135,14 +141,21 @@ class PlotConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """plot.py OUT_DIR [OUT_DIR ...] [--out=FILE.png]: the OUT_DIRs are the arguments that are no flag."""
+    """plot.py OUT_DIR [OUT_DIR ...] [--out=FILE.png]: the OUT_DIRs are the arguments that are no
+    flag."""
     argv = sys.argv[1:] if argv is None else argv
     flags = [a for a in argv if a.startswith("-")]
     out_dirs = [Path(a) for a in argv if not a.startswith("-")]
     cfg = configure(flags, usage="OUT_DIR [OUT_DIR ...] [--key=value ...]", plot=PlotConfig)
     if not out_dirs and "--help" not in flags:
-        raise UserError("plot.py needs one or more OUT_DIRs: folders of runs, each with a log.jsonl")
-    out = Path(cfg.out) if cfg.out else (out_dirs[0] / "curves.png" if len(out_dirs) == 1 else Path("curves.png"))
+        raise UserError(
+            "plot.py needs one or more OUT_DIRs: folders of runs, each with a log.jsonl"
+        )
+    out = (
+        Path(cfg.out)
+        if cfg.out
+        else (out_dirs[0] / "curves.png" if len(out_dirs) == 1 else Path("curves.png"))
+    )
     try:  # the default too: OUT_DIR/curves.png where OUT_DIR is a file, say
         output_file(".png", optional=False)(str(out))
     except ValueError as e:

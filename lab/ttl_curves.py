@@ -35,8 +35,8 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | N
 
 
 def crossing(xs: Sequence[float], losses: Sequence[float], target: float) -> float | None:
-    """The x where the loss first reaches target (<=), linear between the eval before and the first at or below it;
-    None when no eval reaches it."""
+    """The x where the loss first reaches target (<=), linear between the eval before and the first
+    at or below it; None when no eval reaches it."""
     for i, loss in enumerate(losses):
         if loss <= target:
             if i == 0 or not math.isfinite(losses[i - 1]):  # nothing to interpolate from
@@ -46,7 +46,9 @@ def crossing(xs: Sequence[float], losses: Sequence[float], target: float) -> flo
     return None
 
 
-def training_seconds(windows: list[dict[str, Any]], start_iter: int = 0) -> tuple[list[int], list[float]]:
+def training_seconds(
+    windows: list[dict[str, Any]], start_iter: int = 0
+) -> tuple[list[int], list[float]]:
     """The cumulative training seconds at the end of each logging window, from (start_iter, 0)."""
     iters, seconds = [start_iter], [0.0]
     for w in windows:
@@ -56,7 +58,8 @@ def training_seconds(windows: list[dict[str, Any]], start_iter: int = 0) -> tupl
 
 
 def last_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of the last run in a log (a log appended to by several runs starts again at a lower iter)."""
+    """The records of the last run in a log (a log appended to by several runs starts again at a
+    lower iter)."""
     start = 0
     for i in range(1, len(records)):
         if records[i]["iter"] < records[i - 1]["iter"]:
@@ -64,9 +67,11 @@ def last_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return records[start:]
 
 
-def run_curve(records: list[dict[str, Any]], tokens_per_iter: int, diverged: bool = False) -> dict[str, Any]:
-    """A run's evals on the three axes, its median ms per iteration (first window, which warms up, left out) and
-    its final val loss (None for a run that diverged)."""
+def run_curve(
+    records: list[dict[str, Any]], tokens_per_iter: int, diverged: bool = False
+) -> dict[str, Any]:
+    """A run's evals on the three axes, its median ms per iteration (first window, which warms up,
+    left out) and its final val loss (None for a run that diverged)."""
     records = last_run(records)
     windows = [r for r in records if "ms_per_iter" in r]
     evals = [r for r in records if "val_loss" in r]
@@ -78,7 +83,9 @@ def run_curve(records: list[dict[str, Any]], tokens_per_iter: int, diverged: boo
         "seconds": [interpolate(w_iters, w_seconds, i) for i in iters],
         "val_loss": [r["val_loss"] for r in evals],
         "train_loss": [r["train_loss"] for r in evals],
-        "ms_per_iter": statistics.median(w["ms_per_iter"] for w in windows[1:]) if len(windows) > 1 else None,
+        "ms_per_iter": statistics.median(w["ms_per_iter"] for w in windows[1:])
+        if len(windows) > 1
+        else None,
         "training_seconds": w_seconds[-1],
         "final_val_loss": evals[-1]["val_loss"] if evals and not diverged else None,
         "tokens_per_iter": tokens_per_iter,
@@ -87,9 +94,13 @@ def run_curve(records: list[dict[str, Any]], tokens_per_iter: int, diverged: boo
 
 
 def reach(curve: dict[str, Any], target: float | None) -> dict[str, float | None]:
-    """The iteration, tokens and training seconds at which a run's val loss reaches target (None: not reached, no
-    target, or a run that diverged)."""
-    it = None if target is None or curve.get("diverged") else crossing(curve["iters"], curve["val_loss"], target)
+    """The iteration, tokens and training seconds at which a run's val loss reaches target (None:
+    not reached, no target, or a run that diverged)."""
+    it = (
+        None
+        if target is None or curve.get("diverged")
+        else crossing(curve["iters"], curve["val_loss"], target)
+    )
     if it is None:
         return {"iters": None, "tokens": None, "seconds": None}
     seconds = interpolate(curve["iters"], curve["seconds"], it)
@@ -97,11 +108,11 @@ def reach(curve: dict[str, Any], target: float | None) -> dict[str, float | None
 
 
 def median_spread(values: list[float | None]) -> dict[str, Any]:
-    """Median, min and max over seeds, None standing for "not reached" (later than any value; a NaN or inf, a run
-    that diverged, counts as None: worse than any). The median is the
-    usual one where the middle values are reached; where only the lower of two middle values is (an even count),
-    that one: by then half the seeds have reached the target. A median or max that falls on "not reached" is None;
-    'reached' counts the values that are not None."""
+    """Median, min and max over seeds, None standing for "not reached" (later than any value; a NaN
+    or inf, a run that diverged, counts as None: worse than any). The median is the usual one where
+    the middle values are reached; where only the lower of two middle values is (an even count),
+    that one: by then half the seeds have reached the target. A median or max that falls on "not
+    reached" is None; 'reached' counts the values that are not None."""
     values = [None if v is None or not math.isfinite(v) else v for v in values]
     reached = sorted(v for v in values if v is not None)
     ordered = reached + [math.inf] * (len(values) - len(reached))
@@ -126,18 +137,24 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def summarize(curves: dict[str, list[dict[str, Any]]], baseline: str, target: float | None) -> dict[str, Any]:
-    """Per configuration (curves: its runs' curves, one per seed): the tokens and seconds to target, medians and
-    spreads, ratios to the baseline, ms per iteration, the val loss at the baseline's final tokens and the final val
-    loss. target None: the baseline's final val loss, median over its seeds (None, and every run "never", where
-    most of its seeds diverged). A run that diverged has "never" and "-" in every column but ms per iteration."""
+def summarize(
+    curves: dict[str, list[dict[str, Any]]], baseline: str, target: float | None
+) -> dict[str, Any]:
+    """Per configuration (curves: its runs' curves, one per seed): the tokens and seconds to target,
+    medians and spreads, ratios to the baseline, ms per iteration, the val loss at the baseline's
+    final tokens and the final val loss. target None: the baseline's final val loss, median over its
+    seeds (None, and every run "never", where most of its seeds diverged). A run that diverged has
+    "never" and "-" in every column but ms per iteration."""
     if target is None:
         target = median_spread([c["final_val_loss"] for c in curves[baseline]])["median"]
     equal_tokens = max((c["tokens"][-1] for c in curves[baseline] if c["tokens"]), default=0)
     rows = {}
     for name, runs in curves.items():
         reached = [reach(c, target) for c in runs]
-        at_equal = [None if c["diverged"] else interpolate(c["tokens"], c["val_loss"], equal_tokens) for c in runs]
+        at_equal = [
+            None if c["diverged"] else interpolate(c["tokens"], c["val_loss"], equal_tokens)
+            for c in runs
+        ]
         rows[name] = {
             "tokens_to_target": median_spread([r["tokens"] for r in reached]),
             "seconds_to_target": median_spread([r["seconds"] for r in reached]),
@@ -155,9 +172,9 @@ def summarize(curves: dict[str, list[dict[str, Any]]], baseline: str, target: fl
 
 
 def best_values(finals: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
-    """A sweep: per configuration, each value's median final val loss (and min, max) over seeds, and the value with
-    the lowest median (the best; None where no value has one). finals: configuration -> value -> the seeds' final
-    val losses (None: a seed that diverged)."""
+    """A sweep: per configuration, each value's median final val loss (and min, max) over seeds, and
+    the value with the lowest median (the best; None where no value has one). finals: configuration
+    -> value -> the seeds' final val losses (None: a seed that diverged)."""
     table = {}
     for config, by_value in finals.items():
         spreads = {value: median_spread(losses) for value, losses in by_value.items()}
@@ -168,17 +185,23 @@ def best_values(finals: dict[str, dict[str, list[float]]]) -> dict[str, dict[str
 
 
 def seed_major(configs: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
-    """Every configuration's first seed, then every configuration's second, ...: drift in the machine's speed
-    touches every configuration alike."""
+    """Every configuration's first seed, then every configuration's second, ...: drift in the
+    machine's speed touches every configuration alike."""
     return [(config, seed) for seed in seeds for config in configs]
 
 
-def median_curve(curves: list[dict[str, Any]], axis: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Over a configuration's seeds, at each eval of its first seed's: the median x on axis ('tokens' or 'seconds'),
-    the median val loss, and the lowest and highest val loss (the band)."""
+def median_curve(
+    curves: list[dict[str, Any]], axis: str
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Over a configuration's seeds, at each eval of its first seed's: the median x on axis
+    ('tokens' or 'seconds'), the median val loss, and the lowest and highest val loss (the band)."""
     xs, median, low, high = [], [], [], []
     for it in curves[0]["iters"]:
-        at = [(c[axis][c["iters"].index(it)], c["val_loss"][c["iters"].index(it)]) for c in curves if it in c["iters"]]
+        at = [
+            (c[axis][c["iters"].index(it)], c["val_loss"][c["iters"].index(it)])
+            for c in curves
+            if it in c["iters"]
+        ]
         points = [(x, v) for x, v in at if x is not None and v is not None and math.isfinite(v)]
         if not points:
             continue
@@ -266,7 +289,12 @@ def sweep_table(sweep: dict[str, Any]) -> str:
     return markdown_table(["configuration", "value", "final val loss", ""], rows, left=(0, 1, 3))
 
 
-CSV_COLUMNS = ("tokens_to_target", "seconds_to_target", "val_loss_at_equal_tokens", "final_val_loss")
+CSV_COLUMNS = (
+    "tokens_to_target",
+    "seconds_to_target",
+    "val_loss_at_equal_tokens",
+    "final_val_loss",
+)
 PARTS = ("median", "min", "max", "reached")
 RATIOS = ("tokens_ratio", "seconds_ratio", "ms_per_iter", "ms_ratio")
 
@@ -293,7 +321,9 @@ def sweep_summary(key: str, curves: dict[str, list[dict[str, Any]]]) -> dict[str
     return {"key": key, "table": best_values(finals)}
 
 
-def print_report(summary: dict[str, Any], given: bool, sweep: dict | None, runs: list[dict]) -> None:
+def print_report(
+    summary: dict[str, Any], given: bool, sweep: dict | None, runs: list[dict]
+) -> None:
     """The tables and notes printed at the end; given: the target was given, not the baseline's."""
     if summary["target"] is None:
         print(f"\nno target: most seeds of the baseline {summary['baseline']!r} diverged, so every "
@@ -316,4 +346,6 @@ def print_report(summary: dict[str, Any], given: bool, sweep: dict | None, runs:
 
 
 if __name__ == "__main__":
-    raise SystemExit("error: ttl_curves.py is a module of lab/time_to_loss.py: run that one (--help)")
+    raise SystemExit(
+        "error: ttl_curves.py is a module of lab/time_to_loss.py: run that one (--help)"
+    )

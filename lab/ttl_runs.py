@@ -1,19 +1,20 @@
 """How lab/time_to_loss.py runs train.py, and when it takes a finished run instead (no torch):
 
-- a run's identity: everything that made it, all of which must be the same for a finished run to be reused: its
-  train.py command, its threads, the contents of the config files the command names, the code (code_digest: every
-  Python file of the checkout that a run can execute, config/'s left to the command, as it is on disk, uncommitted
-  changes included), the versions of Python and of the packages its steps run on, the machine
-  that timed it, and its dataset's contents (dataset_content: prepared again from other text, it
-  is other data);
-- files read only where they are regular files (files.open_file): a FIFO, a socket or a device in
-  a file's place is never waited on, nor read without end;
-- the mark (ttl_run.json) written in a run's out_dir once train.py has ended as a run the benchmark counts: finished
-  (its log ends with the eval at max_iters) or diverged (stopped on non-finite steps), read back by finished();
-- what a train.py exit means (outcome): finished, diverged, or not a run at all (failed, killed by a signal,
-  stopped before max_iters);
-- Runs: the train.py processes going now, stopped together (SIGTERM, then SIGKILL) when the benchmark is stopped
-  or one of them fails.
+- a run's identity: everything that made it, all of which must be the same for a finished run to be
+  reused: its train.py command, its threads, the contents of the config files the command names, the
+  code (code_digest: every Python file of the checkout that a run can execute, config/'s left to the
+  command, as it is on disk, uncommitted changes included), the versions of Python and of the
+  packages its steps run on, the machine that timed it, and its dataset's contents (dataset_content:
+  prepared again from other text, it is other data);
+- files read only where they are regular files (files.open_file): a FIFO, a socket or a device in a
+  file's place is never waited on, nor read without end;
+- the mark (ttl_run.json) written in a run's out_dir once train.py has ended as a run the benchmark
+  counts: finished (its log ends with the eval at max_iters) or diverged (stopped on non-finite
+  steps), read back by finished();
+- what a train.py exit means (outcome): finished, diverged, or not a run at all (failed, killed by a
+  signal, stopped before max_iters);
+- Runs: the train.py processes going now, stopped together (SIGTERM, then SIGKILL) when the
+  benchmark is stopped or one of them fails.
 """
 
 import functools
@@ -37,12 +38,15 @@ from nanogpt_perf.data.identity import check_token_ids, dataset_identity
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import ReadFailed, open_file, read_file, write_json
 
-MARK = "ttl_run.json"  # in a run's out_dir, written once train.py has ended as a run that counts: what made it
-# folders whose Python files are not a run's code: no run executes them (a benchmark's part in a run is its command,
-# compared whole), or they are config files, in a run's identity by their contents where its command names them
+# in a run's out_dir, written once train.py has ended as a run that counts: what made it
+MARK = "ttl_run.json"
+# folders whose Python files are not a run's code: no run executes them (a benchmark's part in a run
+# is its command, compared whole), or they are config files, in a run's identity by their contents
+# where its command names them
 NOT_CODE = ("tests/", "lab/", "scripts/", "docs/", "config/")
 COUNTED = ("finished", "diverged")  # the outcomes that are runs of the benchmark
-GRACE_S = 30  # after SIGTERM, the seconds a run has to finish its step, save and exit before it is killed
+# after SIGTERM, the seconds a run has to finish its step, save and exit before it is killed
+GRACE_S = 30
 PACKAGES = ("torch", "triton", "numpy")  # what a run's steps run on, besides Python and the code
 
 
@@ -98,11 +102,16 @@ def file_digest(path: Path) -> str | None:
 
 
 def code_digest(root: Path) -> str:
-    """One SHA-256 over the path and contents of every code file (code_files): the commit's code and any uncommitted
-    change to it, so that a run made from uncommitted code is not reused once that code changes."""
+    """One SHA-256 over the path and contents of every code file (code_files): the commit's code and
+    any uncommitted change to it, so that a run made from uncommitted code is not reused once that
+    code changes."""
     digest = hashlib.sha256()
     for path in code_files(root):
-        digest.update(path.encode(errors="surrogateescape") + b"\0" + (file_digest(root / path) or "-").encode())
+        digest.update(
+            path.encode(errors="surrogateescape")
+            + b"\0"
+            + (file_digest(root / path) or "-").encode()
+        )
     return digest.hexdigest()
 
 
@@ -177,20 +186,28 @@ def read_records(out_dir: Path) -> list[dict[str, Any]] | None:
 def last_eval(out_dir: Path) -> int | None:
     """The iteration of the last eval of the last run in out_dir's log (None: no eval, no log)."""
     records = read_records(out_dir) or []
-    start = max((i for i in range(1, len(records)) if records[i]["iter"] < records[i - 1]["iter"]), default=0)
+    start = max(
+        (i for i in range(1, len(records)) if records[i]["iter"] < records[i - 1]["iter"]),
+        default=0,
+    )
     evals = [r["iter"] for r in records[start:] if "val_loss" in r]
     return evals[-1] if evals else None
 
 
 def finished(out_dir: Path, identity: dict[str, Any], max_iters: int) -> dict[str, Any] | None:
-    """When out_dir holds a run of exactly this identity that counts, what its mark recorded of it (when it started,
-    its wall seconds, its outcome); else None. It counts when its mark says so and its log ends with the eval at
-    max_iters, or when it diverged (stopped on non-finite steps, its log ending where it stopped)."""
+    """When out_dir holds a run of exactly this identity that counts, what its mark recorded of it
+    (when it started, its wall seconds, its outcome); else None. It counts when its mark says so and
+    its log ends with the eval at max_iters, or when it diverged (stopped on non-finite steps, its
+    log ending where it stopped)."""
     try:
         mark = json.loads(read_file(out_dir / MARK))
     except (OSError, ReadFailed, ValueError):
         return None
-    if not isinstance(mark, dict) or mark.get("identity") != identity or not isinstance(mark.get("ran"), dict):
+    if (
+        not isinstance(mark, dict)
+        or mark.get("identity") != identity
+        or not isinstance(mark.get("ran"), dict)
+    ):
         return None
     ran, end = mark["ran"], last_eval(out_dir)
     counted = end == max_iters or (ran.get("outcome") == "diverged" and end is not None)
@@ -220,12 +237,16 @@ def signal_name(number: int) -> str:
 
 
 def outcome(returncode: int, out_dir: Path, max_iters: int) -> tuple[str, str]:
-    """What a train.py exit means, and the line that says why: 'finished' (exit 0, its log at max_iters), 'diverged'
-    (its error: non-finite steps), 'killed' (by a signal), 'stopped' (before max_iters: asked to stop, it saved and
-    exited), or 'failed'."""
+    """What a train.py exit means, and the line that says why: 'finished' (exit 0, its log at
+    max_iters), 'diverged' (its error: non-finite steps), 'killed' (by a signal), 'stopped' (before
+    max_iters: asked to stop, it saved and exited), or 'failed'."""
     said = last_said(out_dir / "train.out")
-    if returncode < 0 or returncode > 128:  # a signal's, or a shell's way of saying one (130: a second Ctrl-C)
-        return "killed", f"killed by {signal_name(-returncode if returncode < 0 else returncode - 128)}"
+    # a signal's, or a shell's way of saying one (130: a second Ctrl-C)
+    if returncode < 0 or returncode > 128:
+        return (
+            "killed",
+            f"killed by {signal_name(-returncode if returncode < 0 else returncode - 128)}",
+        )
     if returncode == 0:
         return ("finished", said) if last_eval(out_dir) == max_iters else ("stopped", said)
     if said.startswith("error:") and "non-finite" in said:
@@ -234,9 +255,9 @@ def outcome(returncode: int, out_dir: Path, max_iters: int) -> tuple[str, str]:
 
 
 class Runs:
-    """The train.py processes going now. Once the benchmark stops (a signal in asked, which catch_signals fills, or
-    a run that failed) no more start; stop() asks each going to stop (SIGTERM: train.py finishes its step, saves and
-    exits), kill() ends them at once (SIGKILL)."""
+    """The train.py processes going now. Once the benchmark stops (a signal in asked, which
+    catch_signals fills, or a run that failed) no more start; stop() asks each going to stop
+    (SIGTERM: train.py finishes its step, saves and exits), kill() ends them at once (SIGKILL)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -249,7 +270,9 @@ class Runs:
     def stopping(self) -> bool:
         return bool(self.asked) or self.failed
 
-    def run(self, which: str, command: list[str], output: Path, env: dict[str, str], cwd: Path) -> int | None:
+    def run(
+        self, which: str, command: list[str], output: Path, env: dict[str, str], cwd: Path
+    ) -> int | None:
         """command's exit status, its stdout and stderr in output (made afresh: a link or a FIFO
         there is removed, not written through or waited on); None when the benchmark stopped before
         it started."""
@@ -258,7 +281,9 @@ class Runs:
                 return None
             output.unlink(missing_ok=True)
             with open(output, "x") as out:
-                process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                process = subprocess.Popen(
+                    command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env
+                )
             self.going[process] = which
         try:
             return process.wait()
@@ -279,27 +304,36 @@ class Runs:
                 process.kill()
 
     def supervise(self, futures: list[Future], grace_s: float = GRACE_S) -> None:
-        """Wait for futures, the runs. At a signal, or once a run has failed, stop the runs going; kill those still
-        going grace_s later, or at once at a second signal."""
+        """Wait for futures, the runs. At a signal, or once a run has failed, stop the runs going;
+        kill those still going grace_s later, or at once at a second signal."""
         deadline = None
         while wait(futures, timeout=0.2).not_done:
-            self.failed = self.failed or any(f.done() and f.exception() is not None for f in futures)
+            self.failed = self.failed or any(
+                f.done() and f.exception() is not None for f in futures
+            )
             if deadline is None and self.stopping:
                 going, deadline = self.stop(), time.monotonic() + grace_s
                 if self.asked and going:
-                    print(f"{self.asked[0]}: stopping {', '.join(going)} (SIGTERM to train.py; killed in "
-                          f"{grace_s:.0f} s, or at once at a second signal)", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"{self.asked[0]}: stopping {', '.join(going)} (SIGTERM to train.py; "
+                        "killed in "
+                        f"{grace_s:.0f} s, or at once at a second signal)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if deadline is not None and (len(self.asked) > 1 or time.monotonic() > deadline):
                 self.kill()
 
 
 def catch_signals(asked: list[str]) -> dict[int, Any]:
-    """Make SIGTERM and SIGINT (unless ignored, as in a shell's background job) append their name to asked; returns
-    the handlers they had."""
+    """Make SIGTERM and SIGINT (unless ignored, as in a shell's background job) append their name to
+    asked; returns the handlers they had."""
     before = {}
     for number in (signal.SIGTERM, signal.SIGINT):
         if signal.getsignal(number) is not signal.SIG_IGN:
-            before[number] = signal.signal(number, lambda n, frame: asked.append(signal.Signals(n).name))
+            before[number] = signal.signal(
+                number, lambda n, frame: asked.append(signal.Signals(n).name)
+            )
     return before
 
 

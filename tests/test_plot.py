@@ -159,7 +159,10 @@ def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(
     assert (
         bench_chart(tmp_path / "b.png", {"results": [result], "manifest": manifest, "kind": "single"}) == NO_MATPLOTLIB
     )
-    assert ttl_chart(tmp_path / "t.png", {"x": []}, {"target": None, "rows": {}}, "t") == NO_MATPLOTLIB
+    from lab.ttl_curves import median_curve
+
+    chart = ttl_chart(tmp_path / "t.png", {"x": []}, {"target": None, "rows": {}}, "t", median_curve)
+    assert chart == NO_MATPLOTLIB
     row = {"group": "train", "name": "x", "status": "ok", "tokens_per_s": 1.0}
     assert gpu_chart(tmp_path / "g.png", {"rows": [row], "parts": {}}) == NO_MATPLOTLIB
     assert list(tmp_path.iterdir()) == []
