@@ -51,9 +51,9 @@ from conftest import (
     with_data,
     write_files,
 )
+from nanogpt_perf.data import identity as token_check
 from nanogpt_perf.data.identity import BLOCK, CACHE_NAME, SAMPLES, check_token_ids, dataset_identity
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.guard import dataset as token_check
 
 CASES = {
     "train-dataset_past_the_model's_vocabulary": Case(
@@ -395,7 +395,7 @@ def test_a_resume_on_data_changed_by_one_token_is_refused(tiny_data, tmp_path):
 
 
 def test_the_whole_file_hash_is_cached_and_a_rewrite_with_the_old_mtime_is_read_again(tmp_path, monkeypatch):
-    from nanogpt_perf.guard import dataset
+    from nanogpt_perf.data import identity as dataset
 
     folder = tmp_path / "tiny"
     write_files(tmp_path, {f"tiny/{Path(k).name}": v for k, v in DATA.items()})

@@ -267,7 +267,7 @@ def test_a_datasets_identity_names_what_changed_and_survives_a_move(tmp_path):
 
 
 def test_a_fingerprint_reads_a_few_blocks_of_a_large_file(tmp_path, monkeypatch):
-    from nanogpt_perf.guard import dataset as identity
+    from nanogpt_perf.data import identity
 
     big = tmp_path / "big" / "train.bin"
     big.parent.mkdir()
