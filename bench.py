@@ -46,11 +46,11 @@ from nanogpt_perf.data.loader import LoaderConfig, SyntheticBatches, TokenBatche
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.paths import a_path, optional_path, output_file
-from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
+from nanogpt_perf.lowmem import LowMemConfig
 from nanogpt_perf.manifest import run_manifest
-from nanogpt_perf.optim import OptimConfig, ScheduleConfig, muon_rules, optimizer_rules
+from nanogpt_perf.optim import OptimConfig, ScheduleConfig
 from nanogpt_perf.runtime import RuntimeConfig, device_memory_bytes, resolve_runtime
-from nanogpt_perf.train.build import TRAINING_DEFAULTS, BuildConfig, kernels_run_here
+from nanogpt_perf.train.build import BUILD_RULES, TRAINING_DEFAULTS, BuildConfig
 
 
 # -----------------------------------------------------------------------------
@@ -119,7 +119,7 @@ cfg = configure(
     bench=BenchConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig,
     runtime=RuntimeConfig, loader=LoaderConfig, build=BuildConfig, lowmem=LowMemConfig,
     defaults=TRAINING_DEFAULTS,
-    cross=(muon_rules, kernels_run_here, lowmem_rules, optimizer_rules),
+    cross=BUILD_RULES,
 )  # fmt: skip
 compare, baseline, tolerance_pct = cfg.compare, cfg.baseline, cfg.tolerance_pct
 ladder, sweep, find_max_batch, profile, memory_snapshot = (

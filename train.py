@@ -33,48 +33,24 @@ from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.guard.checkpoint import resume_checkpoint
 from nanogpt_perf.guard.out_dir import admit_out_dir
 from nanogpt_perf.guard.paths import a_path, init_from_one_of, optional_path
-from nanogpt_perf.guard.vocabulary import (
-    check_hellaswag_tokens,
-    check_same_vocabulary,
-    folder_tokenizer_spec,
-)
+from nanogpt_perf.guard.vocabulary import check_hellaswag_tokens as check_hellaswag
+from nanogpt_perf.guard.vocabulary import check_same_vocabulary, folder_tokenizer_spec
 from nanogpt_perf.guard.weights import check_fits_model, check_pretrained_settings
 from nanogpt_perf.hellaswag import examples_for_run, score
-from nanogpt_perf.lowmem import LowMemConfig, lowmem_rules
+from nanogpt_perf.lowmem import LowMemConfig
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.optim import (
-    OptimConfig,
-    ScheduleConfig,
-    get_lr,
-    muon_rules,
-    optimizer_rules,
-    schedule_rules,
-    set_lr,
-)
+from nanogpt_perf.optim import OptimConfig, ScheduleConfig, get_lr, schedule_rules, set_lr
 from nanogpt_perf.peak_flops import mfu
 from nanogpt_perf.profiling import step_profiler
 from nanogpt_perf.runtime import RuntimeConfig, resolve_runtime
+from nanogpt_perf.train import build, parallel
 from nanogpt_perf.train.autobatch import micro_batch, step_shape
-from nanogpt_perf.train.build import (
-    TRAINING_DEFAULTS,
-    BuildConfig,
-    build_training,
-    kernels_run_here,
-    model_config,
-)
 from nanogpt_perf.train.checkpoint import (
     claim_out_dir,
     restore_training,
     save_iteration,
     training_state,
-)
-from nanogpt_perf.train.parallel import (
-    close,
-    full_state,
-    mean_over_ranks,
-    start_ranks,
-    torchrun_rank,
 )
 from nanogpt_perf.train.preemption import StopRequest, resume_command, stopped_line
 from nanogpt_perf.train.progress import Progress, RunLog, import_wandb, nonfinite_end
@@ -150,34 +126,26 @@ class TrainConfig:
 
 
 # the model's shape, the optimizer and every performance switch are declared by the code that uses
-# them, as train.py's own are above; configure() flattens them into nanoGPT's flat names (python
-# train.py --help lists them)
+# them; configure() flattens them into nanoGPT's flat names (python train.py --help lists them)
 cfg = configure(
     train=TrainConfig, model=GPTConfig, optim=OptimConfig, schedule=ScheduleConfig,
-    runtime=RuntimeConfig, loader=LoaderConfig, build=BuildConfig, lowmem=LowMemConfig,
-    defaults=TRAINING_DEFAULTS,
+    runtime=RuntimeConfig, loader=LoaderConfig, build=build.BuildConfig, lowmem=LowMemConfig,
+    defaults=build.TRAINING_DEFAULTS,
 )  # fmt: skip
 # -----------------------------------------------------------------------------
 
-# before anything is written and before torch.distributed starts (a refused command ends before its
-# ranks meet): out_dir is this run's to use (one run each; nanogpt_perf/guard/out_dir.py), and on
-# resume the checkpoint is read whole and its settings are overridden by the config files and flags
-# given now (nanogpt_perf/train/resume.py)
-master, out_dir, resuming = (
-    torchrun_rank(os.environ) == 0,
-    Path(cfg.out_dir),
-    cfg.init_from == "resume",
-)
+# before anything is written and before the ranks meet: out_dir is this run's to use (one run each),
+# and on resume the checkpoint is read whole and its settings are overridden by the ones given now
+master, out_dir = parallel.torchrun_rank(os.environ) == 0, Path(cfg.out_dir)
+resuming, world_size = cfg.init_from == "resume", int(os.environ.get("WORLD_SIZE", 1))
 seen = admit_out_dir(out_dir, not resuming, cfg.overwrite, cfg.eval_only) if master else None
 checkpoint = resume_checkpoint(out_dir, cfg.resume_fallback) if resuming else None
-rules = (schedule_rules, muon_rules, kernels_run_here, lowmem_rules, optimizer_rules)
-cfg = merged_settings(cfg, checkpoint, rules, int(os.environ.get("WORLD_SIZE", 1)), master)
+cfg = merged_settings(cfg, checkpoint, (schedule_rules, *build.BUILD_RULES), world_size, master)
 
 # DDP: torchrun sets RANK; each process drives one device (its own GPU) and sees 1/world of the
-# micro-batches
-ranks = start_ranks(cfg.device, cfg.backend)
+# micro-batches; rank 0 (or the only process) prints
+ranks = parallel.start_ranks(cfg.device, cfg.backend)
 ddp = ranks.distributed
-# rank 0 (or the only process) prints
 print0 = lambda *args: print(*args, flush=True) if master else None
 
 # device and precision, chosen once every override is in; TF32 is set here (CUDA only)
@@ -186,47 +154,40 @@ print0(runtime.describe())
 torch.manual_seed(cfg.seed + ranks.rank)
 
 # the data: prepared on first use (rank 0; a small dataset), every token id checked against its
-# vocabulary and its files against a resumed checkpoint's (nanogpt_perf/data/identity.py)
+# vocabulary and its files against a resumed checkpoint's
 data_path = Path(cfg.data_dir) / cfg.dataset
 if master:
     prepare_if_missing(data_path, cfg.run_data_preparer)
 if ddp:
     dist.barrier()
 vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
-saved_identity = checkpoint.get("data_identity") if checkpoint else None
-data_identity = (
-    checked_identity(data_path, vocab_size, saved_identity, cfg.allow_changed_data)
-    if master
-    else None
-)
+saved, data_identity = checkpoint.get("data_identity") if checkpoint else None, None
+if master:
+    data_identity = checked_identity(data_path, vocab_size, saved, cfg.allow_changed_data)
 
 # the step's shape: the micro-batch and the accumulation as set, or with tokens_per_iter the
-# accumulation that makes exactly that many tokens a step, at batch_size or at the largest that fits
-# ('auto': nanogpt_perf/train/autobatch.py)
+# accumulation that makes exactly that many tokens, at batch_size or the largest that fits ('auto')
 choose = lambda rows: micro_batch(rows, cfg, vocab_size, runtime, print0)
 batch_size, accumulation = step_shape(cfg, ranks.world_size, choose)
 cfg = cfg.replace(batch_size=batch_size, gradient_accumulation_steps=accumulation)
 sequences = batch_size * accumulation // ranks.world_size  # this rank's, a step
 print0(f"vocab_size {vocab_size} from {data_path}")
-print0(
-    f"tokens per iteration: {accumulation * batch_size * cfg.block_size:,} "
-    f"({sequences // batch_size} "
-    f"micro-batches x {ranks.world_size} ranks x {batch_size} x {cfg.block_size})"
-)
+tokens_per_step = accumulation * batch_size * cfg.block_size
+shape = f"{sequences // batch_size} micro-batches x {ranks.world_size} ranks x {batch_size}"
+print0(f"tokens per iteration: {tokens_per_step:,} ({shape} x {cfg.block_size})")
 
-# the model: new (the vocabulary padded to a multiple of pad_vocab), the checkpoint's weights and
-# architecture, or GPT-2's weights (a hub name or a transformers folder); cropped to block_size,
-# checked against the data and the settings given (nanogpt_perf/guard/weights.py)
-config = model_config(cfg, vocab_size)
+# the model: new (the vocabulary padded to a multiple of pad_vocab), the checkpoint's, or GPT-2's
+# weights (a hub name or a transformers folder); cropped to block_size, checked against the data and
+# the settings given
+config = build.model_config(cfg, vocab_size)
 if cfg.init_from == "scratch":
     model = GPT(config)
 elif resuming:
     model = GPT.from_checkpoint(checkpoint, config)
 else:
     check_pretrained_settings(cfg.model, cfg.init_from)
-    check_same_vocabulary(
-        folder_tokenizer_spec(Path(cfg.init_from)), tokenizer_spec(data_path), cfg.dataset
-    )
+    model_spec = folder_tokenizer_spec(Path(cfg.init_from))
+    check_same_vocabulary(model_spec, tokenizer_spec(data_path), cfg.dataset)
     model = load_gpt2(cfg.init_from, config)
 if cfg.init_from != "scratch":
     source = "checkpoint" if resuming else cfg.init_from
@@ -236,43 +197,36 @@ if cfg.init_from != "scratch":
 model_args = asdict(model.config)
 print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {model_args}")
 
-# HellaSwag's examples (downloaded once) and encoder, scored by every rank's share; wandb, imported
-# before anything is written
+# HellaSwag's examples (downloaded once) and encoder, each rank scoring its share; wandb
 hellaswag = None
 if cfg.hellaswag_interval:
     tokenizer = Tokenizer.for_dataset(data_path)
-    check_hellaswag_tokens(tokenizer.name, tokenizer.itos is not None, cfg.parallelism, ddp)
-    examples = examples_for_run(
-        cfg.hellaswag_file, cfg.data_dir, cfg.hellaswag_examples, master, ddp
-    )
+    check_hellaswag(tokenizer.name, tokenizer.itos is not None, cfg.parallelism, ddp)
+    hellaswag_file, count = cfg.hellaswag_file, cfg.hellaswag_examples
+    examples = examples_for_run(hellaswag_file, cfg.data_dir, count, master, ddp)
     hellaswag = examples, tokenizer.encode
 wandb = import_wandb(cfg.wandb_log, master)
 
 # the batches: in data_order, each rank its own share, built ahead by a background thread into
-# pinned buffers (CUDA) and copied without blocking; evaluation reads fixed windows of its own (the
-# training stream does not depend on it)
+# pinned buffers (CUDA); evaluation reads fixed windows of its own
 batches = TokenBatches(
     data_path, cfg.batch_size, cfg.block_size, runtime.device, cfg.seed, ranks.rank,
     ranks.world_size, cfg.data_order, cfg.prefetch,
 )  # fmt: skip
 
-# what trains it, built as bench.py builds it (nanogpt_perf/train/build.py): the model's weights in
-# weights_dtype (bfloat16: stochastically rounded updates), on the device, compiled when asked,
-# under torchrun in DDP or FSDP2 (parallelism); the optimizer, its state in state_bits /
-# muon_momentum_dtype (or on the host: offload); a GradScaler (float16 only); the training step that
-# bench.py times: accumulation, autocast, clipping, DDP's no_sync, the next batch fetched while the
-# device works, or each parameter stepped inside backward (in_backward). The memory savers:
-# nanogpt_perf/lowmem.py, docs/lowmem.md
+# what trains it, built as bench.py builds it (nanogpt_perf/train/build.py): the weights in
+# weights_dtype, on the device, compiled when asked, in DDP or FSDP2 (parallelism); the optimizer,
+# its state in state_bits / muon_momentum_dtype (or on the host: offload); a GradScaler (float16);
+# the step bench.py times (docs/lowmem.md: the memory savers)
 if cfg.compile:
     print0(f"compiling the model, mode {cfg.compile_mode} (the first step takes longer)")
-model, raw_model, optimizer, scaler, step = build_training(cfg, runtime, batches, model)
+model, raw_model, optimizer, scaler, step = build.build_training(cfg, runtime, batches, model)
 
 # on resume: the optimizer's and the scaler's states and this rank's place in the data
 iter_num, best_val_loss, rng = 0, float("inf"), None
 if checkpoint is not None:
-    iter_num, best_val_loss, rng = restore_training(
-        checkpoint, model, optimizer, scaler, batches, ranks
-    )
+    restored = restore_training(checkpoint, model, optimizer, scaler, batches, ranks)
+    iter_num, best_val_loss, rng = restored
 checkpoint = None  # its memory freed
 
 
@@ -292,7 +246,7 @@ def estimate_loss() -> dict[str, float] | None:
                 _, loss = model(X, Y)
             losses[k] = loss
         else:  # every batch
-            out[split] = mean_over_ranks(losses.mean())
+            out[split] = parallel.mean_over_ranks(losses.mean())
     model.train()
     return out if len(out) == 2 else None
 
@@ -301,7 +255,7 @@ def save(best: bool) -> str | None:
     """Every rank calls it (FSDP gathers its shards): rank 0 writes the checkpoint, with each rank's
     generators and the loader position of the batch it has fetched but not trained on; its name
     (rank 0)."""
-    model_state, optimizer_state = full_state(model, optimizer)
+    model_state, optimizer_state = parallel.full_state(model, optimizer)
     mine = {"rng": rng_state(runtime.device), "data": step.data_state}
     every_rank = [mine] * ranks.world_size
     if ddp:
@@ -313,7 +267,7 @@ def save(best: bool) -> str | None:
             config=cfg.as_dict(), tokenizer=tokenizer_spec(data_path), ranks=every_rank,
             data_identity=data_identity,
         )  # fmt: skip
-        path = save_iteration(state, Path(cfg.out_dir), iter_num, best, cfg.keep_last)
+        path = save_iteration(state, out_dir, iter_num, best, cfg.keep_last)
         print(f"saved checkpoint {path}" + (" (the best so far)" if best else ""))
         return path.name
     return None
@@ -324,74 +278,50 @@ def save(best: bool) -> str | None:
 # and SIGTERM or Ctrl-C stops the run cleanly (finish the step, save, exit)
 lock = claim_out_dir(out_dir, resuming, cfg.overwrite, cfg.eval_only, seen, ranks)
 stop = StopRequest(lock.release if lock else None)
-# every rank the same answer, so that they stop together
-stop_asked = lambda: stop.requested(ddp, runtime.device)
+stop_asked = lambda: stop.requested(ddp, runtime.device)  # every rank the same answer
 
-# what made this run (rank 0), and where its records go: stdout, out_dir/log.jsonl and optionally
-# wandb
+# what made this run (rank 0), and where its records go: stdout, out_dir/log.jsonl, wandb
 if master:
-    write_json(
-        Path(cfg.out_dir) / "manifest.json",
-        run_manifest(cfg.as_dict(), runtime)
-        | {"world_size": ranks.world_size, "model_args": model_args},
-    )
+    made = {"world_size": ranks.world_size, "model_args": model_args}
+    write_json(out_dir / "manifest.json", run_manifest(cfg.as_dict(), runtime) | made)
 wandb_init = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=cfg.as_dict())
-log = RunLog(Path(cfg.out_dir), master, wandb, wandb_init)
+log = RunLog(out_dir, master, wandb, wandb_init)
 
 # the loop: exactly max_iters optimizer steps, an eval at every eval_interval and at the end,
 # checkpoints when the val loss improves (or always_save_checkpoint), every save_interval and when
 # stopped; each logging window timed between device synchronisations, evals and checkpoints left out
 # (nanogpt_perf/train/progress.py)
 model.train()
-profiler = (
-    step_profiler(runtime.device, Path(cfg.out_dir) / "trace.json")
-    if cfg.profile and master
-    else None
-)
+profiling = cfg.profile and master
+profiler = step_profiler(runtime.device, out_dir / "trace.json") if profiling else None
 if profiler:
     profiler.start()
 if rng is not None:
     set_rng_state(rng, runtime.device)  # last, after everything that draws random numbers at start
-tokens_per_step = sequences * ranks.world_size * cfg.block_size
-start_iter, bad_steps, progress = (
-    iter_num,
-    0,
-    Progress(runtime, iter_num, cfg.max_iters, tokens_per_step),
-)
+start_iter, bad_steps = iter_num, 0
+progress = Progress(runtime, iter_num, cfg.max_iters, tokens_per_step)
 while True:
-    # the schedule (nanogpt_perf/optim.py): warmup, then cosine or wsd to min_lr
-    lr = get_lr(iter_num, cfg.schedule, cfg.learning_rate)
-    # every group by the schedule's ratio (Muon's from muon_lr)
-    set_lr(optimizer, lr, cfg.learning_rate)
+    lr = get_lr(iter_num, cfg.schedule, cfg.learning_rate)  # warmup, then cosine or wsd to min_lr
+    set_lr(optimizer, lr, cfg.learning_rate)  # every group by the schedule's ratio (Muon's too)
 
     # then the evaluation and HellaSwag ask before each batch: a stop saves within seconds
-    stopping = stop_asked()
-    evaluating = not stopping and (
-        iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters or cfg.eval_only
-    )
+    stopping, last = stop_asked(), iter_num == cfg.max_iters
+    evaluating = not stopping and (iter_num % cfg.eval_interval == 0 or last or cfg.eval_only)
     losses = estimate_loss() if evaluating else None  # None: stopped part way
-    # the same on every rank: means over all
-    improved = losses is not None and losses["val"] < best_val_loss
+    improved = losses is not None and losses["val"] < best_val_loss  # the same on every rank
     if losses is not None:
         log.eval(iter_num, losses, lr, progress.elapsed())
         best_val_loss = min(best_val_loss, losses["val"])  # never replaced by a worse value
-    scoring = (
-        hellaswag
-        and not stopping
-        and (iter_num % cfg.hellaswag_interval == 0 or iter_num == cfg.max_iters)
-    )
-    scored = (
-        score(raw_model, *hellaswag, runtime.device, runtime.autocast_ctx, stop_asked)
-        if scoring
-        else None
-    )
+    scoring = hellaswag and not stopping and (iter_num % cfg.hellaswag_interval == 0 or last)
+    scored = None
+    if scoring:
+        scored = score(raw_model, *hellaswag, runtime.device, runtime.autocast_ctx, stop_asked)
     if scored is not None:
         log.hellaswag(iter_num, scored)
     stopping = stopping or (evaluating and losses is None) or (scoring and scored is None)
     due = stopping or (cfg.save_interval and iter_num % cfg.save_interval == 0)
-    saving = iter_num > start_iter and (
-        (evaluating and (improved or cfg.always_save_checkpoint)) or due
-    )
+    kept = evaluating and (improved or cfg.always_save_checkpoint)
+    saving = iter_num > start_iter and (kept or due)
     saved = None
     if saving and bad_steps:  # the last good checkpoint stays the newest
         print0(f"iter {iter_num}: not saved, the last step was not finite")
@@ -403,12 +333,8 @@ while True:
         progress.restart()  # evals and checkpoints are not the training step's
         batches.take_wait_seconds()
     if stopping:
-        resumable = (Path(cfg.out_dir) / "ckpt.pt").is_file()
-        print0(
-            stopped_line(
-                stop.signal, iter_num, saved, resumable, resume_command(sys.argv, os.environ)
-            )
-        )
+        again = resume_command(sys.argv, os.environ)
+        print0(stopped_line(stop.signal, iter_num, saved, (out_dir / "ckpt.pt").is_file(), again))
         break
     if iter_num >= cfg.max_iters or cfg.eval_only:
         break
@@ -422,18 +348,15 @@ while True:
     first = iter_num == start_iter + 1  # logged alone: it includes compilation and warm-up
     if iter_num % cfg.log_interval == 0 or first:
         figures = progress.window(iter_num, batches.take_wait_seconds())
-        # the mean over every micro-batch of the step, on every rank
-        loss = mean_over_ranks(result.loss)
+        loss = parallel.mean_over_ranks(result.loss)  # over every micro-batch, on every rank
         seconds = figures["ms_per_iter"] / 1000
         figures |= {"step_loss": loss, "lr": lr, "grad_norm": result.grad_norm.item()}
-        figures["mfu"] = mfu(
-            raw_model, sequences, seconds, runtime.device, runtime.precision, cfg.peak_flops
-        )
+        precision, peak = runtime.precision, cfg.peak_flops
+        figures["mfu"] = mfu(raw_model, sequences, seconds, runtime.device, precision, peak)
         figures["peak_mem_bytes"] = peak_memory_bytes(runtime.device)
         log.step(iter_num, figures, first)
 
-    # the NaN/inf guard: the step skipped its update; too many in a row and the run stops, its
-    # checkpoints intact
+    # the NaN/inf guard: the step skipped its update; too many in a row and the run stops
     bad_steps = bad_steps + 1 if result.skipped else 0
     if result.skipped:
         log.skipped(iter_num, result.loss.item(), result.grad_norm.item(), bad_steps)
@@ -447,13 +370,9 @@ if summary := progress.summary():
 log.close()
 if lock:
     lock.release()
-# every rank together, the group ended before the interpreter ends (nanogpt_perf/train/parallel.py)
-if ddp:
-    # they hold the process group: close() can end it only once they are gone
-    del model, raw_model, optimizer, step
-    close()
-# a run that ends on non-finite steps has failed, whatever it saved before them
-if bad_steps and not stopping:
-    # stopped by the guard, or at max_iters
-    limit = cfg.max_bad_steps if bad_steps >= cfg.max_bad_steps else None
-    raise UserError(nonfinite_end(bad_steps, iter_num, Path(cfg.out_dir), limit))
+if ddp:  # every rank together, the group ended before the interpreter ends
+    del model, raw_model, optimizer, step  # they hold the process group: close() needs them gone
+    parallel.close()
+if bad_steps and not stopping:  # a run that ends on non-finite steps has failed, saved or not
+    limit = cfg.max_bad_steps if bad_steps >= cfg.max_bad_steps else None  # None: at max_iters
+    raise UserError(nonfinite_end(bad_steps, iter_num, out_dir, limit))

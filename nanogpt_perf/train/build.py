@@ -18,7 +18,7 @@ from nanogpt_perf.guard.weights import model_size_problem
 from nanogpt_perf.in_backward import OptimizerInBackward
 from nanogpt_perf.kernels import triton_problem
 from nanogpt_perf.lowmem import cast_weights, lowmem_rules
-from nanogpt_perf.optim import build_optimizer
+from nanogpt_perf.optim import build_optimizer, muon_rules, optimizer_rules
 from nanogpt_perf.runtime import Runtime, resolve_device
 from nanogpt_perf.train.parallel import PARALLELISMS, unwrap, wrap_model
 from nanogpt_perf.train.step import TrainStep
@@ -65,6 +65,10 @@ def kernels_run_here(cfg: Config) -> None:
             "loss_impl must be plain or fused here: liger needs liger-kernel (pip install -e "
             "'.[liger]'; CUDA only)"
         )
+
+
+# the rules between settings of every script that builds a training (train.py adds the schedule's)
+BUILD_RULES = (muon_rules, kernels_run_here, lowmem_rules, optimizer_rules)
 
 
 class Training(NamedTuple):
