@@ -7,6 +7,7 @@ a run starts from do not have is refused, resume_fallback finds ckpt-best.pt, ch
 through a link."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -253,15 +254,29 @@ def test_a_model_folders_vocabulary_against_a_datasets():
 SHORT = ("--eval_interval=2", "--eval_iters=1", "--log_interval=1")
 
 
+@pytest.fixture(scope="module")
+def two_iterations(tiny_data, tmp_path_factory) -> Path:
+    """The out_dir of a run of 2 iterations (SHORT, AdamW): each test resumes a copy of its own."""
+    out = tmp_path_factory.mktemp("two_iterations") / "out"
+    result = run_train(tiny_data, out, *SHORT, "--max_iters=2")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def copy_of(out: Path, tmp_path: Path) -> Path:
+    """A copy of out_dir out in tmp_path (each checkpoint a file of its own, as it is where links are
+    not had)."""
+    shutil.copytree(out, tmp_path / "out", copy_function=shutil.copy2)
+    return tmp_path / "out"
+
+
 def optimizer_groups(out: Path) -> list[dict]:
     """The param_groups of the optimizer state out_dir/ckpt.pt holds: what the run trained with."""
     return torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
 
 
-def test_a_resume_trains_with_the_adamw_settings_it_gives(tiny_data, tmp_path):
-    out = tmp_path / "out"
-    first = run_train(tiny_data, out, *SHORT, "--max_iters=2")
-    assert first.returncode == 0, first.stderr
+def test_a_resume_trains_with_the_adamw_settings_it_gives(two_iterations, tiny_data, tmp_path):
+    out = copy_of(two_iterations, tmp_path)
     before = optimizer_groups(out)
     assert {g["weight_decay"] for g in before} == {0.1, 0.0} and {tuple(g["betas"]) for g in before} == {(0.9, 0.95)}
     assert all(g["fused"] for g in before) and {g["eps"] for g in before} == {1e-8}
@@ -336,9 +351,8 @@ def test_a_flag_that_agrees_with_the_weights_trains_and_is_recorded(tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["--n_layer=3", "--bias=True", "--zero_init_proj=True", "--block_size=16"])
-def test_a_resume_refuses_a_change_to_what_its_weights_fix(tiny_data, tmp_path, flag):
-    out = tmp_path / "out"
-    assert run_train(tiny_data, out, *SHORT, "--max_iters=2").returncode == 0
+def test_a_resume_refuses_a_change_to_what_its_weights_fix(two_iterations, tiny_data, tmp_path, flag):
+    out = copy_of(two_iterations, tmp_path)
     before = contents(out)
     result = refuse_train(tiny_data, out, "--init_from=resume", "--max_iters=4", *SHORT, flag)
     assert_one_line_error(result, f"cannot resume with {flag[2:].split('=')[0]}=", "are fixed")
@@ -353,9 +367,8 @@ def test_every_architecture_and_init_field_is_fixed_on_resume():
     assert set(fields_of_kind("init")) <= set(FIXED_ON_RESUME) and "pad_vocab" in FIXED_ON_RESUME
 
 
-def test_a_checkpoint_replaced_by_a_link_is_not_written_through(tiny_data, tmp_path):
-    out, users = tmp_path / "out", tmp_path / "users_file.pt"
-    assert run_train(tiny_data, out, *SHORT, "--max_iters=2").returncode == 0
+def test_a_checkpoint_replaced_by_a_link_is_not_written_through(two_iterations, tiny_data, tmp_path):
+    out, users = copy_of(two_iterations, tmp_path), tmp_path / "users_file.pt"
     users.write_bytes((out / "ckpt.pt").read_bytes())
     for name in ("ckpt.pt", "ckpt-best.pt", "ckpt-0000004.pt"):  # one that exists and one that the resume writes
         (out / name).unlink(missing_ok=True)
@@ -369,9 +382,8 @@ def test_a_checkpoint_replaced_by_a_link_is_not_written_through(tiny_data, tmp_p
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 4
 
 
-def test_resume_fallback_takes_ckpt_best_when_it_is_the_only_whole_one(tiny_data, tmp_path):
-    out = tmp_path / "out"
-    assert run_train(tiny_data, out, *SHORT, "--max_iters=2").returncode == 0
+def test_resume_fallback_takes_ckpt_best_when_it_is_the_only_whole_one(two_iterations, tiny_data, tmp_path):
+    out = copy_of(two_iterations, tmp_path)
     best = out / "ckpt-best.pt"
     copy = best.read_bytes()
     best.unlink()
