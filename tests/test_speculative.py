@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from conftest import GENERATE_CONFIG, assert_one_line_error, prompts, run_script, sharp_model
+from conftest import GENERATE_CONFIG, assert_one_line_error, prompts, run_in_process, run_script, sharp_model
 from model import GPT, GPTConfig
 from nanogpt_perf.generate import Engine, Sampling
 from nanogpt_perf.runtime import resolve_runtime
@@ -182,7 +182,7 @@ def test_sample_py_refuses_a_draft_it_cannot_use(char_checkpoints, flags, fragme
     flags = [f.replace("OTHER", str(char_checkpoints / "other")).replace("NONE", str(char_checkpoints / "x"))
              for f in flags]  # fmt: skip
     model = f"--out_dir={char_checkpoints / 'model'}"
-    result = run_script("sample.py", model, "--device=cpu", "--start=ab", "--max_new_tokens=5", *flags)
+    result = run_in_process("sample.py", model, "--device=cpu", "--start=ab", "--max_new_tokens=5", *flags)
     assert_one_line_error(result, *fragments)
 
 
