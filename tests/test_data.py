@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from conftest import assert_one_line_error, run_script
+from conftest import assert_one_line_error, run_in_process, run_script
 from data.tiny_shakespeare import markdown_play_to_text
 from nanogpt_perf.data.loader import TokenBatches
 
@@ -61,7 +61,7 @@ def test_a_prepare_script_never_writes_over_another_dataset(tmp_path):
     assert prepared.returncode == 0, prepared.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "meta.pkl", "train.bin", "val.bin"]
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    refused = run_script("data/shakespeare/prepare.py", str(folder))  # GPT-2 tokens over the characters: refused
+    refused = run_in_process("data/shakespeare/prepare.py", str(folder))  # GPT-2 tokens: refused
     assert_one_line_error(refused, "a preparation of characters kind")
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 

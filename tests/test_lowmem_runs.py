@@ -15,7 +15,7 @@ from test_loader import llmc_folder
 from test_resume import assert_same_run
 
 from configurator import read_config_file
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, declarations, run_script, run_train
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script, run_train
 from model import GPT, GPTConfig
 from nanogpt_perf.train.checkpoint import save_checkpoint
 
@@ -153,5 +153,5 @@ def test_bench_py_times_the_savers():
     result = run_script(*flags, "--sweep=state_bits=32,8", "--weights_dtype=bfloat16")
     assert result.returncode == 0, result.stderr
     assert "state_bits=32" in result.stdout and "state_bits=8" in result.stdout
-    refused = run_script(*flags, "--in_backward=True")
+    refused = run_in_process(*flags, "--in_backward=True")
     assert_one_line_error(refused, "in_backward=True", "grad_clip=1.0")

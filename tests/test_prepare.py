@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_in_process, run_script
 from nanogpt_perf.data.shards import split_files
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 
@@ -301,7 +301,7 @@ def test_a_small_preparation_is_not_written_among_the_users_files(script, tmp_pa
     (folder / "notes.txt").write_text("mine")
     (folder / "input.txt").write_text("to be, or not to be: that is the question.\n" * 20)
     before = files_of(folder)
-    refused = run_script(script, str(folder))
+    refused = run_in_process(script, str(folder))
     must = f"the dataset folder {folder} must be new or an earlier"
     valid = "(input.txt, train.bin, val.bin, meta.pkl)"
     assert_one_line_error(refused, must, "it holds notes.txt", valid)

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import GENERATE_CONFIG, assert_one_line_error, prompts, run_script, sharp_model
+from conftest import GENERATE_CONFIG, assert_one_line_error, prompts, run_in_process, sharp_model
 from model import GPT, GPTConfig
 from nanogpt_perf.generate import Engine, Sampling
 from nanogpt_perf.quantize import (
@@ -163,7 +163,8 @@ def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
     model_args["vocab_size"] = 26
     save_checkpoint({"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args,
                      "tokenizer": tokenizer}, tmp_path / "ckpt.pt")  # fmt: skip
-    result = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu", "--quantize=int4", "--start=ab")
+    flags = (f"--out_dir={tmp_path}", "--device=cpu", "--quantize=int4", "--start=ab")
+    result = run_in_process("sample.py", *flags)
     assert_one_line_error(result, "quantize=int4", "multiple of 32, not 24", "use int8")
 
 
