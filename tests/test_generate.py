@@ -322,7 +322,9 @@ def quick_compile(monkeypatch):
     monkeypatch.setitem(CPU_COMPILE, "max_autotune", False)
 
 
-@pytest.mark.parametrize("options", ["default", "all"])
+# "all" (-m slow): the recipe's options through the same compiled step; eagerly, they are
+# test_cached_equals_uncached_with_the_recipes_options's
+@pytest.mark.parametrize("options", ["default", pytest.param("all", marks=pytest.mark.slow)])
 def test_compiled_decode_step_gives_the_same_tokens_without_recompiling(options, quick_compile):
     import torch._dynamo
 

@@ -41,6 +41,7 @@ def test_stopped_and_resumed_equals_straight_bitwise(tiny_data, tmp_path, ranks)
     assert_same_run(tmp_path / "straight", tmp_path / "resumed", 5, 12)
 
 
+@pytest.mark.slow  # the class of test_stopped_and_resumed_equals_straight_bitwise, with Muon: 3 more runs
 def test_the_recipe_with_muon_stopped_and_resumed_equals_straight_bitwise(tiny_data, tmp_path):
     """config/speedrun.py (Muon and AdamW in one optimizer, the warmup-stable-decay schedule, rotary, RMSNorm, ...):
     Muon's momentum and AdamW's moments carry over as they are."""
