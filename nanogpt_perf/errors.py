@@ -70,18 +70,16 @@ def torch_refused_its_logs(traceback: TracebackType | None) -> bool:
 
 
 def shown(value: Any) -> str:
-    """repr(value) for an error line: a huge int by its size, a long text cut, an object by its
-    type."""
+    """repr(value) for an error line: a huge int by its size, a long text by its start and its end
+    (a path's file name shows), an object by its type."""
     if type(value) is int and value.bit_length() > 128:
         return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
     if type(value) in (bool, int, float):
         return repr(value)
     if type(value) is str:
-        return (
-            repr(value)
-            if len(value) <= 80
-            else repr(value[:80]) + f"... ({len(value):,} characters)"
-        )
+        if len(value) <= 80:
+            return repr(value)
+        return f"{value[:40]!r} ... {value[-36:]!r} ({len(value):,} characters)"
     kind = type(value)
     # a class type() made in a config file may have none
     module = getattr(kind, "__module__", "builtins")

@@ -44,12 +44,14 @@ TINY_MODEL = [
 def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run a script of the suite as a user would, capturing its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def sigterm_at(*args: str, line: str) -> tuple[int, str, str]:
-    """Run a script as run_script does and send it SIGTERM once a line of its output starts with `line`: its exit
-    status and its stdout (from that line on, the line left out) and stderr."""
+    """Run a script as run_script does and send it SIGTERM once a line of its output starts with
+    `line`: its exit status and its stdout (from that line on, the line left out) and stderr."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     run = subprocess.Popen([sys.executable, *args], cwd=ROOT, text=True, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -62,9 +64,10 @@ def sigterm_at(*args: str, line: str) -> tuple[int, str, str]:
 
 
 def run_in_process(script: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run a script of the suite as run_script does, but inside this process (torch is imported already: a tenth of
-    the time), for inputs refused before any work: its exit status and output as Python's would be, an uncaught
-    exception printed as a traceback on stderr. tests/test_bad_input.py checks that both ways agree."""
+    """Run a script of the suite as run_script does, but inside this process (torch is imported
+    already: a tenth of the time), for inputs refused before any work: its exit status and output as
+    Python's would be, an uncaught exception printed as a traceback on stderr.
+    tests/test_bad_input.py checks that both ways agree."""
     out, err, argv, where, code = io.StringIO(), io.StringIO(), [script, *args], os.getcwd(), 0
     saved_argv, sys.argv, saved_hook = sys.argv, argv, sys.excepthook
     try:
@@ -72,11 +75,13 @@ def run_in_process(script: str, *args: str, cwd: Path = ROOT) -> subprocess.Comp
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 runpy.run_path(str(cwd / script), run_name="__main__")
-            except SystemExit as e:  # as the interpreter ends on it: a message goes to stderr with status 1
+            # as the interpreter ends on it: a message goes to stderr with status 1
+            except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else int(e.code is not None)
                 if isinstance(e.code, str):
                     print(e.code, file=sys.stderr)
-            except BaseException as e:  # as the interpreter ends on it: the script's handler (errors.report_errors)
+            # as the interpreter ends on it: the script's handler (errors.report_errors)
+            except BaseException as e:
                 sys.excepthook(type(e), e, e.__traceback__)
                 code = 130 if isinstance(e, KeyboardInterrupt) else 1
     finally:
@@ -85,9 +90,16 @@ def run_in_process(script: str, *args: str, cwd: Path = ROOT) -> subprocess.Comp
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
-def run_train(data_dir: Path, out_dir: Path, *flags: str, ranks: int = 1) -> subprocess.CompletedProcess:
-    """train.py with the tiny model on the dataset 'tiny' under data_dir; under torchrun when ranks > 1."""
-    torchrun = ("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}") if ranks > 1 else ()
+def run_train(
+    data_dir: Path, out_dir: Path, *flags: str, ranks: int = 1
+) -> subprocess.CompletedProcess:
+    """train.py with the tiny model on the dataset 'tiny' under data_dir; under torchrun when ranks
+    > 1."""
+    torchrun = (
+        ("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}")
+        if ranks > 1
+        else ()
+    )
     dataset = (f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}")
     return run_script(*torchrun, "train.py", *TINY_MODEL, *dataset, *flags)
 
@@ -119,28 +131,34 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
-    """A data_dir holding a small character-level dataset 'tiny', made by the real prepare script."""
+    """A data_dir holding a small character-level dataset 'tiny', made by the real prepare
+    script."""
     from data.shakespeare_char.prepare import prepare
 
     data_dir = tmp_path_factory.mktemp("data")
     folder = data_dir / "tiny"
     folder.mkdir()
-    lines = ["the quick brown fox jumps over the lazy dog.", "to be, or not to be: that is the question."]
+    lines = [
+        "the quick brown fox jumps over the lazy dog.",
+        "to be, or not to be: that is the question.",
+    ]
     (folder / "input.txt").write_text("\n".join(lines * 300) + "\n")
     prepare(folder)
     return data_dir
 
 
 class Declarations(NamedTuple):
-    """What a script hands configure(): its parts, every setting's default as it declares them, and its rules
-    between settings (train.py's are those it hands merged_settings, once a resumed run's settings are merged)."""
+    """What a script hands configure(): its parts, every setting's default as it declares them, and
+    its rules between settings (train.py's are those it hands merged_settings, once a resumed run's
+    settings are merged)."""
 
     parts: dict
     defaults: dict
     cross: tuple
 
     def config(self, **values):
-        """The Config the script would run with these settings changed, checked as configure checks them."""
+        """The Config the script would run with these settings changed, checked as configure checks
+        them."""
         from nanogpt_perf.config import build
 
         return build(self.parts, self.defaults | values, (), self.cross, self.defaults)
@@ -175,9 +193,11 @@ def declarations(script: str) -> Declarations:
     return found
 
 
-# -- shared by the hostile tests (tests/test_hostile_*.py): cases of a script refused before any work ----------------
+# -- shared by the hostile tests (tests/test_hostile_*.py): cases of a script refused before any
+# work ----------------
 
-CHECKPOINT = None  # in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
+# in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
+CHECKPOINT = None
 # files a case starts from: a checkpoint in out/, a document, a HellaSwag file of one example
 CKPT = {"out/ckpt.pt": CHECKPOINT}
 DOCS = {"docs.txt": "some text"}
@@ -188,12 +208,15 @@ class Case(NamedTuple):
     script: str
     flags: str  # space-separated; {dir} is the case's own folder
     names: tuple[str, ...]  # what the error line must say
-    files: dict[str, str | bytes | None] = {}  # made in the folder first: path -> text, bytes, or CHECKPOINT
+    # made in the folder first: path -> text, bytes, or CHECKPOINT
+    files: dict[str, str | bytes | None] = {}
 
 
-# flags every case of a script starts with, so that whatever a script would write lands in the case's folder
+# flags every case of a script starts with, so that whatever a script would write lands in the
+# case's folder
 COMMON = {
-    "train.py": "--out_dir={dir}/out --data_dir={dir}/data --dataset=tiny --device=cpu --compile=false",
+    "train.py": "--out_dir={dir}/out --data_dir={dir}/data --dataset=tiny --device=cpu "
+    "--compile=false",
     "sample.py": "--out_dir={dir}/out --device=cpu --start=abc",
     "export.py": "--out_dir={dir}/out --export_dir={dir}/hf",
     "bench.py": "--out_json={dir}/bench.json --device=cpu --compile=false",
@@ -208,14 +231,19 @@ COMMON = {
 
 def contents(folder: Path) -> dict[str, bytes | None]:
     """Every file's bytes and every folder (None) under folder, by relative path."""
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in folder.rglob("*")
+    }
 
 
 def run_case(case: Case, folder: Path, checkpoint: bytes, run=run_in_process) -> tuple:
     """(the run, the folder's contents before, after)."""
     for path, text in case.files.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        data = checkpoint if text is CHECKPOINT else text if isinstance(text, bytes) else text.encode()
+        data = (
+            checkpoint if text is CHECKPOINT else text if isinstance(text, bytes) else text.encode()
+        )
         (folder / path).write_bytes(data)
     before = contents(folder)
     flags = [f.replace("{dir}", str(folder)) for f in f"{COMMON[case.script]} {case.flags}".split()]
@@ -223,7 +251,8 @@ def run_case(case: Case, folder: Path, checkpoint: bytes, run=run_in_process) ->
 
 
 def refuse_case(case: Case, folder: Path, checkpoint: bytes) -> None:
-    """run_case for a refused command: one error line naming what it must, every file of folder as it was."""
+    """run_case for a refused command: one error line naming what it must, every file of folder as
+    it was."""
     result, before, after = run_case(case, folder, checkpoint)
     assert_one_line_error(result, *(n.replace("{dir}", str(folder)) for n in case.names))
     assert after == before
@@ -238,7 +267,12 @@ def checkpoint(tmp_path_factory) -> bytes:
     tokenizer = {"kind": "characters", "itos": list("abcdefgh ")}
     path = tmp_path_factory.mktemp("checkpoint") / "ckpt.pt"
     save_checkpoint(
-        {"model": GPT(GPTConfig(**model_args)).state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path
+        {
+            "model": GPT(GPTConfig(**model_args)).state_dict(),
+            "model_args": model_args,
+            "tokenizer": tokenizer,
+        },
+        path,
     )
     return path.read_bytes()
 
@@ -263,7 +297,9 @@ def uint16(tokens) -> bytes:
 
 def meta(vocab_size=29, n=29, **changes) -> bytes:
     itos = {i: chr(97 + i) for i in range(n)}
-    return pickle.dumps({"vocab_size": vocab_size, "itos": itos, "stoi": {s: i for i, s in itos.items()}} | changes)
+    return pickle.dumps(
+        {"vocab_size": vocab_size, "itos": itos, "stoi": {s: i for i, s in itos.items()}} | changes
+    )
 
 
 def shard(tokens, magic=MAGIC, version=VERSION, count=None) -> bytes:
@@ -273,8 +309,15 @@ def shard(tokens, magic=MAGIC, version=VERSION, count=None) -> bytes:
 
 
 TOKENS = np.arange(3000) % 29
-DATA = {"data/tiny/train.bin": uint16(TOKENS), "data/tiny/val.bin": uint16(TOKENS[:1500]), "data/tiny/meta.pkl": meta()}
-SHARDS = {"data/tiny/tiny_val_000000.bin": shard(TOKENS[:1500]), "data/tiny/tiny_train_000001.bin": shard(TOKENS)}
+DATA = {
+    "data/tiny/train.bin": uint16(TOKENS),
+    "data/tiny/val.bin": uint16(TOKENS[:1500]),
+    "data/tiny/meta.pkl": meta(),
+}
+SHARDS = {
+    "data/tiny/tiny_val_000000.bin": shard(TOKENS[:1500]),
+    "data/tiny/tiny_train_000001.bin": shard(TOKENS),
+}
 ITOS = {i: chr(97 + i) for i in range(29)}
 
 
@@ -284,30 +327,63 @@ def with_data(**files: bytes | None) -> dict:
     return {k: v for k, v in changed.items() if v is not None}
 
 
-# a tiny GPT-2 in transformers' format: its config.json and model.safetensors, each spoilt one way by a case
-HF_CONFIG = {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 8, "n_positions": 32, "vocab_size": 64}
+# a tiny GPT-2 in transformers' format: its config.json and model.safetensors, each spoilt one way
+# by a case
+HF_CONFIG = {
+    "model_type": "gpt2",
+    "n_layer": 1,
+    "n_head": 2,
+    "n_embd": 8,
+    "n_positions": 32,
+    "vocab_size": 64,
+}
 
 
 def hf_weights(**changes) -> dict[str, torch.Tensor]:
-    d, shapes = 8, {"wte.weight": (64, 8), "wpe.weight": (32, 8), "ln_f.weight": (8,), "ln_f.bias": (8,)}
-    block = {"ln_1": (d,), "ln_2": (d,), "attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "mlp.c_fc": (d, 4 * d)}
+    d, shapes = (
+        8,
+        {"wte.weight": (64, 8), "wpe.weight": (32, 8), "ln_f.weight": (8,), "ln_f.bias": (8,)},
+    )
+    block = {
+        "ln_1": (d,),
+        "ln_2": (d,),
+        "attn.c_attn": (d, 3 * d),
+        "attn.c_proj": (d, d),
+        "mlp.c_fc": (d, 4 * d),
+    }
     for name, shape in (block | {"mlp.c_proj": (4 * d, d)}).items():
         shapes[f"h.0.{name}.weight"], shapes[f"h.0.{name}.bias"] = shape, shape[-1:]
-    weights = {f"transformer.{k}": torch.zeros(v) for k, v in (shapes | changes).items() if v is not None}
+    weights = {
+        f"transformer.{k}": torch.zeros(v) for k, v in (shapes | changes).items() if v is not None
+    }
     return weights
 
 
-def hf(config: dict | str | None = None, weights: bytes | None = None, name: str = "model.safetensors") -> dict:
-    files = {"hf/README": "a folder", f"hf/{name}": safetensors_bytes(hf_weights()) if weights is None else weights}
+def hf(
+    config: dict | str | None = None, weights: bytes | None = None, name: str = "model.safetensors"
+) -> dict:
+    files = {
+        "hf/README": "a folder",
+        f"hf/{name}": safetensors_bytes(hf_weights()) if weights is None else weights,
+    }
     if config is not None:
-        files["hf/config.json"] = config if isinstance(config, str) else json.dumps(HF_CONFIG | config)
+        files["hf/config.json"] = (
+            config if isinstance(config, str) else json.dumps(HF_CONFIG | config)
+        )
     return files
 
 
 HF_OK = json.dumps(HF_CONFIG)
 
 
-T, S, E, H, B, G = "train.py", "sample.py", "export.py", "hellaswag.py", "bench.py", "lab/generate.py"
+T, S, E, H, B, G = (
+    "train.py",
+    "sample.py",
+    "export.py",
+    "hellaswag.py",
+    "bench.py",
+    "lab/generate.py",
+)
 BL, BP, P = "lab/loader.py", "lab/prepare.py", "lab/plot.py"
 OWT, FW, CHAR, BPE = (
     "data/openwebtext/prepare.py",
@@ -317,7 +393,8 @@ OWT, FW, CHAR, BPE = (
 )
 
 
-# -- more shared cases: a script's flags and files (ScriptCase), a run's checkpoint and environment (RunCase) ----
+# -- more shared cases: a script's flags and files (ScriptCase), a run's checkpoint and environment
+# (RunCase) ----
 
 LONG = "a" * 300  # a name longer than any file system takes (255 bytes)
 
@@ -325,8 +402,8 @@ DEEP = "/".join(["b" * 200] * 25)  # a path longer than PATH_MAX (4096 bytes), e
 
 
 class Ckpt(NamedTuple):
-    """In Hostile.files: a tiny checkpoint's bytes, its tokenizer a character vocabulary of n characters (the
-    model's is 16)."""
+    """In Hostile.files: a tiny checkpoint's bytes, its tokenizer a character vocabulary of n
+    characters (the model's is 16)."""
 
     characters: int = 9
 
@@ -336,7 +413,8 @@ class ScriptCase(NamedTuple):
     flags: str  # space-separated; {dir} is the case's own folder
     names: tuple[str, ...]  # what the error line must say
     files: dict = {}  # made in the folder first: path -> text, bytes or Ckpt
-    home: bool = False  # HOME is {dir}/home, a file: a ~ expanded (once the configurator expands it) leads nowhere
+    # HOME is {dir}/home, a file: a ~ expanded (once the configurator expands it) leads nowhere
+    home: bool = False
 
 
 SCRIPT_COMMON = {  # so that whatever a script would write lands in the case's folder
@@ -358,17 +436,31 @@ MODEL_CKPT = {"out/ckpt.pt": Ckpt()}
 HOME = {"home": "a file: ~ leads nowhere"}
 BELOW = {"f": "a file where a folder is named"}
 LOG_RUN = {"run/log.jsonl": json.dumps({"iter": 1, "step_loss": 1.0, "lr": 1e-3}) + "\n"}
-HELLASWAG_LINE = {"hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n"}
+HELLASWAG_LINE = {
+    "hs.jsonl": json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n"
+}
 CHARS = {"d/train.bin": uint16(TOKENS), "d/val.bin": uint16(TOKENS[:300]), "d/meta.pkl": meta()}
 GPT2_META = pickle.dumps({"vocab_size": 50257, "tokenizer": "gpt2", "source": "elsewhere"})
-BPE_DATA = {"d/train.bin": uint16(TOKENS), "d/val.bin": uint16(TOKENS[:300]), "d/meta.pkl": GPT2_META}
+BPE_DATA = {
+    "d/train.bin": uint16(TOKENS),
+    "d/val.bin": uint16(TOKENS[:300]),
+    "d/meta.pkl": GPT2_META,
+}
 TINY = {"data/tiny/input.txt": "some text to prepare"}
 MARKER = "from pathlib import Path\nPath(__file__).with_name('ran').write_text('it ran')\n"
 
 
 def bench_output(**result) -> str:
-    row = {"name": "a", "status": "ok", "reason": "", "settings": {"n_layer": 1}, "ms_median": 1.0} | result
-    return json.dumps({"kind": "single", "manifest": {"device_name": "cpu", "torch": "2"}, "results": [row]})
+    row = {
+        "name": "a",
+        "status": "ok",
+        "reason": "",
+        "settings": {"n_layer": 1},
+        "ms_median": 1.0,
+    } | result
+    return json.dumps(
+        {"kind": "single", "manifest": {"device_name": "cpu", "torch": "2"}, "results": [row]}
+    )
 
 
 def compare(new: str | bytes, baseline: str | bytes | None = None) -> dict:
@@ -377,23 +469,30 @@ def compare(new: str | bytes, baseline: str | bytes | None = None) -> dict:
 
 
 REGRESSION = "--compare={dir}/new.json --baseline={dir}/old.json"
-VOCABULARY = lambda itos: {"hf/vocabulary.json": json.dumps({"kind": "characters", "itos": itos})}  # noqa: E731
+VOCABULARY = lambda itos: {"hf/vocabulary.json": json.dumps({"kind": "characters", "itos": itos})}
 
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
-    """Ckpt(n) -> the bytes of a tiny checkpoint (a model of 16 tokens) whose tokenizer has n characters, made on
-    first use."""
+    """Ckpt(n) -> the bytes of a tiny checkpoint (a model of 16 tokens) whose tokenizer has n
+    characters, made on first use."""
     from model import GPT, GPTConfig
     from nanogpt_perf.train.checkpoint import save_checkpoint
 
     class Made(dict):
         def __missing__(self, ckpt: Ckpt) -> bytes:
-            model_args = dict(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
-            tokenizer = {"kind": "characters", "itos": [chr(97 + i) for i in range(ckpt.characters)]}
+            model_args = dict(
+                block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0
+            )
+            tokenizer = {
+                "kind": "characters",
+                "itos": [chr(97 + i) for i in range(ckpt.characters)],
+            }
             path = tmp_path_factory.mktemp("ckpt") / "ckpt.pt"
             model = GPT(GPTConfig(**model_args)).state_dict()
-            save_checkpoint({"model": model, "model_args": model_args, "tokenizer": tokenizer}, path)
+            save_checkpoint(
+                {"model": model, "model_args": model_args, "tokenizer": tokenizer}, path
+            )
             self[ckpt] = path.read_bytes()
             return self[ckpt]
 
@@ -408,33 +507,49 @@ def make_files(folder: Path, files: dict, checkpoints: dict) -> None:
 
 
 def refuse_script_case(case: ScriptCase, checkpoints: dict, folder: Path, monkeypatch) -> None:
-    """Run a ScriptCase in this process: one error line naming what it must, every file of folder as it was."""
+    """Run a ScriptCase in this process: one error line naming what it must, every file of folder as
+    it was."""
     if case.home:
         monkeypatch.setenv("HOME", str(folder / "home"))
     make_files(folder, case.files, checkpoints)
     before = contents(folder)
-    flags = [f.replace("{dir}", str(folder)) for f in f"{SCRIPT_COMMON[case.script]} {case.flags}".split()]
+    flags = [
+        f.replace("{dir}", str(folder))
+        for f in f"{SCRIPT_COMMON[case.script]} {case.flags}".split()
+    ]
     result = run_in_process(case.script, *flags)
     assert_one_line_error(result, *(n.replace("{dir}", str(folder)) for n in case.names))
-    assert result.returncode == (2 if case.flags == REGRESSION else 1)  # a regression check compared nothing: 2
+    # a regression check compared nothing: 2
+    assert result.returncode == (2 if case.flags == REGRESSION else 1)
     assert contents(folder) == before
 
 
 TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
 
-LAUNCH = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533"}
+LAUNCH = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29533",
+}
 
 
 def lock_text(pid: int, host: str, start: str | None) -> str:
-    return json.dumps({"pid": pid, "host": host, "process_start": start, "started": "2026-01-01T00:00:00+00:00"})
+    return json.dumps(
+        {"pid": pid, "host": host, "process_start": start, "started": "2026-01-01T00:00:00+00:00"}
+    )
 
 
-LIVE_LOCK = {f"out/{LOCK_NAME}": lock_text(os.getpid(), socket.gethostname(), process_start(os.getpid()))}
+LIVE_LOCK = {
+    f"out/{LOCK_NAME}": lock_text(os.getpid(), socket.gethostname(), process_start(os.getpid()))
+}
 OTHER_HOST_LOCK = {f"out/{LOCK_NAME}": lock_text(4242, "another-host.example", None)}
 
 
 class RunCase(NamedTuple):
-    case: Case  # train.py (or sample.py, export.py), its flags, what the line must say, text files made first
+    # train.py (or sample.py, export.py), its flags, what the line must say, text files made first
+    case: Case
     checkpoint: str | None = None  # a variant (VARIANTS) written to out/ckpt.pt first
     env: dict[str, str] = {}  # torchrun's variables, as set by hand
 
@@ -447,7 +562,8 @@ RESUME = "--init_from=resume"
 
 
 class _Payload:
-    """Unpickling this would call Path.touch(marker): what a hostile checkpoint could do with any callable."""
+    """Unpickling this would call Path.touch(marker): what a hostile checkpoint could do with any
+    callable."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -463,19 +579,31 @@ def saved(obj) -> bytes:
 
 
 def resumable_checkpoint() -> dict:
-    """A checkpoint as nanoGPT's train.py writes one (at iter 5, max_iters 5), with our tokenizer for sample.py."""
+    """A checkpoint as nanoGPT's train.py writes one (at iter 5, max_iters 5), with our tokenizer
+    for sample.py."""
     torch.manual_seed(0)
-    model_args = dict(n_layer=2, n_head=2, n_embd=8, block_size=16, bias=False, vocab_size=16, dropout=0.0)
+    model_args = dict(
+        n_layer=2, n_head=2, n_embd=8, block_size=16, bias=False, vocab_size=16, dropout=0.0
+    )
     model = GPT(GPTConfig(**model_args))
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
-    config = dict(dataset="tiny", max_iters=5, eval_interval=5, eval_iters=2, batch_size=8, learning_rate=1e-3)
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
-            "iter_num": 5, "best_val_loss": torch.tensor(3.25), "config": config,
-            "tokenizer": {"kind": "characters", "itos": list("abcdefgh ")}}  # fmt: skip
+    config = dict(
+        dataset="tiny", max_iters=5, eval_interval=5, eval_iters=2, batch_size=8, learning_rate=1e-3
+    )
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "model_args": model_args,
+        "iter_num": 5,
+        "best_val_loss": torch.tensor(3.25),
+        "config": config,
+        "tokenizer": {"kind": "characters", "itos": list("abcdefgh ")},
+    }
 
 
 def identity_of(files: dict[str, bytes], folder: Path) -> dict:
-    """The identity that a run records of the dataset tiny made of files (test_hostile_inputs' DATA) in folder."""
+    """The identity that a run records of the dataset tiny made of files (test_hostile_inputs' DATA)
+    in folder."""
     for name, data in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
@@ -503,7 +631,8 @@ def other_shape(c: dict) -> None:
 def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
     """Each checkpoint the cases name, and the file that unpickling the hostile one would create."""
     base, marker = resumable_checkpoint(), tmp_path_factory.mktemp("marker") / "it-ran"
-    identity = identity_of(DATA, tmp_path_factory.mktemp("data"))  # DATA's files, as a run on them records them
+    # DATA's files, as a run on them records them
+    identity = identity_of(DATA, tmp_path_factory.mktemp("data"))
     files, other = identity["files"], {"bytes": 2, "fingerprint": "0" * 32}
     args = lambda key, value: lambda c: c["model_args"].__setitem__(key, value)  # noqa: E731
     top = lambda key, value: lambda c: c.__setitem__(key, value)  # noqa: E731
@@ -539,7 +668,9 @@ def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
         "identity_no_folder": variant(base, top("data_identity", {"files": {}})),
         "unknown_option": variant(base, args("rotary_v2", True)),
         "relu2": variant(base, args("relu2", True)),
-        "other_data": variant(base, top("data_identity", identity | {"files": files | {"train.bin": other}})),
+        "other_data": variant(
+            base, top("data_identity", identity | {"files": files | {"train.bin": other}})
+        ),
         "other_data_dir": variant(
             base,
             lambda c: c.update(
@@ -547,14 +678,17 @@ def variants(tmp_path_factory) -> tuple[dict[str, bytes], Path]:
                 config=c["config"] | {"data_dir": "/elsewhere"},
             ),
         ),
-        "other_meta": variant(base, top("data_identity", identity | {"files": files | {"meta.pkl": other}})),
+        "other_meta": variant(
+            base, top("data_identity", identity | {"files": files | {"meta.pkl": other}})
+        ),
     }
     return made, marker
 
 
 def refuse_run_case(hostile: RunCase, variants, tmp_path: Path, monkeypatch) -> None:
-    """Run a RunCase in this process: its checkpoint variant in out/, torchrun's variables as it sets them; one
-    error line naming what it must, every file as it was, and nothing a hostile checkpoint would run has run."""
+    """Run a RunCase in this process: its checkpoint variant in out/, torchrun's variables as it
+    sets them; one error line naming what it must, every file as it was, and nothing a hostile
+    checkpoint would run has run."""
     made, marker = variants
     for key in TORCHRUN:
         monkeypatch.delenv(key, raising=False)
@@ -567,7 +701,8 @@ def refuse_run_case(hostile: RunCase, variants, tmp_path: Path, monkeypatch) -> 
     assert not marker.exists()
 
 
-# -- shared by the tests of the model, generation, resuming, the loader and the GPU suite ------------------------------
+# -- shared by the tests of the model, generation, resuming, the loader and the GPU suite
+# ------------------------------
 
 SMALL = GPTConfig(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 
@@ -576,14 +711,15 @@ GENERATE_CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd
 
 
 def sharp_model(seed: int = 0, dtype=torch.float64, **overrides) -> GPT:
-    """A random model with weights scaled up, so its logits are far from uniform and argmax ties are not an issue;
-    float64 so that rounding never decides a token."""
+    """A random model with weights scaled up, so its logits are far from uniform and argmax ties are
+    not an issue; float64 so that rounding never decides a token."""
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**{**GENERATE_CONFIG, **overrides})).to(dtype).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() == 2 and not p.any():  # a zero init (zero_init_proj) would leave no path to test
+            # a zero init (zero_init_proj) would leave no path to test
+            if p.dim() == 2 and not p.any():
                 p.copy_(0.02 * torch.randn(p.shape, generator=g))
             p.mul_(4)
     return model
@@ -602,7 +738,13 @@ def tiny_hf_folder(tmp_path, seed: int = 0):
     return hf, tmp_path / "hf"
 
 
-SCHEDULE = ("--learning_rate=1e-2", "--warmup_iters=2", "--lr_decay_iters=12", "--eval_iters=2", "--log_interval=1")
+SCHEDULE = (
+    "--learning_rate=1e-2",
+    "--warmup_iters=2",
+    "--lr_decay_iters=12",
+    "--eval_iters=2",
+    "--log_interval=1",
+)
 
 
 def step_losses(out) -> dict[int, float]:
@@ -610,16 +752,24 @@ def step_losses(out) -> dict[int, float]:
     return {r["iter"]: r["step_loss"] for r in records if "step_loss" in r}
 
 
-def llmc_shard(path: Path, tokens: np.ndarray, magic: int = 20240520, version: int = 1, count: int | None = None):
-    """A shard as llm.c's data scripts write it: 256 little-endian int32 (magic, version, token count, zeros),
-    then the tokens as little-endian uint16."""
-    header = struct.pack("<256i", magic, version, len(tokens) if count is None else count, *([0] * 253))
+def llmc_shard(
+    path: Path,
+    tokens: np.ndarray,
+    magic: int = 20240520,
+    version: int = 1,
+    count: int | None = None,
+):
+    """A shard as llm.c's data scripts write it: 256 little-endian int32 (magic, version, token
+    count, zeros), then the tokens as little-endian uint16."""
+    header = struct.pack(
+        "<256i", magic, version, len(tokens) if count is None else count, *([0] * 253)
+    )
     path.write_bytes(header + tokens.astype("<u2").tobytes())
 
 
 def llmc_folder(folder: Path, shard_tokens: list[int]) -> Path:
-    """fineweb_val_000000.bin then fineweb_train_000001.bin, ...: shard i holds i * 10000, i * 10000 + 1, ..., so
-    that a token tells which shard and where it came from."""
+    """fineweb_val_000000.bin then fineweb_train_000001.bin, ...: shard i holds i * 10000, i * 10000
+    + 1, ..., so that a token tells which shard and where it came from."""
     folder.mkdir(parents=True, exist_ok=True)
     for i, n in enumerate(shard_tokens):
         split = "val" if i == 0 else "train"
@@ -628,8 +778,8 @@ def llmc_folder(folder: Path, shard_tokens: list[int]) -> Path:
 
 
 def sdpa_equals_manual(sdpa: GPT, manual: GPT, x: torch.Tensor, y: torch.Tensor) -> None:
-    """The logits, the loss's and every parameter's gradient of two models, one attending through SDPA, the other
-    through the masked-softmax reference, equal."""
+    """The logits, the loss's and every parameter's gradient of two models, one attending through
+    SDPA, the other through the masked-softmax reference, equal."""
     logits_s, loss_s = sdpa(x, y)
     logits_m, loss_m = manual(x, y)
     torch.testing.assert_close(logits_s, logits_m, rtol=1e-5, atol=1e-5)
@@ -639,8 +789,11 @@ def sdpa_equals_manual(sdpa: GPT, manual: GPT, x: torch.Tensor, y: torch.Tensor)
         torch.testing.assert_close(p_s.grad, p_m.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def micro_batches_equal_one_batch(big: GPT, micro: GPT, x: torch.Tensor, y: torch.Tensor, k: int = 4) -> None:
-    """The gradients of the batch (x, y) in big equal those of its k micro-batches, each loss / k, in micro."""
+def micro_batches_equal_one_batch(
+    big: GPT, micro: GPT, x: torch.Tensor, y: torch.Tensor, k: int = 4
+) -> None:
+    """The gradients of the batch (x, y) in big equal those of its k micro-batches, each loss / k,
+    in micro."""
     _, loss = big(x, y)
     loss.backward()
     for xs, ys in zip(x.chunk(k), y.chunk(k), strict=True):

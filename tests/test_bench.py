@@ -1,5 +1,5 @@
-"""The performance lab: the memory savers against the plain paths, the ladder and sweeps end to end, the regression
-check, and the settings train.py gained with them."""
+"""The performance lab: the memory savers against the plain paths, the ladder and sweeps end to end,
+the regression check, and the settings train.py gained with them."""
 
 import csv
 import json
@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from configurator import sweep_values
-from conftest import ROOT, SMALL, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
+from conftest import (
+    ROOT,
+    SMALL,
+    TINY_MODEL,
+    assert_one_line_error,
+    declarations,
+    run_in_process,
+    run_script,
+)
 from lab.bench_cases import NOT_MEASURED, Case, ladder_cases, largest_fitting, most_tries
 from lab.bench_measure import FIGURES, run_case
 from lab.bench_regression import compare_results, verdict
@@ -30,9 +38,11 @@ TINY_BENCH = [
 ]
 
 
-def loss_and_grads(config: GPTConfig, ignore: bool = True, dtype=torch.float32, autocast: bool = False) -> tuple:
-    """The loss, every parameter's gradient, the shapes autograd saved for backward and the logits, from a fixed
-    model and batch (the model in dtype, run under CPU bf16 autocast when asked)."""
+def loss_and_grads(
+    config: GPTConfig, ignore: bool = True, dtype=torch.float32, autocast: bool = False
+) -> tuple:
+    """The loss, every parameter's gradient, the shapes autograd saved for backward and the logits,
+    from a fixed model and batch (the model in dtype, run under CPU bf16 autocast when asked)."""
     torch.manual_seed(0)
     model = GPT(config).to(dtype)
     g = torch.Generator().manual_seed(1)
@@ -40,14 +50,17 @@ def loss_and_grads(config: GPTConfig, ignore: bool = True, dtype=torch.float32, 
     if ignore:
         y[0, :5] = -1  # ignored targets count in neither the sum nor the mean
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.shape) or t, lambda t: t
+    ):
         with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
             logits, loss = model(x, y)
     loss.backward()
     return loss, {name: p.grad for name, p in model.named_parameters()}, saved, logits
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 16, 64, 1000])  # 7 does not divide B*T = 64; 1000 is one chunk
+# 7 does not divide B*T = 64; 1000 is one chunk
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64, 1000])
 def test_chunked_loss_equals_the_plain_loss_and_gradients(chunk):
     loss, grads, saved, logits = loss_and_grads(SMALL)
     loss_c, grads_c, saved_c, logits_c = loss_and_grads(replace(SMALL, loss_chunk=chunk))
@@ -56,11 +69,13 @@ def test_chunked_loss_equals_the_plain_loss_and_gradients(chunk):
         torch.testing.assert_close(grads_c[name], grad, rtol=1e-5, atol=1e-7, msg=name)
     assert logits is not None and logits_c is None
     kept_logits = lambda shapes: [s for s in shapes if len(s) and s[-1] == SMALL.vocab_size]
-    assert sum(s.numel() for s in kept_logits(saved)) >= 4 * 16 * 80  # the plain path keeps all the logits
+    # the plain path keeps all the logits
+    assert sum(s.numel() for s in kept_logits(saved)) >= 4 * 16 * 80
     assert kept_logits(saved_c) == []  # the chunked one keeps none
 
 
-@pytest.mark.parametrize("chunk", [0, 7, 1000])  # 0 picks one; 7 does not divide B*T = 64; 1000 is one chunk
+# 0 picks one; 7 does not divide B*T = 64; 1000 is one chunk
+@pytest.mark.parametrize("chunk", [0, 7, 1000])
 def test_fused_loss_equals_the_plain_loss_and_gradients_in_float64(chunk):
     loss, grads, saved, _ = loss_and_grads(SMALL, dtype=torch.float64)
     loss_f, grads_f, saved_f, logits_f = loss_and_grads(
@@ -70,7 +85,8 @@ def test_fused_loss_equals_the_plain_loss_and_gradients_in_float64(chunk):
     assert abs(loss_f.item() - loss.item()) <= 1e-10
     for name, grad in grads.items():
         assert (grads_f[name] - grad).abs().max().item() <= 1e-10, name
-    assert logits_f is None and [s for s in saved_f if s[-1:] == (SMALL.vocab_size,)] == []  # no logits kept
+    # no logits kept
+    assert logits_f is None and [s for s in saved_f if s[-1:] == (SMALL.vocab_size,)] == []
 
 
 def test_fused_loss_under_bf16_autocast_is_within_bf16_tolerance_of_the_plain_one():
@@ -121,8 +137,11 @@ def test_configure_optimizers_fused_switch():
 
 
 def bench_case(name: str = "as set", **changes) -> Case:
-    """A Case of SMALL's shape with bench.py's defaults otherwise (compile off), as bench.py makes one."""
-    model = dict(block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+    """A Case of SMALL's shape with bench.py's defaults otherwise (compile off), as bench.py makes
+    one."""
+    model = dict(
+        block_size=16, vocab_size=80, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True
+    )
     work = dict(batch_size=2, gradient_accumulation_steps=1, compile=False)
     return Case(name, declarations("bench.py").config(**(model | work | changes)))
 
@@ -138,8 +157,16 @@ def test_ladder_rungs_are_cumulative_and_skip_what_cannot_run():
         False,
         "manual",
     )
-    assert cases[0][0].measured()["vocab_size"] == 50257 and cases[-1][0].measured()["vocab_size"] == 50304
-    assert (last.dtype, last.compile, last.fused_adamw, last.attention) == ("bfloat16", True, True, "sdpa")
+    assert (
+        cases[0][0].measured()["vocab_size"] == 50257
+        and cases[-1][0].measured()["vocab_size"] == 50304
+    )
+    assert (last.dtype, last.compile, last.fused_adamw, last.attention) == (
+        "bfloat16",
+        True,
+        True,
+        "sdpa",
+    )
     reasons = {c.name: why for c, why in cases}
     assert reasons["+TF32"] == "TF32 is CUDA only" and not last.tf32
     assert sum(why is None for why in reasons.values()) == 6
@@ -147,18 +174,26 @@ def test_ladder_rungs_are_cumulative_and_skip_what_cannot_run():
     skipped = ladder_cases(base, torch.device("cpu"), skip=["compile"])
     assert dict((c.name, why) for c, why in skipped)["+torch.compile"] == "left out by skip_rungs"
     assert not any(c.settings.compile for c, _ in skipped)
-    padded = ladder_cases(base.but(vocab_size=80, pad_vocab=16), torch.device("cpu"))  # 80 is a multiple of 16
+    # 80 is a multiple of 16
+    padded = ladder_cases(base.but(vocab_size=80, pad_vocab=16), torch.device("cpu"))
     assert padded[5][1] == "vocab_size 80 is a multiple of 16 already"
     with pytest.raises(UserError, match="no rung turbo"):
         ladder_cases(base, torch.device("cpu"), skip=["turbo"])
 
 
 def test_any_setting_sweeps_its_values_read_and_checked_as_flags():
-    """bench.py's --sweep=KEY=V1,V2 takes any setting of the timed configuration (the model's shape and learning
-    rate too), each value converted and checked as --KEY=V would be; bench.py's own settings are not swept."""
+    """bench.py's --sweep=KEY=V1,V2 takes any setting of the timed configuration (the model's shape
+    and learning rate too), each value converted and checked as --KEY=V would be; bench.py's own
+    settings are not swept."""
     case = bench_case()
-    assert sweep_values(case.settings, "batch_size=1, 2,4", NOT_MEASURED) == ("batch_size", [1, 2, 4])
-    assert sweep_values(case.settings, "attention=manual,flash", NOT_MEASURED)[1] == ["manual", "flash"]
+    assert sweep_values(case.settings, "batch_size=1, 2,4", NOT_MEASURED) == (
+        "batch_size",
+        [1, 2, 4],
+    )
+    assert sweep_values(case.settings, "attention=manual,flash", NOT_MEASURED)[1] == [
+        "manual",
+        "flash",
+    ]
     assert sweep_values(case.settings, "n_layer=1,2", NOT_MEASURED)[1] == [1, 2]
     assert sweep_values(case.settings, "learning_rate=1e-3,3e-4", NOT_MEASURED)[1] == [1e-3, 3e-4]
     for text, message in [
@@ -173,7 +208,9 @@ def test_any_setting_sweeps_its_values_read_and_checked_as_flags():
             sweep_values(case.settings, text, NOT_MEASURED)
 
 
-@pytest.mark.parametrize("largest, limit", [(37, 1000), (64, 1000), (1, 1000), (0, 1000), (1000, 100), (5, 5)])
+@pytest.mark.parametrize(
+    "largest, limit", [(37, 1000), (64, 1000), (1, 1000), (0, 1000), (1000, 100), (5, 5)]
+)
 def test_largest_fitting_doubles_then_bisects(largest, limit):
     tried = []
     fits = lambda n: tried.append(n) or n <= largest
@@ -223,8 +260,9 @@ def test_measure_reports_the_sdpa_kernel_that_ran_and_failures():
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory):
-    """The ladder end to end on a tiny model. torch.compile is left out: its four compiled rungs take a minute or
-    more on a 2-core CPU (bench.py runs them by default; the ladder test above checks the compile rung's Case)."""
+    """The ladder end to end on a tiny model. torch.compile is left out: its four compiled rungs
+    take a minute or more on a 2-core CPU (bench.py runs them by default; the ladder test above
+    checks the compile rung's Case)."""
     out = tmp_path_factory.mktemp("bench") / "ladder.json"
     result = run_script(
         "bench.py",
@@ -246,7 +284,8 @@ def test_ladder_output_schema(ladder):
     manifest = doc["manifest"]
     assert len(manifest["git_commit"]) == 40 and isinstance(manifest["git_dirty"], bool)
     assert manifest["torch"] == torch.__version__ and manifest["device"] == "cpu"
-    assert manifest["driver"] == gpu_driver_version()  # None without an NVIDIA GPU, its version with one
+    # None without an NVIDIA GPU, its version with one
+    assert manifest["driver"] == gpu_driver_version()
     assert manifest["settings"]["ladder"] is True and manifest["settings"]["n_embd"] == 32
     names = [r["name"] for r in doc["results"]]
     assert names[0] == "fp32 eager" and names[-1] == "+fused AdamW" and len(names) == 7
@@ -265,7 +304,10 @@ def test_ladder_output_schema(ladder):
     assert [r["settings"]["vocab_size"] for r in measured] == [50257, 50257, 50257, 50304, 50304]
     assert [r["precision"] for r in measured] == ["fp32", "bf16", "bf16", "bf16", "bf16"]
     assert [r["fused_adamw"] for r in measured] == [False] * 4 + [True]
-    assert measured[1]["sdpa_kernel"].startswith("manual") and measured[2]["sdpa_kernel"] == "flash (CPU)"
+    assert (
+        measured[1]["sdpa_kernel"].startswith("manual")
+        and measured[2]["sdpa_kernel"] == "flash (CPU)"
+    )
 
     with open(out.with_suffix(".csv")) as f:
         rows = list(csv.DictReader(f))
@@ -289,10 +331,13 @@ def test_regression_check_logic(ladder):
     assert rows["fp32 eager", "tokens_per_s"]["verdict"] == "within"
     assert rows["fp32 eager", "peak_mem_bytes"]["verdict"] == "better"
     assert rows["+fused AdamW", "ms_median"]["verdict"] == "within"
-    assert ("+TF32", "ms_median") not in rows and ("fp32 eager", "mfu") not in rows  # skipped rungs, no MFU on CPU
+    # skipped rungs, no MFU on CPU
+    assert ("+TF32", "ms_median") not in rows and ("fp32 eager", "mfu") not in rows
     assert all(r["verdict"] != "worse" for r in compare_results(slower, doc, tolerance_pct=15))
     slower["results"][-1]["status"] = "failed"
-    missing = [r for r in compare_results(slower, doc, tolerance_pct=50) if r["verdict"] == "missing"]
+    missing = [
+        r for r in compare_results(slower, doc, tolerance_pct=50) if r["verdict"] == "missing"
+    ]
     assert {r["name"] for r in missing} == {"+fused AdamW"}
     assert verdict(compare_results(slower, doc, tolerance_pct=50), 50)[0] == 1
 
@@ -328,9 +373,13 @@ def test_regression_check_exit_codes(ladder, tmp_path):
     (tmp_path / "gpu.json").write_text(json.dumps(elsewhere))
     result = run_script("bench.py", f"--compare={tmp_path / 'gpu.json'}", f"--baseline={out}")
     assert result.returncode == 2 and "not comparable" in result.stderr and "H100" in result.stderr
-    no_baseline, missing_baseline = [f"--compare={worse}"], [f"--compare={worse}", f"--baseline={tmp_path}/no.json"]
+    no_baseline, missing_baseline = (
+        [f"--compare={worse}"],
+        [f"--compare={worse}", f"--baseline={tmp_path}/no.json"],
+    )
     for args, says in ((no_baseline, "needs both"), (missing_baseline, "no bench")):
-        result = run_in_process("bench.py", *args)  # nothing compared: 2, as another machine, not a regression's 1
+        # nothing compared: 2, as another machine, not a regression's 1
+        result = run_in_process("bench.py", *args)
         assert_one_line_error(result, says)
         assert result.returncode == 2
 
@@ -339,7 +388,9 @@ def test_regression_check_exit_codes(ladder, tmp_path):
 def test_sweep_and_profile_end_to_end(tmp_path):
     out = tmp_path / "sweep.json"
     sweep = ["--sweep=batch_size=1,3"]
-    result = run_script("bench.py", *TINY_BENCH, *sweep, "--steps=1", "--burn_in=1", f"--out_json={out}")
+    result = run_script(
+        "bench.py", *TINY_BENCH, *sweep, "--steps=1", "--burn_in=1", f"--out_json={out}"
+    )
     assert result.returncode == 0, result.stderr
     doc = json.loads(out.read_text())
     assert doc["kind"] == "sweep of batch_size"
@@ -347,7 +398,9 @@ def test_sweep_and_profile_end_to_end(tmp_path):
     assert [r["settings"]["tokens_per_iter"] for r in doc["results"]] == [32, 96]
 
     out = tmp_path / "one.json"
-    result = run_script("bench.py", *TINY_BENCH, "--profile=True", "--steps=1", "--burn_in=1", f"--out_json={out}")
+    result = run_script(
+        "bench.py", *TINY_BENCH, "--profile=True", "--steps=1", "--burn_in=1", f"--out_json={out}"
+    )
     assert result.returncode == 0, result.stderr
     assert "Self CPU" in result.stdout and "aten::" in result.stdout
     trace = json.loads(out.with_suffix(".trace.json").read_text())
@@ -397,13 +450,24 @@ def test_train_with_memory_savers_profile_and_manifest(tiny_data, tmp_path):
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in records if "step_loss" in r] == [1, 2, 3, 4, 5, 6]
-    assert all(0 < r["step_loss"] < 10 for r in records if "step_loss" in r) and records[-1]["val_loss"] > 0
+    assert (
+        all(0 < r["step_loss"] < 10 for r in records if "step_loss" in r)
+        and records[-1]["val_loss"] > 0
+    )
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["settings"]["loss_chunk"] == 100 and manifest["model_args"]["activation_checkpointing"] is True
-    assert manifest["device"] == "cpu" and manifest["world_size"] == 1 and len(manifest["git_commit"]) == 40
+    assert (
+        manifest["settings"]["loss_chunk"] == 100
+        and manifest["model_args"]["activation_checkpointing"] is True
+    )
+    assert (
+        manifest["device"] == "cpu"
+        and manifest["world_size"] == 1
+        and len(manifest["git_commit"]) == 40
+    )
     assert (tmp_path / "trace.json").is_file() and "Self CPU" in result.stdout
     checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    assert checkpoint["config"]["loss_chunk"] == 100  # a setting: model_args holds what nanoGPT's GPTConfig takes
+    # a setting: model_args holds what nanoGPT's GPTConfig takes
+    assert checkpoint["config"]["loss_chunk"] == 100
     assert set(checkpoint["model_args"]) == {
         "n_layer",
         "n_head",

@@ -1,5 +1,5 @@
-"""The GPT-2 configs (nanoGPT's train and eval configs, and the FineWeb variant) parse and point at their web-scale
-dataset, which is never replaced by another when it is not prepared."""
+"""The GPT-2 configs (nanoGPT's train and eval configs, and the FineWeb variant) parse and point at
+their web-scale dataset, which is never replaced by another when it is not prepared."""
 
 from pathlib import Path
 
@@ -21,7 +21,14 @@ CONFIGS = {
 def test_a_gpt2_config_asks_for_its_unprepared_dataset(tmp_path: Path, config: str, dataset: str):
     (tmp_path / dataset).mkdir()
     (tmp_path / dataset / "prepare.py").write_text("raise SystemExit('must not run unasked')\n")
-    result = run_in_process("train.py", str(ROOT / "config" / config), f"--data_dir={tmp_path}", "--device=cpu",
-                        f"--out_dir={tmp_path / 'out'}")  # fmt: skip
-    assert_one_line_error(result, f"dataset {dataset} is not prepared", "prepare.py", "GB of shards")
+    result = run_in_process(
+        "train.py",
+        str(ROOT / "config" / config),
+        f"--data_dir={tmp_path}",
+        "--device=cpu",
+        f"--out_dir={tmp_path / 'out'}",
+    )
+    assert_one_line_error(
+        result, f"dataset {dataset} is not prepared", "prepare.py", "GB of shards"
+    )
     assert not (tmp_path / "out").exists()

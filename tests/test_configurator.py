@@ -1,5 +1,6 @@
-"""Settings: flags and config files convert to each setting's type only where nothing is lost, every value is checked
-against its declaration once, and every script's declarations are whole (each number bounded, each default valid)."""
+"""Settings: flags and config files convert to each setting's type only where nothing is lost, every
+value is checked against its declaration once, and every script's declarations are whole (each
+number bounded, each default valid)."""
 
 import copy
 import pickle
@@ -48,7 +49,8 @@ def overrides(argv: list[str]) -> dict:
         ("--compile=0", "compile", False),
         ("--out_dir=runs/a=b", "out_dir", "runs/a=b"),
         ("--wandb_run_name=123", "wandb_run_name", "123"),
-        ("--seed=9007199254740993.0", "seed", 9007199254740993),  # past float's exact integers: read exactly
+        # past float's exact integers: read exactly
+        ("--seed=9007199254740993.0", "seed", 9007199254740993),
         ("--seed=1e20", "seed", 10**20),
         ("--seed=0x10", "seed", 16),
         ("--seed=1_000", "seed", 1000),
@@ -63,8 +65,9 @@ def test_flags_convert_to_the_setting_type(flag, key, expected):
 @pytest.mark.parametrize(
     "flag",
     ["--max_iters=1.5", "--max_iters=abc", "--learning_rate=fast", "--compile=maybe", "--compile=2",
-     "--max_iters=True", "--seed=9007199254740993.5", "--seed=(1e20)", "--seed=-(1e20)", "--seed=1e999999999",
-     "--seed=inf", "--seed=sNaN", "--learning_rate=0x1p3", "--seed=0.99999999999999999", "--seed=1e-400",
+     "--max_iters=True", "--seed=9007199254740993.5", "--seed=(1e20)", "--seed=-(1e20)",
+     "--seed=1e999999999", "--seed=inf", "--seed=sNaN", "--learning_rate=0x1p3",
+     "--seed=0.99999999999999999", "--seed=1e-400",
      "--seed=2.0000000000000001", "--seed=1e4300", "--nonexistent"],
 )  # fmt: skip
 def test_lossy_or_wrong_values_are_refused(flag):
@@ -73,8 +76,8 @@ def test_lossy_or_wrong_values_are_refused(flag):
 
 
 def test_a_config_files_float_past_exact_integers_is_refused_for_an_int(tmp_path):
-    """9007199254740993.0 in a config file is a float already, 2**53 + 1 rounded away: nothing can say what was
-    meant, so an int setting refuses it rather than take 2**53."""
+    """9007199254740993.0 in a config file is a float already, 2**53 + 1 rounded away: nothing can
+    say what was meant, so an int setting refuses it rather than take 2**53."""
     cfg = tmp_path / "cfg.py"
     cfg.write_text("seed = 9007199254740993.0\n")
     with pytest.raises(UserError, match="seed must be int"):
@@ -93,14 +96,21 @@ def test_flag_without_value_is_refused():
 
 def test_config_file_then_flags_in_order(tmp_path):
     cfg = tmp_path / "cfg.py"
-    cfg.write_text("import time\nmax_iters = 20\nlearning_rate = 1\nout_dir = 'a' + str(1)\n_helper = 3\n")
+    cfg.write_text(
+        "import time\nmax_iters = 20\nlearning_rate = 1\nout_dir = 'a' + str(1)\n_helper = 3\n"
+    )
     settings = overrides([str(cfg), "--max_iters=30"])
-    assert settings["max_iters"] == 30 and settings["learning_rate"] == 1.0 and settings["out_dir"] == "a1"
+    assert (
+        settings["max_iters"] == 30
+        and settings["learning_rate"] == 1.0
+        and settings["out_dir"] == "a1"
+    )
     assert overrides(["--max_iters=30", str(cfg)])["max_iters"] == 20
 
 
 def test_a_config_files_imports_functions_and_classes_are_not_settings(tmp_path):
-    """configurator.py says imports and helpers in a config file are ignored: `from math import pi` binds a float."""
+    """configurator.py says imports and helpers in a config file are ignored: `from math import pi`
+    binds a float."""
     cfg = tmp_path / "cfg.py"
     cfg.write_text(
         "from math import pi, e as euler\nimport os.path\n\ndef half(x):\n    return x / 2\n\n"
@@ -124,7 +134,8 @@ def test_wrong_type_in_config_file(tmp_path):
 
 
 def test_a_config_file_sets_what_it_assigns_in_an_if_or_a_try_not_in_a_function(tmp_path):
-    """As nanoGPT's exec of it would: a setting assigned inside a block counts (it once went unseen, silently)."""
+    """As nanoGPT's exec of it would: a setting assigned inside a block counts (it once went unseen,
+    silently)."""
     cfg = tmp_path / "cfg.py"
     cfg.write_text("if True:\n    max_iters = 7\ntry:\n    seed = 3\nexcept Exception:\n    pass\n"
                    "def f():\n    learning_rate = 5.0\nf()\n")  # fmt: skip
@@ -236,15 +247,21 @@ def test_every_script_default_is_valid_and_every_number_is_bounded(script):
     assert declared.defaults and declared.config() is not None
     for name, default in declared.defaults.items():
         meta = declared.config().metadata(name)
-        if type(default) in (int, float):  # a number a user could make endless, or absurd, has a bound
+        # a number a user could make endless, or absurd, has a bound
+        if type(default) in (int, float):
             rules = ("min", "max", "above", "interval", "choices", "check")
-            assert any(meta.get(rule) not in (None, ()) for rule in rules), name  # choices=() bounds nothing
+            # choices=() bounds nothing
+            assert any(meta.get(rule) not in (None, ()) for rule in rules), name
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.py")))
 def test_every_config_is_valid(config):
     train = declarations("train.py")
-    words = {k: f.metadata.get("words", ()) for part in train.parts.values() for k, f in declared(part).items()}
+    words = {
+        k: f.metadata.get("words", ())
+        for part in train.parts.values()
+        for k, f in declared(part).items()
+    }
     values = read_overrides(train.defaults, words, [str(ROOT / "config" / config)])
     assert train.config(**values) is not None
 
@@ -265,23 +282,39 @@ def test_every_config_is_valid(config):
         ("train.py", {"loss_chunk": -1}, "loss_chunk must be >= 0 (0 = unchunked), not -1"),
         ("train.py", {"prefetch": 0}, "prefetch must be >= 1 (batches built ahead), not 0"),
         ("train.py", {"log_interval": 0}, "log_interval must be >= 1, not 0"),
-        ("train.py", {"save_interval": -1}, "save_interval must be >= 0 (0 = at evals only), not -1"),
+        (
+            "train.py",
+            {"save_interval": -1},
+            "save_interval must be >= 0 (0 = at evals only), not -1",
+        ),
         ("train.py", {"max_bad_steps": 0}, "max_bad_steps must be >= 1, not 0"),
         ("train.py", {"muon_ns_steps": 10**9}, "muon_ns_steps must be <= 100, not 1000000000"),
-        ("lab/loader.py", {"batches": 100}, "batches must be > 100 (memory is read after 100), not 100"),
+        (
+            "lab/loader.py",
+            {"batches": 100},
+            "batches must be > 100 (memory is read after 100), not 100",
+        ),
         (
             "lab/loader.py",
             {"orders": "random,shuffled"},
             "orders must be a comma-separated list of random, epochs, not 'random,shuffled'",
         ),
         ("train.py", {"backend": "mpi"}, "backend must be one of auto, nccl, gloo, not 'mpi'"),
-        ("train.py", {"compile_mode": "fast"}, "compile_mode must be one of default, reduce-overhead, max-autotune"),
+        (
+            "train.py",
+            {"compile_mode": "fast"},
+            "compile_mode must be one of default, reduce-overhead, max-autotune",
+        ),
         (
             "train.py",
             {"attention": "flash2"},
             "attention must be one of manual, sdpa, flash, efficient, cudnn, math, not 'flash2'",
         ),
-        ("sample.py", {"dtype": "half"}, "dtype must be one of auto, float32, bfloat16, float16, not 'half'"),
+        (
+            "sample.py",
+            {"dtype": "half"},
+            "dtype must be one of auto, float32, bfloat16, float16, not 'half'",
+        ),
         ("train.py", {"device": "tpu"}, "device must be one of auto, cpu"),
         ("train.py", {"device": "cuda:99"}, "not 'cuda:99'"),
         (
@@ -301,7 +334,11 @@ def test_every_config_is_valid(config):
             {"decay_lr": True, "min_lr": 1.0, "learning_rate": 0.1},
             "min_lr must be <= learning_rate (0.1)",
         ),
-        ("train.py", {"optimizer": "muon", "learning_rate": 0.0, "min_lr": 0.0}, "learning_rate must be > 0"),
+        (
+            "train.py",
+            {"optimizer": "muon", "learning_rate": 0.0, "min_lr": 0.0},
+            "learning_rate must be > 0",
+        ),
         (
             "lab/loader.py",
             {"shard_tokens": 64, "block_size": 64},
@@ -321,7 +358,10 @@ def test_rules_between_settings_apply_only_where_they_matter():
     assert train.config(decay_lr=False, warmup_iters=11, lr_decay_iters=10, min_lr=1.0) is not None
     assert train.config(decay_lr=True, warmup_iters=10, lr_decay_iters=10) is not None
     assert bench.config(warmup_iters=11, lr_decay_iters=10) is not None  # bench.py runs no schedule
-    assert train._replace(cross=()).config(decay_lr=True, warmup_iters=11, lr_decay_iters=10) is not None
+    assert (
+        train._replace(cross=()).config(decay_lr=True, warmup_iters=11, lr_decay_iters=10)
+        is not None
+    )
     assert train.config(init_from=str(ROOT)) is not None  # an existing folder
 
 
@@ -346,7 +386,9 @@ def test_configure_checks_the_final_values_once_and_says_what_was_given(capsys):
         run(["--warmup_iters=2000"])
     cfg = run(["--warmup_iters=2000", "--lr_decay_iters=3000"])
     assert (
-        cfg.warmup_iters == 2000 and cfg.run.lr_decay_iters == 3000 and cfg.given == {"warmup_iters", "lr_decay_iters"}
+        cfg.warmup_iters == 2000
+        and cfg.run.lr_decay_iters == 3000
+        and cfg.given == {"warmup_iters", "lr_decay_iters"}
     )
     assert run(["--batch_size=8", "--batch_size=9"]).given == {"batch_size"}
     with pytest.raises(UserError, match=r"^max_new_tokens must be >= 2 \(at least two\), not 1$"):
@@ -387,27 +429,52 @@ def test_sweep_values_are_read_converted_and_checked_as_flags():
 
 @pytest.mark.parametrize("script", ["train.py", "bench.py", "sample.py"])
 def test_help_lists_every_setting_and_survives_a_closed_pipe(script):
-    """--help is built from the declarations (a setting reassigned below keeps its text: tokens_per_iter), and
-    `python train.py --help | head -1` ends quietly, with no BrokenPipeError traceback."""
-    full = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True)
+    """--help is built from the declarations (a setting reassigned below keeps its text:
+    tokens_per_iter), and `python train.py --help | head -1` ends quietly, with no BrokenPipeError
+    traceback."""
+    full = subprocess.run(
+        [sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True
+    )
     assert full.returncode == 0 and "Traceback" not in full.stderr
     if script == "train.py":
         assert "--tokens_per_iter" in full.stdout and "tokens per optimizer step" in full.stdout
-        assert "--muon_ns_steps" in full.stdout and "--n_layer" in full.stdout and "(model.GPTConfig)" in full.stdout
-        said = {line.split()[0]: line for line in full.stdout.splitlines() if line.startswith("  --")}
-        assert said["--eval_iters"].endswith("[>= 1, <= 1,000,000]") and said["--dropout"].endswith("[in [0, 1)]")
-        assert said["--grad_clip"].endswith("[>= 0 (0 = off)]") and "[" not in said["--compile"]  # its bounds
-    piped = subprocess.run(f"{sys.executable} {script} --help | head -1", shell=True, cwd=ROOT, capture_output=True,
-                           text=True)  # fmt: skip
+        assert (
+            "--muon_ns_steps" in full.stdout
+            and "--n_layer" in full.stdout
+            and "(model.GPTConfig)" in full.stdout
+        )
+        said = {
+            line.split()[0]: line for line in full.stdout.splitlines() if line.startswith("  --")
+        }
+        assert said["--eval_iters"].endswith("[>= 1, <= 1,000,000]") and said["--dropout"].endswith(
+            "[in [0, 1)]"
+        )
+        # its bounds
+        assert said["--grad_clip"].endswith("[>= 0 (0 = off)]") and "[" not in said["--compile"]
+    piped = subprocess.run(
+        f"{sys.executable} {script} --help | head -1",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert piped.stdout.startswith("usage:") and piped.stderr == "", piped.stderr
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
 def test_help_to_a_full_disk_is_one_error_line():
     with open("/dev/full", "w") as full:
-        result = subprocess.run([sys.executable, "sample.py", "--help"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
-    assert result.returncode == 1 and result.stderr == "error: cannot print the help: No space left on device\n"
+        result = subprocess.run(
+            [sys.executable, "sample.py", "--help"],
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert (
+        result.returncode == 1
+        and result.stderr == "error: cannot print the help: No space left on device\n"
+    )
 
 
 def test_the_configurator_imports_no_torch():
@@ -416,7 +483,8 @@ def test_the_configurator_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
-# a number that multiplies the work of a step, an eval, a row or a run, which shows nothing until it ends: bounded
+# a number that multiplies the work of a step, an eval, a row or a run, which shows nothing until it
+# ends: bounded
 BOUNDED = [
     ("train.py", "gradient_accumulation_steps", 10_000),
     ("train.py", "tokens_per_iter", 2**30),

@@ -1,6 +1,6 @@
-"""Fixes that must stay fixed: batched prompts with several samples each (the generation engine), checkpoints that
-carry their tokenizer, special-token ids inside the exported vocabulary, meta.pkl read as data only, a peak table
-whose every entry is reachable by the name a driver reports."""
+"""Fixes that must stay fixed: batched prompts with several samples each (the generation engine),
+checkpoints that carry their tokenizer, special-token ids inside the exported vocabulary, meta.pkl
+read as data only, a peak table whose every entry is reachable by the name a driver reports."""
 
 import pickle
 import shutil
@@ -8,7 +8,14 @@ import shutil
 import pytest
 import torch
 
-from conftest import ROOT, assert_one_line_error, refuse_train, run_in_process, run_script, run_train
+from conftest import (
+    ROOT,
+    assert_one_line_error,
+    refuse_train,
+    run_in_process,
+    run_script,
+    run_train,
+)
 from model import GPT, GPTConfig
 from nanogpt_perf.generate import Engine, Sampling
 from nanogpt_perf.peak_flops import PEAK_TFLOPS, peak_flops_for_name
@@ -23,10 +30,14 @@ def random_model(seed: int = 0, **overrides) -> GPT:
     return GPT(GPTConfig(**{**CONFIG, **overrides})).double().eval()
 
 
-def generate(model: GPT, idx: torch.Tensor, n: int, num_samples: int = 1, seed: int = 0, **sampling) -> torch.Tensor:
+def generate(
+    model: GPT, idx: torch.Tensor, n: int, num_samples: int = 1, seed: int = 0, **sampling
+) -> torch.Tensor:
     """idx extended by n tokens of the generation engine, num_samples sequences per prompt."""
     engine = Engine(model, resolve_runtime("cpu", "float32"))
-    tokens = engine.tokens(idx, n, Sampling(**sampling), torch.Generator().manual_seed(seed), num_samples)
+    tokens = engine.tokens(
+        idx, n, Sampling(**sampling), torch.Generator().manual_seed(seed), num_samples
+    )
     return torch.cat([idx.repeat_interleave(num_samples, dim=0), *tokens], dim=1)
 
 
@@ -36,7 +47,9 @@ def test_batch_of_prompts_with_several_samples_each_equals_repeated_prompts():
     shared = generate(model, idx, 20, num_samples=3, seed=7)
     repeated = generate(model, idx.repeat_interleave(3, dim=0), 20, seed=7)
     assert shared.shape == (6, 25) and torch.equal(shared, repeated)
-    assert torch.equal(shared[:3, :5], idx[:1].expand(3, 5)) and torch.equal(shared[3:, :5], idx[1:].expand(3, 5))
+    assert torch.equal(shared[:3, :5], idx[:1].expand(3, 5)) and torch.equal(
+        shared[3:, :5], idx[1:].expand(3, 5)
+    )
 
 
 def test_greedy_samples_of_a_batch_of_prompts_equal_each_prompt_alone():
@@ -62,43 +75,67 @@ def test_sample_decodes_after_the_data_folder_is_gone_from_another_directory(tin
     shutil.rmtree(data_dir)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    flags = [f"--out_dir={out}", "--start=the ", "--num_samples=1", "--max_new_tokens=20", "--device=cpu"]
+    flags = [
+        f"--out_dir={out}",
+        "--start=the ",
+        "--num_samples=1",
+        "--max_new_tokens=20",
+        "--device=cpu",
+    ]
     result = run_script(str(ROOT / "sample.py"), *flags, cwd=elsewhere)
     assert result.returncode == 0, result.stderr
     assert "tokenizer: characters" in result.stdout
     sample = result.stdout.split("tokenizer: characters")[1].split("\n", 1)[1]
-    assert sample.startswith("the ") and set(sample[:24]) <= set((tiny_data / "tiny" / "input.txt").read_text())
+    assert sample.startswith("the ") and set(sample[:24]) <= set(
+        (tiny_data / "tiny" / "input.txt").read_text()
+    )
 
 
 def save_tiny_checkpoint(path, tokenizer: dict, vocab_size: int) -> None:
     model_args = dict(CONFIG, vocab_size=vocab_size, n_embd=16)
     model = GPT(GPTConfig(**model_args))
-    save_checkpoint({"model": model.state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path)
+    save_checkpoint(
+        {"model": model.state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path
+    )
 
 
 @pytest.mark.parametrize(
     "tokenizer, model_vocab, exported_vocab, eos",
-    [({"kind": "gpt2"}, 50304, 50257, 50256), ({"kind": "characters", "itos": list("abcdefgh")}, 64, 8, None)],
+    [
+        ({"kind": "gpt2"}, 50304, 50257, 50256),
+        ({"kind": "characters", "itos": list("abcdefgh")}, 64, 8, None),
+    ],
 )
-def test_export_writes_special_tokens_only_inside_the_vocabulary(tmp_path, tokenizer, model_vocab, exported_vocab, eos):
+def test_export_writes_special_tokens_only_inside_the_vocabulary(
+    tmp_path, tokenizer, model_vocab, exported_vocab, eos
+):
     transformers = pytest.importorskip("transformers")
     save_tiny_checkpoint(tmp_path / "out" / "ckpt.pt", tokenizer, model_vocab)
-    result = run_script("export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}")
+    result = run_script(
+        "export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}"
+    )
     assert result.returncode == 0, result.stderr
     config = transformers.GPT2Config.from_pretrained(tmp_path / "hf")
-    assert config.vocab_size == exported_vocab and config.eos_token_id == eos and config.bos_token_id == eos
+    assert (
+        config.vocab_size == exported_vocab
+        and config.eos_token_id == eos
+        and config.bos_token_id == eos
+    )
 
 
 def test_export_refuses_a_tokenizer_larger_than_the_model(tmp_path):
     pytest.importorskip("transformers")
     save_tiny_checkpoint(tmp_path / "out" / "ckpt.pt", {"kind": "gpt2"}, 64)
-    result = run_in_process("export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}")
+    result = run_in_process(
+        "export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}"
+    )
     assert_one_line_error(result, "50257", "64")
     assert not (tmp_path / "hf").exists()
 
 
 class _Payload:
-    """Unpickling this calls Path.touch(marker): what a hostile meta.pkl could do with any callable."""
+    """Unpickling this calls Path.touch(marker): what a hostile meta.pkl could do with any
+    callable."""
 
     def __init__(self, marker):
         self.marker = marker
@@ -116,10 +153,15 @@ def test_a_meta_pkl_that_would_run_code_is_refused_unrun(tiny_data, tmp_path):
     before = meta.read_bytes()
     result = refuse_train(data_dir, tmp_path / "out", "--max_iters=1")
     assert_one_line_error(result, "meta.pkl", "plain data")
-    assert not marker.exists() and meta.read_bytes() == before and not (tmp_path / "out" / "ckpt.pt").exists()
+    assert (
+        not marker.exists()
+        and meta.read_bytes() == before
+        and not (tmp_path / "out" / "ckpt.pt").exists()
+    )
 
 
-# The names torch.cuda.get_device_name reports for these GPUs, and the dense bf16 TFLOP/s each should get.
+# The names torch.cuda.get_device_name reports for these GPUs, and the dense bf16 TFLOP/s each
+# should get.
 DRIVER_NAMES = {
     "NVIDIA H100 80GB HBM3": 989.4,
     "NVIDIA H100 PCIe": 756.0,

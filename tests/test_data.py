@@ -34,7 +34,8 @@ PLAY = "\n".join(
 def test_markdown_play_becomes_speaker_lines():
     assert (
         markdown_play_to_text(PLAY)
-        == "BERNARDO:\nWho's there?\n\nFRANCISCO:\nNay, answer me: stand,\nand unfold yourself*.\n\n"
+        == "BERNARDO:\nWho's there?\n\nFRANCISCO:\nNay, answer me: stand,\n"
+        "and unfold yourself*.\n\n"
     )
 
 
@@ -59,7 +60,12 @@ def test_a_prepare_script_never_writes_over_another_dataset(tmp_path):
     (folder / "input.txt").write_text("to be, or not to be: that is the question.\n" * 20)
     prepared = run_script("data/shakespeare_char/prepare.py", str(folder))
     assert prepared.returncode == 0, prepared.stderr
-    assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "meta.pkl", "train.bin", "val.bin"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "input.txt",
+        "meta.pkl",
+        "train.bin",
+        "val.bin",
+    ]
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     refused = run_in_process("data/shakespeare/prepare.py", str(folder))  # GPT-2 tokens: refused
     assert_one_line_error(refused, "a preparation of characters kind")
@@ -73,7 +79,9 @@ def test_bpe_prepare_on_local_input(tmp_path):
     text = "Hello world, said the king.\n" * 50
     (tmp_path / "input.txt").write_text(text)
     prepare(tmp_path)
-    ids = np.concatenate([np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    ids = np.concatenate(
+        [np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")]
+    )
     assert gpt2_encoding().decode(ids.tolist()) == text
 
 
@@ -86,7 +94,8 @@ def test_gpt2_encoding_matches_the_published_ids():
 
 
 def counting_dataset(folder: Path, n: int = 5000) -> Path:
-    """train.bin and val.bin holding 0, 1, 2, ... so that a window's tokens tell where it came from."""
+    """train.bin and val.bin holding 0, 1, 2, ... so that a window's tokens tell where it came
+    from."""
     folder.mkdir(parents=True, exist_ok=True)
     np.arange(n, dtype=np.uint16).tofile(folder / "train.bin")
     np.arange(n, 2 * n, dtype=np.uint16).tofile(folder / "val.bin")
@@ -114,7 +123,8 @@ def test_a_seed_fixes_the_stream_and_ranks_draw_different_windows(tmp_path):
     assert first_starts(0) == first_starts(0)
     assert first_starts(0) != first_starts(1)
     rank0, rank1 = first_starts(0, 0), first_starts(0, 1)
-    assert not set(sum(rank0, [])) & set(sum(rank1, []))  # 40 windows each of ~5000 starts: none shared here
+    # 40 windows each of ~5000 starts: none shared here
+    assert not set(sum(rank0, [])) & set(sum(rank1, []))
 
 
 def test_evaluation_reads_fixed_windows_and_leaves_the_training_stream_alone(tmp_path):

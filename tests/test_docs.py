@@ -1,5 +1,6 @@
-"""The docs cannot drift: their settings tables are the declarations, every file they name exists, and every command
-of their sh blocks runs as written where it takes seconds, or else reads through its script's declarations."""
+"""The docs cannot drift: their settings tables are the declarations, every file they name exists,
+and every command of their sh blocks runs as written where it takes seconds, or else reads through
+its script's declarations."""
 
 import re
 import runpy
@@ -22,9 +23,21 @@ def test_settings_tables_are_the_declarations():
     assert {"train.py", "bench.py", "sample.py", "hellaswag.py", "export.py"} <= set(written)
 
 
-# a file named by a path from the root (or from the package, as docs/architecture.md names its modules), or by its
-# name alone; placeholders (data/NAME/...), globs and what runs write under data/ are not files of the checkout
-FOLDERS = ("nanogpt_perf", "docs", "config", "data", "lab", "scripts", "tests", "train", "bench", "kernels")
+# a file named by a path from the root (or from the package, as docs/architecture.md names its
+# modules), or by its name alone; placeholders (data/NAME/...), globs and what runs write under
+# data/ are not files of the checkout
+FOLDERS = (
+    "nanogpt_perf",
+    "docs",
+    "config",
+    "data",
+    "lab",
+    "scripts",
+    "tests",
+    "train",
+    "bench",
+    "kernels",
+)
 PATH = re.compile(r"(?<![\w/.~$-])((?:" + "|".join(FOLDERS) + r")/[\w./*-]*[\w/])")
 BARE = re.compile(r"(?<![\w/.~$*-])([a-z_]\w*\.(?:py|md|sh|toml))\b")
 LINK = re.compile(r"\]\(([^)#\s]+)\)")
@@ -40,11 +53,20 @@ def named_files(text: str) -> set[str]:
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_file_the_docs_name_exists(doc):
     text = doc.read_text(encoding="utf-8")
-    modules = {p: p.split(".")[0] + ".py" for p in named_files(text)}  # train/step.TrainStep: train/step.py
+    # train/step.TrainStep: train/step.py
+    modules = {p: p.split(".")[0] + ".py" for p in named_files(text)}
     where = [ROOT, ROOT / "nanogpt_perf"]
-    missing = [p for p, m in modules.items() if not any((d / f).exists() for d in where for f in (p, m))]
-    missing += [n for n in {m[1] for m in BARE.finditer(text)} if next(ROOT.glob(f"**/{n}"), None) is None]
-    missing += [t for t in {m[1] for m in LINK.finditer(text)} if "://" not in t and not (doc.parent / t).exists()]
+    missing = [
+        p for p, m in modules.items() if not any((d / f).exists() for d in where for f in (p, m))
+    ]
+    missing += [
+        n for n in {m[1] for m in BARE.finditer(text)} if next(ROOT.glob(f"**/{n}"), None) is None
+    ]
+    missing += [
+        t
+        for t in {m[1] for m in LINK.finditer(text)}
+        if "://" not in t and not (doc.parent / t).exists()
+    ]
     assert not missing, f"{doc.name} names files this checkout lacks: {sorted(missing)}"
 
 
@@ -58,7 +80,8 @@ def test_the_file_check_sees_a_missing_file():
 
 
 def doc_commands() -> list[tuple[str, list[str]]]:
-    """(doc, words) of every command line of the docs' sh blocks, continuation lines joined, comments dropped."""
+    """(doc, words) of every command line of the docs' sh blocks, continuation lines joined,
+    comments dropped."""
     found = []
     for doc in DOCS:
         for block in re.findall(r"```sh\n(.*?)```", doc.read_text(encoding="utf-8"), re.DOTALL):
@@ -91,7 +114,8 @@ def test_a_doc_command_that_takes_seconds_runs_as_written(doc, words):
 
 
 def nanogpt_beside(tmp_path: Path) -> Path:
-    """A folder to parse commands in with a nanoGPT checkout beside it, at ../nanoGPT (as the docs have it)."""
+    """A folder to parse commands in with a nanoGPT checkout beside it, at ../nanoGPT (as the docs
+    have it)."""
     for name in ("train.py", "bench.py", "model.py", "configurator.py", "config/train_gpt2.py"):
         (tmp_path / "nanoGPT" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "nanoGPT" / name).write_text("")
@@ -100,8 +124,9 @@ def nanogpt_beside(tmp_path: Path) -> Path:
 
 
 def parse(script: str, args: list[str], tmp_path: Path, monkeypatch) -> None:
-    """Read a command's arguments as its script would, without running it: the configured scripts' config files
-    and flags through their declarations (a device this machine lacks taken where it is a device's name)."""
+    """Read a command's arguments as its script would, without running it: the configured scripts'
+    config files and flags through their declarations (a device this machine lacks taken where it is
+    a device's name)."""
     if script == "lab/gpu_suite.py":  # its --nanogpt=../nanoGPT checked where the docs have it
         monkeypatch.chdir(nanogpt_beside(tmp_path))
     if script == "lab/ttl_data.py":
@@ -110,13 +135,20 @@ def parse(script: str, args: list[str], tmp_path: Path, monkeypatch) -> None:
         assert set(args) <= set(BUILT_IN), args
         return
     found = declarations(script)
-    words = {k: f.metadata.get("words", ()) for p in found.parts.values() for k, f in declared(p).items()}
-    given = [a if a.startswith("--") else str(ROOT / a) for a in args if a.startswith("--") or a.endswith(".py")]
+    words = {
+        k: f.metadata.get("words", ()) for p in found.parts.values() for k, f in declared(p).items()
+    }
+    given = [
+        a if a.startswith("--") else str(ROOT / a)
+        for a in args
+        if a.startswith("--") or a.endswith(".py")
+    ]
     values = read_overrides(found.defaults, words, given)
     if "device" in values:
         assert DEVICE.fullmatch(values.pop("device")), args
     cfg = found.config(**values)
-    if cfg.defaults.get("sweep") == "" and cfg.sweep:  # bench.py's over its own settings, the benchmark's train.py's
+    # bench.py's over its own settings, the benchmark's train.py's
+    if cfg.defaults.get("sweep") == "" and cfg.sweep:
         sweep_values(cfg if script == "bench.py" else declarations("train.py").config(), cfg.sweep)
 
 
@@ -135,7 +167,8 @@ def test_the_other_doc_commands_are_make_targets_or_the_device_tools():
     for words in others:
         if words[0] == "make":
             assert set(words[1:]) <= MAKE_TARGETS, words
-        else:  # docs/gpu.md's lines for the device tool: they install the wheels on a bare GPU machine
+        # docs/gpu.md's lines for the device tool: they install the wheels on a bare GPU machine
+        else:
             assert words[:3] == ["python3", "-m", "pip"], words
 
 

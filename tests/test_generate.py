@@ -1,4 +1,5 @@
-"""Generation: the KV cache against full recomputation, sampling filters, streaming, GPT-2 interop."""
+"""Generation: the KV cache against full recomputation, sampling filters, streaming, GPT-2
+interop."""
 
 import copy
 import re
@@ -24,7 +25,9 @@ from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
 
 CPU = resolve_runtime("cpu", "float32")
-ALL = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untied_head=True, logit_softcap=20.0)
+ALL = dict(
+    rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untied_head=True, logit_softcap=20.0
+)
 ALL |= dict(zero_init_proj=True, value_embeds=True, unet_skips=True)
 RECIPES = {
     "default": {},
@@ -35,11 +38,20 @@ RECIPES = {
 
 
 def engine_generate(
-    model, idx, max_new_tokens, num_samples=1, generator=None, engine=None, use_cache=True, **sampling
+    model,
+    idx,
+    max_new_tokens,
+    num_samples=1,
+    generator=None,
+    engine=None,
+    use_cache=True,
+    **sampling,
 ) -> torch.Tensor:
     """idx extended by the engine's tokens, as GPT.generate returns it."""
     engine = engine or Engine(model, CPU)
-    new = engine.tokens(idx, max_new_tokens, Sampling(**sampling), generator, num_samples, use_cache)
+    new = engine.tokens(
+        idx, max_new_tokens, Sampling(**sampling), generator, num_samples, use_cache
+    )
     return torch.cat([idx.repeat_interleave(num_samples, dim=0), *new], dim=1)
 
 
@@ -57,17 +69,24 @@ def test_cached_greedy_equals_uncached_past_block_size(attention):
     assert len(set(cached[0, 5:].tolist())) > 3  # not a degenerate repetition
 
 
-@pytest.mark.parametrize("new_tokens", [3, 9, 30])  # a cache shorter than block_size, one that fills it, sliding
+# a cache shorter than block_size, one that fills it, sliding
+@pytest.mark.parametrize("new_tokens", [3, 9, 30])
 def test_cached_sampling_equals_uncached_with_the_same_seed(new_tokens):
     model = sharp_model(seed=3)
-    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)  # top_p: the engine's alone, uncached as GPT.generate runs
+    # top_p: the engine's alone, uncached as GPT.generate runs
+    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)
     a = engine_generate(model, prompts(2, 7), new_tokens, generator=seeded(), **kwargs)
-    b = engine_generate(model, prompts(2, 7), new_tokens, generator=seeded(), use_cache=False, **kwargs)
+    b = engine_generate(
+        model, prompts(2, 7), new_tokens, generator=seeded(), use_cache=False, **kwargs
+    )
     assert torch.equal(a, b)
-    kwargs = dict(temperature=0.9, top_k=20)  # what GPT.generate samples with: its tokens, cached or not
+    # what GPT.generate samples with: its tokens, cached or not
+    kwargs = dict(temperature=0.9, top_k=20)
     reference = model.generate(prompts(2, 7), new_tokens, generator=seeded(), **kwargs)
     for use_cache in (True, False):
-        ours = engine_generate(model, prompts(2, 7), new_tokens, generator=seeded(), use_cache=use_cache, **kwargs)
+        ours = engine_generate(
+            model, prompts(2, 7), new_tokens, generator=seeded(), use_cache=use_cache, **kwargs
+        )
         assert torch.equal(ours, reference)
 
 
@@ -78,16 +97,21 @@ def test_cached_equals_uncached_with_the_recipes_options(options):
     greedy = engine_generate(model, idx, 24, temperature=0)  # 29 tokens: past block_size 16
     assert torch.equal(greedy, model.generate(idx, 24, temperature=0))
     assert all(len(set(row[5:].tolist())) >= 3 for row in greedy)  # not a degenerate repetition
-    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)  # uncached: GPT.generate's loop (the test above)
+    # uncached: GPT.generate's loop (the test above)
+    kwargs = dict(temperature=0.9, top_k=20, top_p=0.95)
     sampled = engine_generate(model, idx, 20, generator=seeded(), **kwargs)
-    assert torch.equal(sampled, engine_generate(model, idx, 20, generator=seeded(), use_cache=False, **kwargs))
+    assert torch.equal(
+        sampled, engine_generate(model, idx, 20, generator=seeded(), use_cache=False, **kwargs)
+    )
 
 
 def test_sampling_draws_as_torch_multinomial_does():
     logits = 3 * torch.randn(3, 1000, generator=seeded(0))
     g1, g2 = seeded(7), seeded(7)
     ours = torch.cat([sample_next(logits, generator=g1) for _ in range(200)], dim=1)
-    theirs = torch.cat([torch.multinomial(logits.softmax(dim=-1), 1, generator=g2) for _ in range(200)], dim=1)
+    theirs = torch.cat(
+        [torch.multinomial(logits.softmax(dim=-1), 1, generator=g2) for _ in range(200)], dim=1
+    )
     assert torch.equal(ours, theirs)
     assert len(set(ours[0].tolist())) > 20  # really sampled
 
@@ -95,15 +119,17 @@ def test_sampling_draws_as_torch_multinomial_does():
 @pytest.mark.parametrize("top_k", [None, 1, 7, 1000])
 @pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
 def test_the_engines_draw_is_model_samples_where_top_p_keeps_every_candidate(top_k, temperature):
-    """sample_next's tokens and GPT.generate's (model.sample's) from the same generator and the same noise: where
-    top_p is off, or keeps every candidate (its -inf mask then changes nothing), token for token."""
+    """sample_next's tokens and GPT.generate's (model.sample's) from the same generator and the same
+    noise: where top_p is off, or keeps every candidate (its -inf mask then changes nothing), token
+    for token."""
     logits = 3 * torch.randn(4, 1000, generator=seeded(0))
     for top_p in (None, 1.0, 1.5):
         g1, g2 = seeded(7), seeded(7)
         ours = [sample_next(logits, temperature, top_k, top_p, generator=g1) for _ in range(50)]
         theirs = [sample(logits, temperature, top_k, generator=g2) for _ in range(50)]
         assert torch.equal(torch.cat(ours, dim=1), torch.cat(theirs, dim=1))
-    for top_p in (None, 0.9):  # noise drawn beforehand (as a CUDA graph replays the rest) is the generator's draw
+    # noise drawn beforehand (as a CUDA graph replays the rest) is the generator's draw
+    for top_p in (None, 0.9):
         noise = torch.empty(4, min(top_k or 1000, 1000)).exponential_(1, generator=seeded(3))
         drawn = sample_next(logits, temperature, top_k, top_p, generator=seeded(3))
         assert torch.equal(sample_next(logits, temperature, top_k, top_p, noise=noise), drawn)
@@ -113,7 +139,8 @@ def test_the_engines_draw_is_model_samples_where_top_p_keeps_every_candidate(top
 def test_cache_logits_match_a_full_forward_in_float32(options):
     model = sharp_model(dtype=torch.float32, **RECIPES[options])
     idx = prompts(2, 12)
-    k, v = ([torch.zeros(2, 4, 16, 8) for _ in range(2)] for _ in range(2))  # per layer: (B, n_head, L, head_size)
+    # per layer: (B, n_head, L, head_size)
+    k, v = ([torch.zeros(2, 4, 16, 8) for _ in range(2)] for _ in range(2))
     with torch.no_grad():
         logits = cached_forward(model, idx[:, :4], k, v)
         for t in range(4, 12):
@@ -128,7 +155,10 @@ def test_batched_equals_one_by_one():
     engine = Engine(model, CPU)
     batched = engine_generate(model, idx, 25, engine=engine, temperature=0)
     for i in range(4):
-        assert torch.equal(batched[i : i + 1], engine_generate(model, idx[i : i + 1], 25, engine=engine, temperature=0))
+        assert torch.equal(
+            batched[i : i + 1],
+            engine_generate(model, idx[i : i + 1], 25, engine=engine, temperature=0),
+        )
 
 
 def test_shared_prefill_equals_separate_prefills():
@@ -137,15 +167,20 @@ def test_shared_prefill_equals_separate_prefills():
     shared = engine_generate(model, idx, 25, num_samples=5, generator=seeded(0))
     separate = engine_generate(model, idx.repeat(5, 1), 25, generator=seeded(0))
     assert shared.shape == (5, 31) and torch.equal(shared, separate)
-    assert len({tuple(row) for row in shared[:, 6:].tolist()}) > 1  # the samples differ from each other
+    # the samples differ from each other
+    assert len({tuple(row) for row in shared[:, 6:].tolist()}) > 1
     assert torch.equal(shared, model.generate(idx.repeat(5, 1), 25, generator=seeded(0)))
 
 
 def test_padded_vocabulary_is_never_sampled():
     model = sharp_model()
-    out = engine_generate(model, prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=seeded(0))
+    out = engine_generate(
+        model, prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=seeded(0)
+    )
     assert out[:, 3:].max() < 10
-    assert torch.equal(out, model.generate(prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=seeded(0)))
+    assert torch.equal(
+        out, model.generate(prompts(2, 3), 40, temperature=2.0, vocab_size=10, generator=seeded(0))
+    )
 
 
 def test_one_decoder_per_shape_reused_across_prompts():
@@ -153,10 +188,13 @@ def test_one_decoder_per_shape_reused_across_prompts():
     engine = Engine(model, CPU)
     for seed in range(3):  # the same prompt length and new tokens: one decoder for all
         idx = prompts(1, 4, seed)
-        assert torch.equal(engine_generate(model, idx, 8, engine=engine, temperature=0), model.generate(idx, 8, 0))
+        assert torch.equal(
+            engine_generate(model, idx, 8, engine=engine, temperature=0), model.generate(idx, 8, 0)
+        )
     assert len(engine.decoders) == 1
     (decoder,) = engine.decoders.values()
-    assert decoder.cache_len == 11 + 5  # 4 + 8 - 1 positions, rounded up to 64 but never beyond block_size
+    # 4 + 8 - 1 positions, rounded up to 64 but never beyond block_size
+    assert decoder.cache_len == 11 + 5
 
 
 def kept(logits: torch.Tensor, **filters) -> set[int]:
@@ -178,7 +216,8 @@ def test_top_k_and_top_p_keep_exactly_the_right_candidates():
     assert kept(logits, top_p=1.0) == {0, 1, 2, 3, 4}
     assert len(kept(torch.zeros(1, 6), top_k=4)) == 4  # ties at the k-th value: still exactly k
     values, indices = candidates(logits, top_p=0.85)
-    assert indices[0, 0] == 1 and values.softmax(-1)[0, 0].item() == pytest.approx(0.4 / 0.85)  # renormalised
+    # renormalised
+    assert indices[0, 0] == 1 and values.softmax(-1)[0, 0].item() == pytest.approx(0.4 / 0.85)
 
 
 def test_top_k_draws_follow_the_renormalised_candidates():
@@ -193,7 +232,8 @@ def test_streamed_text_equals_decoding_the_whole_sequence():
     tokenizer = Tokenizer()
     text = "Caf\u00e9 \u65e5\u672c\u8a9e, na\u00efve \U0001f642 r\u00e9sum\u00e9!"
     ids = tokenizer.encode(text)
-    assert any(len(tokenizer.token_bytes(i).decode("utf-8", errors="ignore")) == 0 for i in ids)  # split characters
+    # split characters
+    assert any(len(tokenizer.token_bytes(i).decode("utf-8", errors="ignore")) == 0 for i in ids)
     stream = TextStream(tokenizer)
     pieces = [stream.push([i]) for i in ids] + [stream.flush()]
     assert "".join(pieces) == tokenizer.decode(ids) == text
@@ -210,15 +250,20 @@ def test_import_from_a_transformers_folder_gives_its_logits(tmp_path):
 
 
 def test_weights_to_transformers_and_back_give_the_same_logits():
-    """model.py's conversion both ways, without export.py: a model without biases and with a padded vocabulary
-    (to_hf_state_dict gives zero biases and cuts the padding) in transformers' GPT2LMHeadModel, then back."""
+    """model.py's conversion both ways, without export.py: a model without biases and with a padded
+    vocabulary (to_hf_state_dict gives zero biases and cuts the padding) in transformers'
+    GPT2LMHeadModel, then back."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = GPT(GPTConfig(**dict(GENERATE_CONFIG, vocab_size=64, bias=False))).eval()
-    hf_config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    hf_config = transformers.GPT2Config(
+        vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4
+    )
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(model, 50), strict=False)
-    assert [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))] == [] and unexpected == []
+    assert [
+        k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))
+    ] == [] and unexpected == []
     idx = torch.randint(50, (2, 16))
     ours = model(idx, idx)[0][..., :50]
     assert (hf(idx).logits - ours).abs().max().item() <= 1e-4
@@ -233,7 +278,8 @@ def test_export_round_trip_through_transformers(tmp_path, tiny_data):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     meta_vocab = Tokenizer.for_dataset(tiny_data / "tiny").n_vocab
-    model_args = dict(GENERATE_CONFIG, vocab_size=64, bias=False)  # padded vocab, no biases: both undone on export
+    # padded vocab, no biases: both undone on export
+    model_args = dict(GENERATE_CONFIG, vocab_size=64, bias=False)
     model = GPT(GPTConfig(**model_args)).eval()
     checkpoint = {
         "model": model.state_dict(),
@@ -241,7 +287,9 @@ def test_export_round_trip_through_transformers(tmp_path, tiny_data):
         "config": {"data_dir": str(tiny_data), "dataset": "tiny"},
     }
     save_checkpoint(checkpoint, tmp_path / "out" / "ckpt.pt")
-    result = run_script("export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}")
+    result = run_script(
+        "export.py", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'hf'}"
+    )
     assert result.returncode == 0, result.stderr
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.config.vocab_size == meta_vocab
@@ -272,7 +320,10 @@ def test_train_and_sample_from_a_transformers_folder(tmp_path, tiny_data):
     )
     assert result.returncode == 0, result.stderr
     checkpoint = torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)
-    assert checkpoint["model_args"]["block_size"] == 16 and checkpoint["model_args"]["vocab_size"] == 100
+    assert (
+        checkpoint["model_args"]["block_size"] == 16
+        and checkpoint["model_args"]["vocab_size"] == 100
+    )
     too_long = run_script(
         "train.py",
         f"--init_from={folder}",
@@ -294,31 +345,48 @@ def test_sample_streams_and_stops_at_the_stop_text(tmp_path, tiny_data):
         "config": {"data_dir": str(tiny_data), "dataset": "tiny"},
     }
     save_checkpoint(checkpoint, tmp_path / "ckpt.pt")
-    common = [f"--out_dir={tmp_path}", "--device=cpu", "--start=the ", "--max_new_tokens=60", "--temperature=1.0"]
+    common = [
+        f"--out_dir={tmp_path}",
+        "--device=cpu",
+        "--start=the ",
+        "--max_new_tokens=60",
+        "--temperature=1.0",
+    ]
     full = run_script("sample.py", *common, "--num_samples=1")
     assert full.returncode == 0, full.stderr
     text = full.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
     assert "time to first token" in full.stdout and "tokens/s" in full.stdout
-    at = text.index("\n", 10)  # a piece of what the model writes with this seed, across a line's end
+    # a piece of what the model writes with this seed, across a line's end
+    at = text.index("\n", 10)
     stop = text[at - 1 : at + 1]
-    typed = stop.replace("\\", "\\\\").replace("\n", "\\n")  # as a shell passes --stop="e\n": \ and n
+    # as a shell passes --stop="e\n": \ and n
+    typed = stop.replace("\\", "\\\\").replace("\n", "\\n")
     stopped = run_script("sample.py", *common, "--num_samples=1", f"--stop={typed}")
     cut = stopped.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
     assert cut.rstrip("\n") == text[: text.index(stop)]
     # greedy: the batched, uncached path writes what the streamed, cached one does, for every sample
     greedy = run_script("sample.py", *common, "--num_samples=1", "--temperature=0")
     batched = run_script(
-        "sample.py", *common, "--num_samples=3", "--batched=True", "--kv_cache=false", "--temperature=0"
+        "sample.py",
+        *common,
+        "--num_samples=3",
+        "--batched=True",
+        "--kv_cache=false",
+        "--temperature=0",
     )
     assert batched.returncode == 0 and batched.stdout.count("---------------") == 3
     first = greedy.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
-    assert batched.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0] == first
+    assert (
+        batched.stdout.split("tokenizer: ")[1].split("\n", 1)[1].split("---------------")[0]
+        == first
+    )
 
 
 @pytest.fixture
 def quick_compile(monkeypatch):
-    """A CPU's decode step compiled without timing inductor's GEMM choices (a minute on these tiny models):
-    the numerics and the graphs are the same; tests/test_quantize.py compiles with every choice timed (slow)."""
+    """A CPU's decode step compiled without timing inductor's GEMM choices (a minute on these tiny
+    models): the numerics and the graphs are the same; tests/test_quantize.py compiles with every
+    choice timed (slow)."""
     monkeypatch.setitem(CPU_COMPILE, "max_autotune", False)
 
 
@@ -335,16 +403,19 @@ def test_compiled_decode_step_gives_the_same_tokens_without_recompiling(options,
     decoder = engine.decoder(2, 5, 30, Sampling(temperature=0))
     assert decoder.build_seconds > 0
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    compiled = engine_generate(model, idx, 30, engine=engine, temperature=0)  # 30 positions, past block_size too
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # one graph for every position
+    # 30 positions, past block_size too
+    compiled = engine_generate(model, idx, 30, engine=engine, temperature=0)
+    # one graph for every position
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(compiled, model.generate(idx, 30, temperature=0))
     sampled = engine_generate(model, idx, 30, engine=engine, generator=seeded(), top_k=10)
     assert torch.equal(sampled, model.generate(idx, 30, top_k=10, generator=seeded()))
 
 
 def test_decoders_past_dynamos_recompile_limit_are_still_compiled(quick_compile):
-    """Every Decoder compiles cached_forward, whose compiled graphs dynamo keeps in one cache per code
-    object: past its limit it would run them eagerly, silently (fullgraph=True makes that an error here)."""
+    """Every Decoder compiles cached_forward, whose compiled graphs dynamo keeps in one cache per
+    code object: past its limit it would run them eagerly, silently (fullgraph=True makes that an
+    error here)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -360,9 +431,9 @@ def test_decoders_past_dynamos_recompile_limit_are_still_compiled(quick_compile)
 
 
 def cache_loops(caches: str) -> list[int]:
-    """The bounds of the loops in Inductor's code for one compiled decode step of a 2-layer model whose KV cache
-    is a list of per-layer tensors or one stacked (n_layer, ...) tensor: a loop bounded by one layer's cache size
-    copies a whole cache."""
+    """The bounds of the loops in Inductor's code for one compiled decode step of a 2-layer model
+    whose KV cache is a list of per-layer tensors or one stacked (n_layer, ...) tensor: a loop
+    bounded by one layer's cache size copies a whole cache."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -382,7 +453,8 @@ def test_compiled_decode_step_writes_one_position_not_the_whole_cache():
     layer_cache = 2 * 4 * 16 * 8
     per_layer, stacked = cache_loops("per-layer"), cache_loops("stacked")
     assert len(per_layer) > 10 and layer_cache not in per_layer
-    assert stacked.count(layer_cache) >= 2  # the check sees them where they are: writes through views of one tensor
+    # the check sees them where they are: writes through views of one tensor
+    assert stacked.count(layer_cache) >= 2
 
 
 def sdpa_calls(fn) -> list[dict]:
@@ -393,8 +465,14 @@ def sdpa_calls(fn) -> list[dict]:
     class Record(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if func is torch.nn.functional.scaled_dot_product_attention:
-                enabled = dict(flash=backends.flash_sdp_enabled(), efficient=backends.mem_efficient_sdp_enabled())
-                seen.append(enabled | dict(cudnn=backends.cudnn_sdp_enabled(), math=backends.math_sdp_enabled()))
+                enabled = dict(
+                    flash=backends.flash_sdp_enabled(),
+                    efficient=backends.mem_efficient_sdp_enabled(),
+                )
+                seen.append(
+                    enabled
+                    | dict(cudnn=backends.cudnn_sdp_enabled(), math=backends.math_sdp_enabled())
+                )
             return func(*args, **(kwargs or {}))
 
     with Record():
@@ -416,14 +494,22 @@ def test_prefill_and_decode_never_use_cudnn():
 
 
 def mask_ops(n_layer: int) -> int:
-    """How many times one eager decode step of an n_layer model runs the ops that make an attention mask."""
+    """How many times one eager decode step of an n_layer model runs the ops that make an attention
+    mask."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     made = []
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ in ("arange", "le", "gt", "masked_fill", "where", "logical_not"):
+            if func.overloadpacket.__name__ in (
+                "arange",
+                "le",
+                "gt",
+                "masked_fill",
+                "where",
+                "logical_not",
+            ):
                 made.append(func)
             return func(*args, **(kwargs or {}))
 
@@ -449,25 +535,31 @@ def test_decoders_share_one_cuda_graph_pool():
     for sampling in (dict(temperature=0), dict(top_k=20)):
         g = torch.Generator("cuda").manual_seed(0)
         ours = torch.cat([idx, *engine.tokens(idx, 8, Sampling(**sampling), g)], dim=1)
-        reference = model.generate(idx, 8, **sampling, generator=torch.Generator("cuda").manual_seed(0))
+        reference = model.generate(
+            idx, 8, **sampling, generator=torch.Generator("cuda").manual_seed(0)
+        )
         assert torch.equal(ours, reference)
     pools = {d.graph.pool() for d in engine.decoders.values()}
     assert len(engine.decoders) == 2 and len(pools) == 1
 
 
 def test_packed_bfloat16_model_generates_the_same_tokens():
-    """On a CPU in bfloat16 the Linears are packed for oneDNN (float32 keeps nn.Linear: MKL reads it faster here,
-    docs/sample.md); the packed model's greedy tokens are the plain bfloat16 model's (nanoGPT's generate)."""
+    """On a CPU in bfloat16 the Linears are packed for oneDNN (float32 keeps nn.Linear: MKL reads it
+    faster here, docs/sample.md); the packed model's greedy tokens are the plain bfloat16 model's
+    (nanoGPT's generate)."""
     model = sharp_model(dtype=torch.float32)
     idx = prompts(2, 5)
     assert type(for_inference(copy.deepcopy(model), CPU).lm_head) is torch.nn.Linear
     bf16 = resolve_runtime("cpu", "bfloat16")
-    plain = for_inference(copy.deepcopy(model), bf16, pack=False)  # as compiled: torch.compile takes no packing
+    # as compiled: torch.compile takes no packing
+    plain = for_inference(copy.deepcopy(model), bf16, pack=False)
     assert type(plain.lm_head) is torch.nn.Linear and plain.lm_head.weight.dtype == torch.bfloat16
     fast = for_inference(copy.deepcopy(model), bf16)
     assert type(fast.lm_head) is PackedLinear and fast.lm_head.weight.is_mkldnn
     reference = plain.generate(idx, 30, temperature=0)
-    assert torch.equal(engine_generate(fast, idx, 30, engine=Engine(fast, bf16), temperature=0), reference)
+    assert torch.equal(
+        engine_generate(fast, idx, 30, engine=Engine(fast, bf16), temperature=0), reference
+    )
 
 
 def test_a_checkpoints_vocabulary_covers_its_model_less_the_padding():

@@ -1,6 +1,7 @@
-"""lab/gpu_suite.py's own settings: a budget or a folder that means nothing is refused in one 'error: ' line, exit
-status 2 (1 for an earlier results.json that is not the suite's), before anything is written; the folders it accepts;
-and the line that names carried wheels made for another Python. The steps themselves run in `make gpu-dry-run`."""
+"""lab/gpu_suite.py's own settings: a budget or a folder that means nothing is refused in one
+'error: ' line, exit status 2 (1 for an earlier results.json that is not the suite's), before
+anything is written; the folders it accepts; and the line that names carried wheels made for another
+Python. The steps themselves run in `make gpu-dry-run`."""
 
 import json
 import sys
@@ -28,24 +29,45 @@ RESULTS = "{dir}/out"  # a folder holding an earlier results.json
 
 CASES = {
     "budget_s=-5": Case(
-        "--out={dir}/out --part=bench --budget_s=-5", ("budget_s must be 0 (the part's default) or at", "not -5")
+        "--out={dir}/out --part=bench --budget_s=-5",
+        ("budget_s must be 0 (the part's default) or at", "not -5"),
     ),
-    "budget_s=10": Case("--out={dir}/out --part=bench --budget_s=10", ("at least 30 seconds", "not 10")),
-    "budget_s=nan": Case("--out={dir}/out --part=bench --budget_s=nan", ("must be a finite number", "not nan")),
-    "budget_s=inf": Case("--out={dir}/out --part=bench --budget_s=inf", ("must be a finite number", "not inf")),
-    "budget_s=text": Case("--out={dir}/out --part=bench --budget_s=soon", ("budget_s must be float", "'soon'")),
-    "part_missing": Case("--out={dir}/out", ("part=train|bench|generate|lowmem|all is required (or dry_run=True)",)),
-    "part_unknown": Case("--out={dir}/out --part=ladder", ("part must be one of train, bench,", "'ladder'")),
+    "budget_s=10": Case(
+        "--out={dir}/out --part=bench --budget_s=10", ("at least 30 seconds", "not 10")
+    ),
+    "budget_s=nan": Case(
+        "--out={dir}/out --part=bench --budget_s=nan", ("must be a finite number", "not nan")
+    ),
+    "budget_s=inf": Case(
+        "--out={dir}/out --part=bench --budget_s=inf", ("must be a finite number", "not inf")
+    ),
+    "budget_s=text": Case(
+        "--out={dir}/out --part=bench --budget_s=soon", ("budget_s must be float", "'soon'")
+    ),
+    "part_missing": Case(
+        "--out={dir}/out", ("part=train|bench|generate|lowmem|all is required (or dry_run=True)",)
+    ),
+    "part_unknown": Case(
+        "--out={dir}/out --part=ladder", ("part must be one of train, bench,", "'ladder'")
+    ),
     "out_missing": Case("--part=bench", ("out must be a path, not ''",)),
     "out_empty": Case("--out= --part=bench", ("out must be a path, not ''",)),
     "out_a_file": Case(
-        "--out={dir}/notes.txt --part=bench", ("out must be a folder (this is a file)", "notes.txt"), {"notes.txt": "x"}
+        "--out={dir}/notes.txt --part=bench",
+        ("out must be a folder (this is a file)", "notes.txt"),
+        {"notes.txt": "x"},
     ),
     "out_below_a_file": Case(
-        "--out={dir}/notes.txt/out --part=bench", ("out must be a path in folders", "notes.txt"), {"notes.txt": "x"}
+        "--out={dir}/notes.txt/out --part=bench",
+        ("out must be a path in folders", "notes.txt"),
+        {"notes.txt": "x"},
     ),
-    "out_in_the_repository": Case(f"--out={IN_REPO} --part=bench", ("outside this repository, or one git ignores",)),
-    "out_the_repository": Case("--out=. --part=bench", ("outside this repository, or one git ignores",)),
+    "out_in_the_repository": Case(
+        f"--out={IN_REPO} --part=bench", ("outside this repository, or one git ignores",)
+    ),
+    "out_the_repository": Case(
+        "--out=. --part=bench", ("outside this repository, or one git ignores",)
+    ),
     "nanogpt_not_a_checkout": Case(
         "--out={dir}/out --part=train --nanogpt={dir}/nanogpt",
         ("must be a nanoGPT checkout", "has no bench.py, configurator.py, config/train_gpt2.py"),
@@ -58,7 +80,10 @@ CASES = {
         1,
     ),
     "results_not_utf8": Case(
-        f"--out={RESULTS} --part=bench --budget_s=30", ("not the suite's",), {"out/results.json": "\udcff"}, 1
+        f"--out={RESULTS} --part=bench --budget_s=30",
+        ("not the suite's",),
+        {"out/results.json": "\udcff"},
+        1,
     ),
     "results_of_something_else": Case(
         f"--out={RESULTS} --part=bench --budget_s=30",
@@ -73,7 +98,10 @@ CASES = {
         1,
     ),
     "results_a_folder": Case(
-        f"--out={RESULTS} --part=bench --budget_s=30", ("not the suite's",), {"out/results.json/x": "x"}, 1
+        f"--out={RESULTS} --part=bench --budget_s=30",
+        ("not the suite's",),
+        {"out/results.json/x": "x"},
+        1,
     ),
 }
 
@@ -97,18 +125,27 @@ def test_folders_the_suite_accepts(out: str, tmp_path: Path):
     gpu_suite_io.suite_folder(out.replace("{tmp}", str(tmp_path)))  # raises ValueError if refused
 
 
-def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(tmp_path: Path, monkeypatch):
+def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(
+    tmp_path: Path, monkeypatch
+):
     python = f"{sys.version_info.major}{sys.version_info.minor}"
-    other = f"3{sys.version_info.minor + 1}"  # a newer Python's (an older one's pure wheel installs here)
-    for name in (f"multiprocess-0.70.19-py{other}-none-any.whl", f"dill-0.4.0-py{python}-none-any.whl"):
+    # a newer Python's (an older one's pure wheel installs here)
+    other = f"3{sys.version_info.minor + 1}"
+    for name in (
+        f"multiprocess-0.70.19-py{other}-none-any.whl",
+        f"dill-0.4.0-py{python}-none-any.whl",
+    ):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "datasets-4.0.0-py3-none-any.whl").write_bytes(b"")
     monkeypatch.setattr(gpu_suite_io, "missing_packages", lambda: ["datasets", "multiprocess"])
     problem = gpu_suite_io.preparation_problem(tmp_path)
     assert f"multiprocess-0.70.19-py{other}-none-any.whl" in problem and "dill" not in problem
     assert f"not for this Python {sys.version_info.major}.{sys.version_info.minor}" in problem
-    assert f"GPU_PYTHON={sys.version_info.major}.{sys.version_info.minor} lab/gpu_wheels.sh" in problem
-    (tmp_path / f"multiprocess-0.70.19-py{other}-none-any.whl").unlink()  # every wheel fits: the packages are named
+    assert (
+        f"GPU_PYTHON={sys.version_info.major}.{sys.version_info.minor} lab/gpu_wheels.sh" in problem
+    )
+    # every wheel fits: the packages are named
+    (tmp_path / f"multiprocess-0.70.19-py{other}-none-any.whl").unlink()
     assert gpu_suite_io.wheel_problem(tmp_path) is None
     assert "lab/gpu_wheels.sh" in gpu_suite_io.preparation_problem(tmp_path)
 
@@ -116,11 +153,15 @@ def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(tmp_pat
 def test_the_step_shape_comes_from_the_manifest_as_train_py_ran(tmp_path: Path):
     manifest = tmp_path / "manifest.json"
     manifest.write_text(
-        json.dumps({"settings": {"batch_size": 60, "gradient_accumulation_steps": 8, "block_size": 1024}})
+        json.dumps(
+            {"settings": {"batch_size": 60, "gradient_accumulation_steps": 8, "block_size": 1024}}
+        )
     )
     assert gpu_suite_io.train_step_shape(manifest) == (60, 8, 1024)
     manifest.write_text(
-        json.dumps({"settings": {"batch_size": "auto", "gradient_accumulation_steps": 8, "block_size": 1}})
+        json.dumps(
+            {"settings": {"batch_size": "auto", "gradient_accumulation_steps": 8, "block_size": 1}}
+        )
     )
     with pytest.raises(ValueError, match="not numbers"):
         gpu_suite_io.train_step_shape(manifest)

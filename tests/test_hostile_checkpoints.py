@@ -1,10 +1,11 @@
-"""Hostile checkpoints and weights: files that are not ours or nanoGPT's (pickled classes, foreign zips, truncated),
-model_args that do not fit their weights, training states that cannot be resumed, resumed settings that cannot
-apply, transformers folders that are not the GPT-2 they say, tokenizers that outgrow their model. Each is refused
-in one 'error: ' line with every file as it was, and nothing in a hostile file runs. Then issue 31's: a resume
-trains with the optimizer settings it gives (read back from the optimizer's saved groups), a flag that the weights
-a run starts from do not have is refused, resume_fallback finds ckpt-best.pt, checkpoints are never written
-through a link."""
+"""Hostile checkpoints and weights: files that are not ours or nanoGPT's (pickled classes, foreign
+zips, truncated), model_args that do not fit their weights, training states that cannot be resumed,
+resumed settings that cannot apply, transformers folders that are not the GPT-2 they say, tokenizers
+that outgrow their model. Each is refused in one 'error: ' line with every file as it was, and
+nothing in a hostile file runs. Then issue 31's: a resume trains with the optimizer settings it
+gives (read back from the optimizer's saved groups), a flag that the weights a run starts from do
+not have is refused, resume_fallback finds ckpt-best.pt, checkpoints are never written through a
+link."""
 
 import os
 import shutil
@@ -47,17 +48,36 @@ from conftest import (
 )
 from nanogpt_perf.errors import UserError
 
-INIT = {T: "--init_from={dir}/hf", S: "--init_from={dir}/hf", H: "--init_from={dir}/hf --file={dir}/hs.jsonl"}
+INIT = {
+    T: "--init_from={dir}/hf",
+    S: "--init_from={dir}/hf",
+    H: "--init_from={dir}/hf --file={dir}/hs.jsonl",
+}
 BROKEN_FOLDERS = {
     "config.json_missing": (hf(), "no readable config.json"),
-    "config.json_not_json": (hf('{"model_type": "gpt2",'), "no readable config.json (JSONDecodeError)"),
+    "config.json_not_json": (
+        hf('{"model_type": "gpt2",'),
+        "no readable config.json (JSONDecodeError)",
+    ),
     "config.json_not_gpt2": (hf({"model_type": "llama"}), "does not describe a GPT-2"),
-    "config.json_n_layer_text": (hf({"n_layer": "two"}), "n_layer must be a positive int, not 'two'"),
+    "config.json_n_layer_text": (
+        hf({"n_layer": "two"}),
+        "n_layer must be a positive int, not 'two'",
+    ),
     "config.json_heads": (hf({"n_head": 3}), "n_embd=8 is not divisible by n_head=3"),
-    "config.json_activation": (hf({"activation_function": "relu"}), "activation_function is 'relu'"),
+    "config.json_activation": (
+        hf({"activation_function": "relu"}),
+        "activation_function is 'relu'",
+    ),
     "config.json_huge": (hf({"n_layer": 10**9}), "n_layer=1000000000", "more than this machine's"),
-    "safetensors_missing": ({"hf/config.json": HF_OK}, "neither model.safetensors nor pytorch_model.bin"),
-    "safetensors_truncated": (hf({}, safetensors_bytes(hf_weights())[:3000]), "model.safetensors cannot be read"),
+    "safetensors_missing": (
+        {"hf/config.json": HF_OK},
+        "neither model.safetensors nor pytorch_model.bin",
+    ),
+    "safetensors_truncated": (
+        hf({}, safetensors_bytes(hf_weights())[:3000]),
+        "model.safetensors cannot be read",
+    ),
     "safetensors_lacks_a_weight": (
         hf({}, safetensors_bytes(hf_weights(**{"h.0.mlp.c_fc.weight": None}))),
         "model.safetensors has no h.0.mlp.c_fc.weight",
@@ -66,7 +86,10 @@ BROKEN_FOLDERS = {
         hf({}, safetensors_bytes(hf_weights(**{"wpe.weight": (16, 8)}))),
         "holds wpe.weight as [16, 8], config.json makes it [32, 8]",
     ),
-    "pytorch_model.bin_garbage": (hf({}, b"not a checkpoint", "pytorch_model.bin"), "pytorch_model.bin cannot be read"),
+    "pytorch_model.bin_garbage": (
+        hf({}, b"not a checkpoint", "pytorch_model.bin"),
+        "pytorch_model.bin cannot be read",
+    ),
 }
 
 
@@ -87,49 +110,82 @@ CHECKPOINTS = {
         "nothing to train",
         checkpoint="ours",
     ),
-    "resume_max_iters_equal": train_case(RESUME + " --max_iters=5", "at iter 5 and max_iters=5", checkpoint="ours"),
-    "resume_saved_max_iters": train_case(RESUME, "at iter 5 and max_iters=5", "eval_only=True", checkpoint="ours"),
+    "resume_max_iters_equal": train_case(
+        RESUME + " --max_iters=5", "at iter 5 and max_iters=5", checkpoint="ours"
+    ),
+    "resume_saved_max_iters": train_case(
+        RESUME, "at iter 5 and max_iters=5", "eval_only=True", checkpoint="ours"
+    ),
     # checkpoints that are not ours or nanoGPT's
-    "a_random_dict": train_case(RESUME, "not a nanogpt-perf checkpoint (missing model, model_args)", checkpoint="dict"),
+    "a_random_dict": train_case(
+        RESUME, "not a nanogpt-perf checkpoint (missing model, model_args)", checkpoint="dict"
+    ),
     "a_tensor": train_case(RESUME, "not a nanogpt-perf checkpoint", checkpoint="tensor"),
     "a_list": train_case(RESUME, "not a nanogpt-perf checkpoint", checkpoint="list"),
     "a_pickled_class": train_case(
         RESUME, "holds a Python object", "not loaded (it could run code)", checkpoint="class"
     ),
     "a_plain_pickle": train_case(RESUME, "truncated or not a checkpoint", checkpoint="pickle"),
-    "a_zip_not_a_checkpoint": train_case(RESUME, "corrupt or not a torch checkpoint", checkpoint="zip"),
+    "a_zip_not_a_checkpoint": train_case(
+        RESUME, "corrupt or not a torch checkpoint", checkpoint="zip"
+    ),
     "an_empty_file": train_case(RESUME, "truncated or not a checkpoint", checkpoint="empty"),
     "model_args_missing_a_key": train_case(
         RESUME,
-        "weights lack transformer.h.0.attn.c_attn.bias (its model_args lack bias: GPTConfig's defaults were taken)",
+        "weights lack transformer.h.0.attn.c_attn.bias (its model_args lack bias: GPTConfig's "
+        "defaults were taken)",
         checkpoint="no_bias",
     ),
     "model_args_missing_vocab_size": train_case(
-        RESUME, "(16, 8), its model_args make it (50304, 8)", "lack vocab_size", checkpoint="no_vocab"
+        RESUME,
+        "(16, 8), its model_args make it (50304, 8)",
+        "lack vocab_size",
+        checkpoint="no_vocab",
     ),
     "model_args_wrong_type": train_case(
         RESUME, "model_args' n_layer must be an int >= 1, not '2'", checkpoint="str_layers"
     ),
-    "model_args_zero": train_case(RESUME, "model_args' n_head must be an int >= 1, not 0", checkpoint="zero_heads"),
-    "model_args_not_a_dict": train_case(RESUME, "model_args are a list, not a dict", checkpoint="args_list"),
+    "model_args_zero": train_case(
+        RESUME, "model_args' n_head must be an int >= 1, not 0", checkpoint="zero_heads"
+    ),
+    "model_args_not_a_dict": train_case(
+        RESUME, "model_args are a list, not a dict", checkpoint="args_list"
+    ),
     "model_args_bad_dropout": train_case(
         RESUME, "dropout must be a number in [0, 1), not 'high'", checkpoint="dropout"
     ),
-    "model_args_more_layers": train_case(RESUME, "n_layer=3, its weights hold 2 layers", checkpoint="three_layers"),
-    "model_args_other_shape": train_case(
-        RESUME, "transformer.wte.weight is (16, 8), its model_args make it (32, 8)", checkpoint="vocab_32"
+    "model_args_more_layers": train_case(
+        RESUME, "n_layer=3, its weights hold 2 layers", checkpoint="three_layers"
     ),
-    "model_args_inconsistent": train_case(RESUME, "n_embd=8 is not divisible by n_head=3", checkpoint="three_heads"),
-    "model_not_a_state_dict": train_case(RESUME, "its model is not a state dict", checkpoint="model_list"),
-    "iter_num_a_string": train_case(RESUME, "iter_num must be an int >= 0, not '5'", checkpoint="iter_str"),
-    "iter_num_negative": train_case(RESUME, "iter_num must be an int >= 0, not -1", checkpoint="iter_neg"),
-    "best_val_loss_a_string": train_case(RESUME, "best_val_loss must be a number, not 'low'", checkpoint="best_str"),
+    "model_args_other_shape": train_case(
+        RESUME,
+        "transformer.wte.weight is (16, 8), its model_args make it (32, 8)",
+        checkpoint="vocab_32",
+    ),
+    "model_args_inconsistent": train_case(
+        RESUME, "n_embd=8 is not divisible by n_head=3", checkpoint="three_heads"
+    ),
+    "model_not_a_state_dict": train_case(
+        RESUME, "its model is not a state dict", checkpoint="model_list"
+    ),
+    "iter_num_a_string": train_case(
+        RESUME, "iter_num must be an int >= 0, not '5'", checkpoint="iter_str"
+    ),
+    "iter_num_negative": train_case(
+        RESUME, "iter_num must be an int >= 0, not -1", checkpoint="iter_neg"
+    ),
+    "best_val_loss_a_string": train_case(
+        RESUME, "best_val_loss must be a number, not 'low'", checkpoint="best_str"
+    ),
     "optimizer_missing": train_case(
         RESUME, "its optimizer is not an optimizer's state dict", checkpoint="no_optimizer"
     ),
     "config_not_a_dict": train_case(RESUME, "its config", "is not a dict", checkpoint="config_str"),
     "config_value_wrong_type": train_case(
-        RESUME, "settings are not this train.py's", "max_iters must be int", checkpoint="config_type"
+        RESUME,
+        "settings are not this train.py's",
+        "max_iters must be int",
+        checkpoint="config_type",
     ),
     "config_value_out_of_range": train_case(
         RESUME,
@@ -137,11 +193,17 @@ CHECKPOINTS = {
         "give eval_interval",
         checkpoint="config_range",
     ),
-    "ranks_not_a_list": train_case(RESUME, "its ranks", "are not a list of dicts", checkpoint="ranks_str"),
+    "ranks_not_a_list": train_case(
+        RESUME, "its ranks", "are not a list of dicts", checkpoint="ranks_str"
+    ),
     "data_identity_a_string": train_case(RESUME, "its data_identity", checkpoint="identity_str"),
-    "data_identity_no_folder": train_case(RESUME, "its data_identity", checkpoint="identity_no_folder"),
+    "data_identity_no_folder": train_case(
+        RESUME, "its data_identity", checkpoint="identity_no_folder"
+    ),
     "model_args_an_unknown_option": train_case(
-        RESUME, "its model_args name rotary_v2: an option this code does not know", checkpoint="unknown_option"
+        RESUME,
+        "its model_args name rotary_v2: an option this code does not know",
+        checkpoint="unknown_option",
     ),
     # what a resumed run cannot change, and the data it resumes on
     "resume_with_another_optimizer": train_case(
@@ -150,9 +212,13 @@ CHECKPOINTS = {
         checkpoint="ours",
     ),
     "resume_with_rotary": train_case(
-        RESUME + " --max_iters=10 --rotary=True", "rotary=True (checkpoint: False)", checkpoint="ours"
+        RESUME + " --max_iters=10 --rotary=True",
+        "rotary=True (checkpoint: False)",
+        checkpoint="ours",
     ),
-    "sample_model_args_missing_a_key": RunCase(Case("sample.py", "", ("lack bias",)), checkpoint="no_bias"),
+    "sample_model_args_missing_a_key": RunCase(
+        Case("sample.py", "", ("lack bias",)), checkpoint="no_bias"
+    ),
     "sample_model_args_bad_attention": RunCase(
         Case("sample.py", "", ("attention must be one of",)), checkpoint="attention"
     ),
@@ -162,7 +228,9 @@ CHECKPOINTS = {
     "export_the_recipe_architecture": RunCase(
         Case("export.py", "", ("transformers' GPT-2 has no relu2",)), checkpoint="relu2"
     ),
-    "export_other_shape": RunCase(Case("export.py", "", ("its model_args make it (32, 8)",)), checkpoint="vocab_32"),
+    "export_other_shape": RunCase(
+        Case("export.py", "", ("its model_args make it (32, 8)",)), checkpoint="vocab_32"
+    ),
 }
 
 
@@ -175,16 +243,25 @@ TOKENIZERS = {
         {"out/ckpt.pt": Ckpt(100)},
     ),  # fmt: skip
     "export-tokenizer-past-the-model": ScriptCase(
-        E, "", ("has 100 tokens, more than its model's vocabulary of 16",), {"out/ckpt.pt": Ckpt(100)}
+        E,
+        "",
+        ("has 100 tokens, more than its model's vocabulary of 16",),
+        {"out/ckpt.pt": Ckpt(100)},
     ),
     "hellaswag-tokenizer-past-the-model": ScriptCase(
         H, "", ("has 100 tokens",), {"out/ckpt.pt": Ckpt(100)} | HELLASWAG_LINE
     ),
     "sample-export-vocabulary-not-json": ScriptCase(
-        S, "--init_from={dir}/hf", ("vocabulary.json is not a vocabulary",), hf({}) | {"hf/vocabulary.json": "{"}
+        S,
+        "--init_from={dir}/hf",
+        ("vocabulary.json is not a vocabulary",),
+        hf({}) | {"hf/vocabulary.json": "{"},
     ),
     "sample-export-vocabulary-twice-a-character": ScriptCase(
-        S, "--init_from={dir}/hf", ("itos gives two token ids the same string",), hf({}) | VOCABULARY(["a", "a"])
+        S,
+        "--init_from={dir}/hf",
+        ("itos gives two token ids the same string",),
+        hf({}) | VOCABULARY(["a", "a"]),
     ),
     "sample-export-vocabulary-past-the-model": ScriptCase(
         S,
@@ -193,7 +270,10 @@ TOKENIZERS = {
         hf({}) | VOCABULARY(list("abc") + [chr(200 + i) for i in range(97)]),
     ),  # fmt: skip
     "hellaswag-export-of-characters": ScriptCase(
-        H, "--init_from={dir}/hf", ("scored in GPT-2's tokens", "characters (3)"), hf({}) | VOCABULARY(list("abc"))
+        H,
+        "--init_from={dir}/hf",
+        ("scored in GPT-2's tokens", "characters (3)"),
+        hf({}) | VOCABULARY(list("abc")),
     ),
     "hellaswag-model-folder-smaller-than-gpt2": ScriptCase(
         H,
@@ -205,22 +285,29 @@ TOKENIZERS = {
 
 
 @pytest.mark.parametrize("name", WEIGHTS)
-def test_a_transformers_folder_refused_with_one_line_and_nothing_written(name: str, checkpoint: bytes, tmp_path):
+def test_a_transformers_folder_refused_with_one_line_and_nothing_written(
+    name: str, checkpoint: bytes, tmp_path
+):
     refuse_case(WEIGHTS[name], tmp_path, checkpoint)
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)
-def test_a_checkpoint_refused_with_one_line_and_nothing_written(name, variants, tmp_path, monkeypatch):
+def test_a_checkpoint_refused_with_one_line_and_nothing_written(
+    name, variants, tmp_path, monkeypatch
+):
     refuse_run_case(CHECKPOINTS[name], variants, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
-def test_a_tokenizer_refused_with_one_line_and_nothing_written(name, checkpoints, tmp_path, monkeypatch):
+def test_a_tokenizer_refused_with_one_line_and_nothing_written(
+    name, checkpoints, tmp_path, monkeypatch
+):
     refuse_script_case(TOKENIZERS[name], checkpoints, tmp_path, monkeypatch)
 
 
 def test_a_transformers_folder_that_is_whole_loads_quietly(tmp_path, capfd):
-    """The cases' folder unspoilt loads, and transformers says nothing on stderr (no progress bar, no notes)."""
+    """The cases' folder unspoilt loads, and transformers says nothing on stderr (no progress bar,
+    no notes)."""
     from nanogpt_perf.gpt2_weights import load_gpt2
 
     for path, data in hf({}).items():
@@ -241,14 +328,16 @@ def test_a_model_folders_vocabulary_against_a_datasets():
     with pytest.raises(UserError) as refused:
         check_same_vocabulary(chars("abc"), chars("abd"), "tiny")
     assert str(refused.value) == (
-        "the model folder's vocabulary (3 characters, its vocabulary.json) is not dataset tiny's (3 characters): "
+        "the model folder's vocabulary (3 characters, its vocabulary.json) is not dataset tiny's "
+        "(3 characters): "
         "its token ids would mean other characters"
     )
     with pytest.raises(UserError, match=r"\(GPT-2's BPE\)"):
         check_same_vocabulary(chars("ab"), {"kind": "gpt2"}, "owt")
 
 
-# -- issue 31 ---------------------------------------------------------------------------------------------------------
+# -- issue 31
+# --------------------------------------------------------------------------------------------------
 
 
 SHORT = ("--eval_interval=2", "--eval_iters=1", "--log_interval=1")
@@ -264,8 +353,8 @@ def two_iterations(tiny_data, tmp_path_factory) -> Path:
 
 
 def copy_of(out: Path, tmp_path: Path) -> Path:
-    """A copy of out_dir out in tmp_path (each checkpoint a file of its own, as it is where links are
-    not had)."""
+    """A copy of out_dir out in tmp_path (each checkpoint a file of its own, as it is where links
+    are not had)."""
     shutil.copytree(out, tmp_path / "out", copy_function=shutil.copy2)
     return tmp_path / "out"
 
@@ -278,15 +367,26 @@ def optimizer_groups(out: Path) -> list[dict]:
 def test_a_resume_trains_with_the_adamw_settings_it_gives(two_iterations, tiny_data, tmp_path):
     out = copy_of(two_iterations, tmp_path)
     before = optimizer_groups(out)
-    assert {g["weight_decay"] for g in before} == {0.1, 0.0} and {tuple(g["betas"]) for g in before} == {(0.9, 0.95)}
+    assert {g["weight_decay"] for g in before} == {0.1, 0.0} and {
+        tuple(g["betas"]) for g in before
+    } == {(0.9, 0.95)}
     assert all(g["fused"] for g in before) and {g["eps"] for g in before} == {1e-8}
-    changed = ("--weight_decay=0.05", "--beta1=0.8", "--beta2=0.9", "--fused_adamw=False", "--adam_eps=1e-6")
+    changed = (
+        "--weight_decay=0.05",
+        "--beta1=0.8",
+        "--beta2=0.9",
+        "--fused_adamw=False",
+        "--adam_eps=1e-6",
+    )
     resumed = run_train(tiny_data, out, *SHORT, "--init_from=resume", "--max_iters=4", *changed)
     assert resumed.returncode == 0, resumed.stderr
     groups = optimizer_groups(out)
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 4
-    assert {g["weight_decay"] for g in groups} == {0.05, 0.0}  # the decayed group's, the other's none
-    assert {tuple(g["betas"]) for g in groups} == {(0.8, 0.9)} and {g["eps"] for g in groups} == {1e-6}
+    # the decayed group's, the other's none
+    assert {g["weight_decay"] for g in groups} == {0.05, 0.0}
+    assert {tuple(g["betas"]) for g in groups} == {(0.8, 0.9)} and {g["eps"] for g in groups} == {
+        1e-6
+    }
     assert not any(g["fused"] for g in groups)
 
 
@@ -295,37 +395,69 @@ def test_a_resume_trains_with_the_muon_settings_it_gives(tiny_data, tmp_path):
     first = run_train(tiny_data, out, *SHORT, *muon, "--max_iters=2")
     assert first.returncode == 0, first.stderr
     (muon_group,) = [g for g in optimizer_groups(out) if g["muon"]]
-    assert (muon_group["momentum"], muon_group["ns_steps"], muon_group["weight_decay"]) == (0.95, 5, 0.0)
+    assert (muon_group["momentum"], muon_group["ns_steps"], muon_group["weight_decay"]) == (
+        0.95,
+        5,
+        0.0,
+    )
     assert muon_group["base_lr"] == 0.02
-    changed = ("--muon_momentum=0.8", "--muon_ns_steps=3", "--muon_weight_decay=0.01", "--muon_lr=0.01")
-    changed += ("--learning_rate=2e-3", "--weight_decay=0.05", "--beta1=0.8", "--beta2=0.9", "--adam_eps=1e-6")
-    resumed = run_train(tiny_data, out, *SHORT, *muon, "--init_from=resume", "--max_iters=4", *changed)
+    changed = (
+        "--muon_momentum=0.8",
+        "--muon_ns_steps=3",
+        "--muon_weight_decay=0.01",
+        "--muon_lr=0.01",
+    )
+    changed += (
+        "--learning_rate=2e-3",
+        "--weight_decay=0.05",
+        "--beta1=0.8",
+        "--beta2=0.9",
+        "--adam_eps=1e-6",
+    )
+    resumed = run_train(
+        tiny_data, out, *SHORT, *muon, "--init_from=resume", "--max_iters=4", *changed
+    )
     assert resumed.returncode == 0, resumed.stderr
     groups = optimizer_groups(out)
     (muon_group,) = [g for g in groups if g["muon"]]
-    assert (muon_group["momentum"], muon_group["ns_steps"], muon_group["weight_decay"]) == (0.8, 3, 0.01)
-    assert muon_group["base_lr"] == 0.01 and muon_group["eps"] == 1e-7  # Newton-Schulz's, not adam_eps
+    assert (muon_group["momentum"], muon_group["ns_steps"], muon_group["weight_decay"]) == (
+        0.8,
+        3,
+        0.01,
+    )
+    # Newton-Schulz's, not adam_eps
+    assert muon_group["base_lr"] == 0.01 and muon_group["eps"] == 1e-7
     assert {g["eps"] for g in groups if not g["muon"]} == {1e-6}
     adamw = [g for g in groups if not g["muon"]]
-    assert {g["base_lr"] for g in adamw} == {2e-3} and {tuple(g["betas"]) for g in adamw} == {(0.8, 0.9)}
+    assert {g["base_lr"] for g in adamw} == {2e-3} and {tuple(g["betas"]) for g in adamw} == {
+        (0.8, 0.9)
+    }
     assert {g["weight_decay"] for g in adamw} == {0.05, 0.0}
 
 
 def test_muon_without_a_learning_rate_to_scale_by_is_refused(tiny_data, tmp_path):
-    result = refuse_train(tiny_data, tmp_path / "out", "--optimizer=muon", "--learning_rate=0", "--min_lr=0")
+    result = refuse_train(
+        tiny_data, tmp_path / "out", "--optimizer=muon", "--learning_rate=0", "--min_lr=0"
+    )
     assert_one_line_error(result, "learning_rate must be > 0", "optimizer='adamw'")
     assert not (tmp_path / "out").exists()
 
 
-FROM_FOLDER = "--out_dir={dir}/out --data_dir={dir}/data --dataset=tiny --device=cpu --compile=false"
+FROM_FOLDER = (
+    "--out_dir={dir}/out --data_dir={dir}/data --dataset=tiny --device=cpu --compile=false"
+)
 FROM_FOLDER += " --init_from={dir}/hf --block_size=16"
 
-AGAINST_THE_WEIGHTS = {  # the flag, what the line says (the folder's GPT-2: n_layer 1, n_head 2, n_embd 8, biases)
+# the flag, what the line says (the folder's GPT-2: n_layer 1, n_head 2, n_embd 8, biases)
+AGAINST_THE_WEIGHTS = {
     "n_layer": ("--n_layer=4", "the weights fix n_layer=1, not n_layer=4"),
     "n_head": ("--n_head=4", "the weights fix n_head=2, not n_head=4"),
     "n_embd": ("--n_embd=16 --n_head=2", "the weights fix n_embd=8, not n_embd=16"),
     "bias": ("--bias=False", "the weights fix bias=True, not bias=False"),
-    "two_at_once": ("--n_layer=3 --n_embd=16 --n_head=2", "n_layer=1, n_embd=8, not n_layer=3, n_embd=16"),
+    "two_at_once": (
+        "--n_layer=3 --n_embd=16 --n_head=2",
+        "n_layer=1, n_embd=8, not n_layer=3, n_embd=16",
+    ),
     "an_init": ("--zero_init_proj=True", "zero_init_proj not applied, not zero_init_proj=True"),
     "a_recipe_field": ("--rotary=True", "GPT-2's weights fix its architecture; drop rotary"),
 }
@@ -336,22 +468,29 @@ def test_a_flag_that_the_weights_do_not_have_is_refused(name, tmp_path):
     flag, line = AGAINST_THE_WEIGHTS[name]
     write_files(tmp_path, DATA | hf({}))
     before = contents(tmp_path)
-    result = run_in_process("train.py", *f"{FROM_FOLDER} {flag}".replace("{dir}", str(tmp_path)).split())
+    result = run_in_process(
+        "train.py", *f"{FROM_FOLDER} {flag}".replace("{dir}", str(tmp_path)).split()
+    )
     assert_one_line_error(result, f"init_from={tmp_path}/hf", line)
     assert contents(tmp_path) == before
 
 
 def test_a_flag_that_agrees_with_the_weights_trains_and_is_recorded(tmp_path):
     write_files(tmp_path, DATA | hf({}))
-    flags = f"{FROM_FOLDER} --n_layer=1 --n_head=2 --bias=True --max_iters=1 --eval_interval=1 --eval_iters=1"
+    flags = f"{FROM_FOLDER} --n_layer=1 --n_head=2 --bias=True --max_iters=1 --eval_interval=1"
+    flags += " --eval_iters=1"
     result = run_in_process("train.py", *flags.replace("{dir}", str(tmp_path)).split())
     assert result.returncode == 0, result.stderr
     model_args = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["model_args"]
     assert (model_args["n_layer"], model_args["n_head"], model_args["n_embd"]) == (1, 2, 8)
 
 
-@pytest.mark.parametrize("flag", ["--n_layer=3", "--bias=True", "--zero_init_proj=True", "--block_size=16"])
-def test_a_resume_refuses_a_change_to_what_its_weights_fix(two_iterations, tiny_data, tmp_path, flag):
+@pytest.mark.parametrize(
+    "flag", ["--n_layer=3", "--bias=True", "--zero_init_proj=True", "--block_size=16"]
+)
+def test_a_resume_refuses_a_change_to_what_its_weights_fix(
+    two_iterations, tiny_data, tmp_path, flag
+):
     out = copy_of(two_iterations, tmp_path)
     before = contents(out)
     result = refuse_train(tiny_data, out, "--init_from=resume", "--max_iters=4", *SHORT, flag)
@@ -363,14 +502,18 @@ def test_every_architecture_and_init_field_is_fixed_on_resume():
     from model import ARCHITECTURE, fields_of_kind
     from nanogpt_perf.train.resume import FIXED_ON_RESUME
 
-    assert set(ARCHITECTURE) - {"vocab_size"} <= set(FIXED_ON_RESUME)  # vocab_size: the data's, through pad_vocab
+    # vocab_size: the data's, through pad_vocab
+    assert set(ARCHITECTURE) - {"vocab_size"} <= set(FIXED_ON_RESUME)
     assert set(fields_of_kind("init")) <= set(FIXED_ON_RESUME) and "pad_vocab" in FIXED_ON_RESUME
 
 
-def test_a_checkpoint_replaced_by_a_link_is_not_written_through(two_iterations, tiny_data, tmp_path):
+def test_a_checkpoint_replaced_by_a_link_is_not_written_through(
+    two_iterations, tiny_data, tmp_path
+):
     out, users = copy_of(two_iterations, tmp_path), tmp_path / "users_file.pt"
     users.write_bytes((out / "ckpt.pt").read_bytes())
-    for name in ("ckpt.pt", "ckpt-best.pt", "ckpt-0000004.pt"):  # one that exists and one that the resume writes
+    # one that exists and one that the resume writes
+    for name in ("ckpt.pt", "ckpt-best.pt", "ckpt-0000004.pt"):
         (out / name).unlink(missing_ok=True)
         (out / name).symlink_to(users)
     kept = users.read_bytes()
@@ -382,7 +525,9 @@ def test_a_checkpoint_replaced_by_a_link_is_not_written_through(two_iterations, 
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 4
 
 
-def test_resume_fallback_takes_ckpt_best_when_it_is_the_only_whole_one(two_iterations, tiny_data, tmp_path):
+def test_resume_fallback_takes_ckpt_best_when_it_is_the_only_whole_one(
+    two_iterations, tiny_data, tmp_path
+):
     out = copy_of(two_iterations, tmp_path)
     best = out / "ckpt-best.pt"
     copy = best.read_bytes()
@@ -391,8 +536,12 @@ def test_resume_fallback_takes_ckpt_best_when_it_is_the_only_whole_one(two_itera
     for path in [out / "ckpt.pt", *out.glob("ckpt-0*.pt")]:
         path.write_bytes(path.read_bytes()[:100])  # truncated
     refused = refuse_train(tiny_data, out, "--init_from=resume", "--max_iters=4", *SHORT)
-    assert_one_line_error(refused, "the newest whole one is", "ckpt-best.pt", "resume_fallback=True")
-    resumed = run_train(tiny_data, out, *SHORT, "--init_from=resume", "--max_iters=4", "--resume_fallback=True")
+    assert_one_line_error(
+        refused, "the newest whole one is", "ckpt-best.pt", "resume_fallback=True"
+    )
+    resumed = run_train(
+        tiny_data, out, *SHORT, "--init_from=resume", "--max_iters=4", "--resume_fallback=True"
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stdout and "ckpt-best.pt" in resumed.stdout
 

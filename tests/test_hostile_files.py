@@ -1,11 +1,11 @@
-"""Files written for a user under hostile conditions: bad inputs and bad output paths refused in one line with every
-file as it was; writes that fail (a full disk, a folder in the way, an interruption) leave the previous file whole
-and no temporary file; a kill mid-export leaves the old export whole; a small file system fills up and the printed
-command resumes the preparation.
+"""Files written for a user under hostile conditions: bad inputs and bad output paths refused in one
+line with every file as it was; writes that fail (a full disk, a folder in the way, an interruption)
+leave the previous file whole and no temporary file; a kill mid-export leaves the old export whole;
+a small file system fills up and the printed command resumes the preparation.
 
-The refusals run inside the test process (conftest.run_in_process); the kills and the small file system need
-processes of their own (the file system is a tmpfs mounted in a mount namespace of its own: skipped where that is
-not allowed)."""
+The refusals run inside the test process (conftest.run_in_process); the kills and the small file
+system need processes of their own (the file system is a tmpfs mounted in a mount namespace of its
+own: skipped where that is not allowed)."""
 
 import errno
 import json
@@ -43,12 +43,25 @@ from conftest import (
 )
 from nanogpt_perf import files
 from nanogpt_perf.data.dataset import resume_command
-from nanogpt_perf.files import WriteFailed, replace_folder, write_atomically, write_bytes, write_through_path
+from nanogpt_perf.files import (
+    WriteFailed,
+    replace_folder,
+    write_atomically,
+    write_bytes,
+    write_through_path,
+)
 
-OWT, FW, CHAR = "data/openwebtext/prepare.py", "data/fineweb/prepare.py", "data/shakespeare_char/prepare.py"
+OWT, FW, CHAR = (
+    "data/openwebtext/prepare.py",
+    "data/fineweb/prepare.py",
+    "data/shakespeare_char/prepare.py",
+)
 CKPT = object()  # in Hostile.files: the small checkpoint's bytes
 GPT2_CONFIG = json.dumps({"model_type": "gpt2"})
-DOCS = "".join(json.dumps({"text": f"document {i} " + "word " * (i % 40)}) + "\n" for i in range(300))  # ~9k tokens
+# ~9k tokens
+DOCS = "".join(
+    json.dumps({"text": f"document {i} " + "word " * (i % 40)}) + "\n" for i in range(300)
+)
 
 
 class Hostile(NamedTuple):
@@ -70,7 +83,13 @@ COMMON = {  # so that whatever a script would write lands in the case's folder
 RUN = {"run/log.jsonl": json.dumps({"iter": 1, "step_loss": 1.0, "lr": 1e-3, "ms": 1.0}) + "\n"}
 EXPORTED = {"hf/config.json": GPT2_CONFIG, "hf/model.safetensors": "weights"}
 STATE = {  # an unfinished preparation of another input: one shard written
-    "identity": {"val_tokens": 0, "name": "openwebtext", "source": "local", "dataset": None, "config": None},
+    "identity": {
+        "val_tokens": 0,
+        "name": "openwebtext",
+        "source": "local",
+        "dataset": None,
+        "config": None,
+    },
     "revision_sha": None,
     "documents": 10,
     "partial_tokens": 0,
@@ -83,16 +102,24 @@ STATE = {  # an unfinished preparation of another input: one shard written
 CASES = {
     # export.py: a folder that is not an earlier export is never replaced
     "export-into-a-users-folder": Hostile(
-        "export.py", "", ("export_dir must be a folder", "an earlier export", "notes.txt"), {"hf/notes.txt": "mine"}
+        "export.py",
+        "",
+        ("export_dir must be a folder", "an earlier export", "notes.txt"),
+        {"hf/notes.txt": "mine"},
     ),
     "export-into-its-out_dir": Hostile("export.py", "--export_dir={dir}/out", ("ckpt.pt",)),
     "export-into-another-models-folder": Hostile(
-        "export.py", "", ("does not describe a GPT-2",), {"hf/config.json": '{"model_type": "llama"}'}
+        "export.py",
+        "",
+        ("does not describe a GPT-2",),
+        {"hf/config.json": '{"model_type": "llama"}'},
     ),
     "export-over-an-export-with-more": Hostile(
         "export.py", "", ("tokenizer.json",), EXPORTED | {"hf/tokenizer.json": "{}"}
     ),
-    "export-over-an-export-with-a-subfolder": Hostile("export.py", "", ("extra",), EXPORTED | {"hf/extra/a": "x"}),
+    "export-over-an-export-with-a-subfolder": Hostile(
+        "export.py", "", ("extra",), EXPORTED | {"hf/extra/a": "x"}
+    ),
     # bench.py's and lab/generate.py's out_json, lab/plot.py's --out
     "bench-out_json-a-folder": Hostile(
         "bench.py",
@@ -100,40 +127,75 @@ CASES = {
         ("out_json must be '' or a .json file (a file, not a folder)",),
         {"res.json/a": ""},
     ),
-    "bench-out_json-a-new-folder": Hostile("bench.py", "--out_json={dir}/new.json/", ("not a folder",)),
-    "bench-out_json-a-csv": Hostile("bench.py", "--out_json={dir}/res.csv", ("out_json must be '' or a .json file",)),
-    "bench-out_json-under-a-file": Hostile("bench.py", "--out_json={dir}/f/res.json", ("is a file",), {"f": "x"}),
-    "generate-out_json-a-png": Hostile("lab/generate.py", "--out_json={dir}/g.png", ("'' or a .json file",)),
+    "bench-out_json-a-new-folder": Hostile(
+        "bench.py", "--out_json={dir}/new.json/", ("not a folder",)
+    ),
+    "bench-out_json-a-csv": Hostile(
+        "bench.py", "--out_json={dir}/res.csv", ("out_json must be '' or a .json file",)
+    ),
+    "bench-out_json-under-a-file": Hostile(
+        "bench.py", "--out_json={dir}/f/res.json", ("is a file",), {"f": "x"}
+    ),
+    "generate-out_json-a-png": Hostile(
+        "lab/generate.py", "--out_json={dir}/g.png", ("'' or a .json file",)
+    ),
     "generate-out_json-a-folder": Hostile(
         "lab/generate.py", "--out_json={dir}/g.json", ("not a folder",), {"g.json/a": ""}
     ),
     "plot-out-a-folder": Hostile(
-        "lab/plot.py", "--out={dir}/c.png", ("out must be '' or a .png file", "folder"), RUN | {"c.png/a": ""}
+        "lab/plot.py",
+        "--out={dir}/c.png",
+        ("out must be '' or a .png file", "folder"),
+        RUN | {"c.png/a": ""},
     ),
-    "plot-out-under-a-file": Hostile("lab/plot.py", "--out={dir}/f/c.png", ("is a file",), RUN | {"f": "x"}),
+    "plot-out-under-a-file": Hostile(
+        "lab/plot.py", "--out={dir}/f/c.png", ("is a file",), RUN | {"f": "x"}
+    ),
     # the web-scale preparation: inputs refused before reading
     "prepare-missing-input": Hostile(OWT, "--input={dir}/none.jsonl", ("none.jsonl not found",)),
-    "prepare-input-a-folder": Hostile(OWT, "--input={dir}/in", ("is a folder", "--input="), {"in/a.jsonl": DOCS}),
-    "prepare-glob-matching-nothing": Hostile(OWT, "--input={dir}/*.parquet", ("matches no file",), {"a.jsonl": DOCS}),
+    "prepare-input-a-folder": Hostile(
+        OWT, "--input={dir}/in", ("is a folder", "--input="), {"in/a.jsonl": DOCS}
+    ),
+    "prepare-glob-matching-nothing": Hostile(
+        OWT, "--input={dir}/*.parquet", ("matches no file",), {"a.jsonl": DOCS}
+    ),
     "prepare-empty-jsonl": Hostile(FW, "--input={dir}/a.jsonl", ("is empty",), {"a.jsonl": ""}),
-    "prepare-no-extension": Hostile(OWT, "--input={dir}/docs", ("unknown kind of input",), {"docs": "text"}),
+    "prepare-no-extension": Hostile(
+        OWT, "--input={dir}/docs", ("unknown kind of input",), {"docs": "text"}
+    ),
     "prepare-out_dir-a-file": Hostile(
-        OWT, "--input={dir}/a.jsonl --out_dir={dir}/f", ("out_dir must be a folder",), {"a.jsonl": DOCS, "f": ""}
+        OWT,
+        "--input={dir}/a.jsonl --out_dir={dir}/f",
+        ("out_dir must be a folder",),
+        {"a.jsonl": DOCS, "f": ""},
     ),
     # ... and found bad while reading: whatever the run wrote is removed
-    "prepare-binary-text": Hostile(OWT, "--input={dir}/a.txt", ("UTF-8",), {"a.txt": bytes(range(256)) * 8}),
-    "prepare-binary-jsonl": Hostile(OWT, "--input={dir}/a.jsonl", ("JSON",), {"a.jsonl": b"\x89PNG\x00\xff" * 99}),
+    "prepare-binary-text": Hostile(
+        OWT, "--input={dir}/a.txt", ("UTF-8",), {"a.txt": bytes(range(256)) * 8}
+    ),
+    "prepare-binary-jsonl": Hostile(
+        OWT, "--input={dir}/a.jsonl", ("JSON",), {"a.jsonl": b"\x89PNG\x00\xff" * 99}
+    ),
     "prepare-binary-parquet": Hostile(
         FW, "--input={dir}/a.parquet", ("cannot open", "Parquet"), {"a.parquet": b"\0" * 99}
     ),
     "prepare-null-text": Hostile(
-        OWT, "--input={dir}/a.jsonl", ("document 2's text is NoneType",), {"a.jsonl": '{"text": "a"}\n{"text": null}\n'}
+        OWT,
+        "--input={dir}/a.jsonl",
+        ("document 2's text is NoneType",),
+        {"a.jsonl": '{"text": "a"}\n{"text": null}\n'},
     ),
     "prepare-list-text": Hostile(
-        OWT, "--input={dir}/a.json", ("text is list", "must be a string"), {"a.json": '[{"text": ["a"]}]'}
+        OWT,
+        "--input={dir}/a.json",
+        ("text is list", "must be a string"),
+        {"a.json": '[{"text": ["a"]}]'},
     ),
-    "prepare-no-text-field": Hostile(OWT, "--input={dir}/a.jsonl", ("'text'",), {"a.jsonl": '{"body": "a"}\n'}),
-    "prepare-bad-after-shards": Hostile(  # shards of 1,000 tokens written, then document 301: the folder as it was
+    "prepare-no-text-field": Hostile(
+        OWT, "--input={dir}/a.jsonl", ("'text'",), {"a.jsonl": '{"body": "a"}\n'}
+    ),
+    # shards of 1,000 tokens written, then document 301: the folder as it was
+    "prepare-bad-after-shards": Hostile(
         OWT,
         "--input={dir}/a.jsonl --shard_size=1000 --out_dir={dir}/keep",
         ("document 301's text is int",),
@@ -142,7 +204,12 @@ CASES = {
     "prepare-over-another-unfinished": Hostile(
         OWT,
         "--input={dir}/a.jsonl",
-        ("unfinished preparation (1 shards)", "input_files", "resume it with: cd /somewhere && python", "remove"),
+        (
+            "unfinished preparation (1 shards)",
+            "input_files",
+            "resume it with: cd /somewhere && python",
+            "remove",
+        ),
         {
             "a.jsonl": DOCS,
             "out/prepare_state.json": json.dumps(STATE | {"shards": 1}),
@@ -156,9 +223,13 @@ CASES = {
         {"a.jsonl": DOCS, "out/prepare.json": json.dumps({"name": "openwebtext", "shard_size": 5})},
     ),
     # Shakespeare's small preparations
-    "char-binary-input": Hostile(CHAR, "{dir}/d", ("not UTF-8",), {"d/input.txt": b"\xff\xfe\x00abc"}),
+    "char-binary-input": Hostile(
+        CHAR, "{dir}/d", ("not UTF-8",), {"d/input.txt": b"\xff\xfe\x00abc"}
+    ),
     "char-empty-input": Hostile(CHAR, "{dir}/d", ("is empty",), {"d/input.txt": ""}),
-    "char-folder-a-file": Hostile(CHAR, "{dir}/d", ("must be a folder", "not the file"), {"d": "x"}),
+    "char-folder-a-file": Hostile(
+        CHAR, "{dir}/d", ("must be a folder", "not the file"), {"d": "x"}
+    ),
 }
 
 
@@ -181,18 +252,28 @@ def save_tiny_checkpoint(path: Path, n_layer: int, n_embd: int, seed: int) -> No
     from nanogpt_perf.train.checkpoint import save_checkpoint
 
     torch.manual_seed(seed)
-    model_args = dict(block_size=16, vocab_size=16, n_layer=n_layer, n_head=2, n_embd=n_embd, dropout=0.0)
+    model_args = dict(
+        block_size=16, vocab_size=16, n_layer=n_layer, n_head=2, n_embd=n_embd, dropout=0.0
+    )
     tokenizer = {"kind": "characters", "itos": list("abcdefgh ")}
     model = GPT(GPTConfig(**model_args))
-    save_checkpoint({"model": model.state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path)
+    save_checkpoint(
+        {"model": model.state_dict(), "model_args": model_args, "tokenizer": tokenizer}, path
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_refused_with_one_line_and_nothing_written(name: str, checkpoint: bytes, tmp_path):
     case = CASES[name]
-    make_files(tmp_path, ({"out/ckpt.pt": CKPT} if case.script == "export.py" else {}) | case.files, checkpoint)
+    make_files(
+        tmp_path,
+        ({"out/ckpt.pt": CKPT} if case.script == "export.py" else {}) | case.files,
+        checkpoint,
+    )
     before = contents(tmp_path)
-    flags = [f.replace("{dir}", str(tmp_path)) for f in f"{COMMON[case.script]} {case.flags}".split()]
+    flags = [
+        f.replace("{dir}", str(tmp_path)) for f in f"{COMMON[case.script]} {case.flags}".split()
+    ]
     result = run_in_process(case.script, *flags)
     assert_one_line_error(result, *case.names)
     assert contents(tmp_path) == before
@@ -210,7 +291,8 @@ def half_then_enospc(f):
     enospc()
 
 
-def torch_save_on_a_full_disk(f):  # torch.save turns the OSError into a RuntimeError (the OSError its context)
+# torch.save turns the OSError into a RuntimeError (the OSError its context)
+def torch_save_on_a_full_disk(f):
     try:
         enospc()
     except OSError:
@@ -231,15 +313,35 @@ def interrupted(f):
 
 
 WRITE_FAILURES = {  # name -> (what to do, the target relative to the folder, what the error says)
-    "a-full-disk-midway": (lambda p: write_atomically(p, half_then_enospc), "a.json", "no space left on the device"),
-    "a-full-disk-in-torch.save": (lambda p: write_atomically(p, torch_save_on_a_full_disk), "a.json", "no space left"),
+    "a-full-disk-midway": (
+        lambda p: write_atomically(p, half_then_enospc),
+        "a.json",
+        "no space left on the device",
+    ),
+    "a-full-disk-in-torch.save": (
+        lambda p: write_atomically(p, torch_save_on_a_full_disk),
+        "a.json",
+        "no space left",
+    ),
     "a-full-disk-on-fsync": ("fsync", "a.json", "no space left on the device"),
     "a-disk-quota": (lambda p: write_atomically(p, quota), "a.json", "the disk quota is exceeded"),
     "a-read-only-file-system": ("rename", "a.json", "the file system is read-only"),
     "a-folder-in-the-way": (lambda p: write_bytes(p, b"new"), "sub", "it is a folder"),
-    "a-file-for-a-folder": (lambda p: write_bytes(p, b"new"), "a.json/b.json", "is a file, not a folder"),
-    "a-writer-by-name-on-a-full-disk": (lambda p: write_through_path(p, enospc), "a.json", "no space left"),
-    "a-folder-swap-on-a-full-disk": (lambda p: replace_folder(p, enospc), "sub", "no space left on the device"),
+    "a-file-for-a-folder": (
+        lambda p: write_bytes(p, b"new"),
+        "a.json/b.json",
+        "is a file, not a folder",
+    ),
+    "a-writer-by-name-on-a-full-disk": (
+        lambda p: write_through_path(p, enospc),
+        "a.json",
+        "no space left",
+    ),
+    "a-folder-swap-on-a-full-disk": (
+        lambda p: replace_folder(p, enospc),
+        "sub",
+        "no space left on the device",
+    ),
 }
 
 
@@ -258,7 +360,9 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary_one(name, tmp_
     with pytest.raises(WriteFailed) as failed:
         write(tmp_path / target)
     assert str(failed.value) == f"cannot write {tmp_path / target}: {failed.value.reason}; " + (
-        "nothing was written" if not (tmp_path / target).exists() else f"the previous {Path(target).name} is as it was"
+        "nothing was written"
+        if not (tmp_path / target).exists()
+        else f"the previous {Path(target).name} is as it was"
     )
     assert reason in str(failed.value) and "\n" not in str(failed.value)
     assert contents(tmp_path) == before
@@ -272,7 +376,8 @@ def test_an_interrupted_write_is_undone_and_interrupts(tmp_path):
 
 
 def test_bench_and_plot_on_a_full_disk_say_so_in_one_line(tmp_path, monkeypatch):
-    """matplotlib's savefig failing with ENOSPC: bench.py's chart and plot.py's curves, the previous PNG kept."""
+    """matplotlib's savefig failing with ENOSPC: bench.py's chart and plot.py's curves, the previous
+    PNG kept."""
     import matplotlib.figure
 
     from lab.charts import bench_bars as write_chart
@@ -281,8 +386,12 @@ def test_bench_and_plot_on_a_full_disk_say_so_in_one_line(tmp_path, monkeypatch)
     (tmp_path / "b.png").write_bytes(b"previous chart")
     result = {"name": "x", "status": "ok", "ms_median": 1.0, "ms_p90": 1.0, "speedup_first": 1.0}
     manifest = {"git_dirty": False, "device_name": "cpu", "torch": "2", "git_commit": "0" * 10}
-    with pytest.raises(WriteFailed, match="b.png: no space left on the device; the previous b.png is as it was"):
-        write_chart(tmp_path / "b.png", {"results": [result], "manifest": manifest, "kind": "single"})
+    with pytest.raises(
+        WriteFailed, match="b.png: no space left on the device; the previous b.png is as it was"
+    ):
+        write_chart(
+            tmp_path / "b.png", {"results": [result], "manifest": manifest, "kind": "single"}
+        )
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "log.jsonl").write_text(RUN["run/log.jsonl"])
     (tmp_path / "run" / "curves.png").write_bytes(b"previous curves")
@@ -292,7 +401,7 @@ def test_bench_and_plot_on_a_full_disk_say_so_in_one_line(tmp_path, monkeypatch)
     assert contents(tmp_path) == before
 
 
-# ----------------------------------------------------------------------------- temporary names and leftovers
+# -------------------------------------------------------------------- temporary names and leftovers
 
 
 def a_dead_pid() -> int:
@@ -309,7 +418,9 @@ def test_a_killed_writers_leftover_goes_with_the_next_write_but_a_living_ones_st
     for leftover in (dead, alive, elsewhere):
         leftover.write_text("half")
     write_bytes(tmp_path / "a.json", b"new")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a.json", alive.name, elsewhere.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["a.json", alive.name, elsewhere.name]
+    )
 
 
 def test_a_leftover_whose_pid_no_process_can_have_is_a_dead_writers(tmp_path):
@@ -323,15 +434,18 @@ def test_a_leftover_whose_pid_no_process_can_have_is_a_dead_writers(tmp_path):
 
 
 def test_a_folder_set_aside_by_a_killed_swap_is_put_back(tmp_path, monkeypatch):
-    """Where there is no atomic swap, the old folder goes aside for a moment: a kill then leaves it there, and the
-    next write of the folder puts it back before anything else."""
+    """Where there is no atomic swap, the old folder goes aside for a moment: a kill then leaves it
+    there, and the next write of the folder puts it back before anything else."""
     monkeypatch.setattr(files, "exchange", lambda a, b: False)
     replace_folder(tmp_path / "hf", lambda t: (t / "config.json").write_text("first"))
     replace_folder(tmp_path / "hf", lambda t: (t / "config.json").write_text("second"))
     assert contents(tmp_path) == {"hf": None, "hf/config.json": b"second"}
-    prefix = files.temp_prefix(tmp_path / "hf", files.ASIDE).replace(str(os.getpid()), str(a_dead_pid()))
+    prefix = files.temp_prefix(tmp_path / "hf", files.ASIDE).replace(
+        str(os.getpid()), str(a_dead_pid())
+    )
     (tmp_path / "hf").rename(tmp_path / f"{prefix}xyz")  # killed between the two renames
-    (tmp_path / f"{prefix.replace(files.ASIDE, files.TEMP)}xyz").mkdir()  # the new one, whole or not
+    # the new one, whole or not
+    (tmp_path / f"{prefix.replace(files.ASIDE, files.TEMP)}xyz").mkdir()
     files.remove_leftovers(tmp_path / "hf")
     assert contents(tmp_path) == {"hf": None, "hf/config.json": b"second"}
 
@@ -357,7 +471,8 @@ def test_two_writers_of_one_file_never_share_a_temporary_file(tmp_path):
         t.join()
     stop.set()
     watcher.join()
-    assert seen <= set(payloads) and target.read_bytes() in payloads  # never half of one, never a mix
+    # never half of one, never a mix
+    assert seen <= set(payloads) and target.read_bytes() in payloads
     assert [p.name for p in tmp_path.iterdir()] == ["a.bin"]
 
 
@@ -370,21 +485,26 @@ def test_a_new_file_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(tmp_pat
     assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o640
     (tmp_path / "link").symlink_to(tmp_path / "mine")
     write_bytes(tmp_path / "link", b"through the link")
-    assert (tmp_path / "link").is_symlink() and (tmp_path / "mine").read_bytes() == b"through the link"
+    assert (tmp_path / "link").is_symlink() and (
+        tmp_path / "mine"
+    ).read_bytes() == b"through the link"
 
 
 def test_a_killed_writer_leaves_the_previous_file_whole(tmp_path):
-    """A process killed (SIGKILL) while it writes: the file is the previous one; its hidden temporary file goes
-    with the next write."""
+    """A process killed (SIGKILL) while it writes: the file is the previous one; its hidden
+    temporary file goes with the next write."""
     (tmp_path / "a.bin").write_bytes(b"previous")
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[2]); from pathlib import Path; "
         "from nanogpt_perf.files import write_atomically; "
-        "write_atomically(Path(sys.argv[1]), lambda f: [(f.write(b'x' * 1000), f.flush(), time.sleep(0.01)) "
+        "write_atomically(Path(sys.argv[1]), lambda f: [(f.write(b'x' * 1000), f.flush(), "
+        "time.sleep(0.01)) "
         "for _ in range(10_000)])"
     )
     process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "a.bin"), str(ROOT)])
-    begun = lambda: [p for p in tmp_path.iterdir() if p.name.startswith(".a.bin.tmp-") and p.stat().st_size > 0]
+    begun = lambda: [
+        p for p in tmp_path.iterdir() if p.name.startswith(".a.bin.tmp-") and p.stat().st_size > 0
+    ]
     wait_for(begun, process)
     process.kill()
     process.wait()
@@ -409,7 +529,8 @@ def wait_for(found, process: subprocess.Popen, timeout: float = 60):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
-    """Two checkpoints of a model large enough to be caught while it is written (28 MB of weights)."""
+    """Two checkpoints of a model large enough to be caught while it is written (28 MB of
+    weights)."""
     folder = tmp_path_factory.mktemp("two")
     for seed, name in ((1, "old"), (2, "new")):
         save_tiny_checkpoint(folder / name / "ckpt.pt", n_layer=4, n_embd=384, seed=seed)
@@ -431,10 +552,13 @@ def test_export_killed_mid_write_leaves_the_old_export_whole(checkpoints, tmp_pa
     assert exported != reference
     command = [sys.executable, "export.py", f"--out_dir={new}", f"--export_dir={tmp_path / 'hf'}"]
     for pause in (None, 0.02):  # stopped as soon as it writes, then killed; killed a little later
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         wait_for(lambda: [p for p in tmp_path.iterdir() if p.name.startswith(".hf.tmp-")], process)
         if pause is None:
-            process.send_signal(signal.SIGSTOP)  # mid-write, held there: what a reader sees meanwhile
+            # mid-write, held there: what a reader sees meanwhile
+            process.send_signal(signal.SIGSTOP)
             assert contents(tmp_path / "hf") == exported
         else:
             time.sleep(pause)
@@ -443,13 +567,16 @@ def test_export_killed_mid_write_leaves_the_old_export_whole(checkpoints, tmp_pa
         assert contents(tmp_path / "hf") in (exported, reference)  # whole, the old or the new
         if pause is None:
             assert contents(tmp_path / "hf") == exported
-            assert any(p.name.startswith(".hf.tmp-") for p in tmp_path.iterdir())  # a leftover, recognisable
+            # a leftover, recognisable
+            assert any(p.name.startswith(".hf.tmp-") for p in tmp_path.iterdir())
     export_in_process(new, tmp_path / "hf")
     assert contents(tmp_path / "hf") == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "reference"]  # the leftovers gone
 
 
-def test_export_replaces_an_earlier_export_an_empty_folder_and_through_a_link(checkpoints, tmp_path):
+def test_export_replaces_an_earlier_export_an_empty_folder_and_through_a_link(
+    checkpoints, tmp_path
+):
     pytest.importorskip("transformers")
     old, new = checkpoints
     (tmp_path / "empty").mkdir()
@@ -457,7 +584,9 @@ def test_export_replaces_an_earlier_export_an_empty_folder_and_through_a_link(ch
     export_in_process(new, tmp_path / "reference")
     (tmp_path / "link").symlink_to(tmp_path / "empty")
     export_in_process(new, tmp_path / "link")
-    assert (tmp_path / "link").is_symlink() and contents(tmp_path / "empty") == contents(tmp_path / "reference")
+    assert (tmp_path / "link").is_symlink() and contents(tmp_path / "empty") == contents(
+        tmp_path / "reference"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "link", "reference"]
 
 
@@ -465,11 +594,17 @@ def test_export_replaces_an_earlier_export_an_empty_folder_and_through_a_link(ch
 
 
 def test_a_corrected_rerun_after_a_failed_preparation_prepares(tmp_path):
-    """The issue's example: a run refused on a bad document used to leave prepare_state.json, refusing the
-    corrected run."""
+    """The issue's example: a run refused on a bad document used to leave prepare_state.json,
+    refusing the corrected run."""
     inputs, out = tmp_path / "a.jsonl", tmp_path / "out"
     inputs.write_text(DOCS + '{"text": 5}\n')
-    flags = [f"--input={inputs}", f"--out_dir={out}", "--processes=1", "--block_size=8", "--shard_size=1000"]
+    flags = [
+        f"--input={inputs}",
+        f"--out_dir={out}",
+        "--processes=1",
+        "--block_size=8",
+        "--shard_size=1000",
+    ]
     assert_one_line_error(run_in_process(OWT, *flags), "not a string")
     assert not out.exists()
     inputs.write_text(DOCS + '{"text": "5"}\n')
@@ -478,19 +613,25 @@ def test_a_corrected_rerun_after_a_failed_preparation_prepares(tmp_path):
     assert json.loads((out / "prepare.json").read_text())["documents"] == 301
 
 
-def test_a_killed_start_of_another_preparation_does_not_block_and_globs_prepare_their_files(tmp_path):
+def test_a_killed_start_of_another_preparation_does_not_block_and_globs_prepare_their_files(
+    tmp_path,
+):
     out = tmp_path / "out"
     for name in ("b.jsonl", "a.jsonl"):
         (tmp_path / name).write_text(DOCS)
     out.mkdir()
     (out / "prepare_state.json").write_text(json.dumps(STATE))  # killed before its first shard
-    assert resume_command(out) == STATE["command"]  # what a partly prepared dataset's error can print
+    # what a partly prepared dataset's error can print
+    assert resume_command(out) == STATE["command"]
     flags = ["--processes=1", "--block_size=8", "--shard_size=1000"]
     result = run_in_process(OWT, f"--input={tmp_path / '*.jsonl'}", f"--out_dir={out}", *flags)
     assert result.returncode == 0, result.stderr
     assert "starting over: the unfinished preparation" in result.stdout
     listed = run_in_process(
-        OWT, f"--input={tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}", f"--out_dir={tmp_path / 'l'}", *flags
+        OWT,
+        f"--input={tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}",
+        f"--out_dir={tmp_path / 'l'}",
+        *flags,
     )
     assert listed.returncode == 0, listed.stderr
     shards = lambda folder: {k: v for k, v in contents(folder).items() if k.endswith(".bin")}
@@ -502,8 +643,8 @@ def test_a_killed_start_of_another_preparation_does_not_block_and_globs_prepare_
 
 @pytest.fixture(scope="module")
 def small_disk(tmp_path_factory):
-    """A function running a shell script in a mount namespace of its own, with a tmpfs of a few hundred KiB
-    mounted on FOLDER/fs; skipped where mounting is not allowed."""
+    """A function running a shell script in a mount namespace of its own, with a tmpfs of a few
+    hundred KiB mounted on FOLDER/fs; skipped where mounting is not allowed."""
     probe = tmp_path_factory.mktemp("probe")
     for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
         script = f"mount -t tmpfs -o size=64k tmpfs {probe}"
@@ -518,7 +659,9 @@ def small_disk(tmp_path_factory):
     def run(folder: Path, size_kib: int, script: str) -> subprocess.CompletedProcess:
         (folder / "fs").mkdir(exist_ok=True)
         mount = f"mount -t tmpfs -o size={size_kib}k tmpfs {folder}/fs && cd {folder} && "
-        return subprocess.run([*unshare, "sh", "-c", mount + script], capture_output=True, text=True, cwd=ROOT)
+        return subprocess.run(
+            [*unshare, "sh", "-c", mount + script], capture_output=True, text=True, cwd=ROOT
+        )
 
     return run
 
@@ -526,26 +669,42 @@ def small_disk(tmp_path_factory):
 def test_a_full_disk_stops_the_preparation_and_its_printed_command_resumes_it(small_disk, tmp_path):
     (tmp_path / "a.jsonl").write_text(DOCS * 4)  # ~36k tokens: 72 KB of shards on a disk of 48 KiB
     reference = run_in_process(
-        OWT, f"--input={tmp_path / 'a.jsonl'}", f"--out_dir={tmp_path / 'ref'}", "--processes=1", "--shard_size=2000"
+        OWT,
+        f"--input={tmp_path / 'a.jsonl'}",
+        f"--out_dir={tmp_path / 'ref'}",
+        "--processes=1",
+        "--shard_size=2000",
     )
     assert reference.returncode == 0, reference.stderr
     folder = "fs/out dir's"  # a space and a quote: the printed command must quote them
-    prepare = [sys.executable, str(ROOT / OWT), "--input=a.jsonl", f"--out_dir={folder}", "--processes=1"]
+    prepare = [
+        sys.executable,
+        str(ROOT / OWT),
+        "--input=a.jsonl",
+        f"--out_dir={folder}",
+        "--processes=1",
+    ]
     script = (
-        f"{shlex.join(prepare)} --shard_size=2000 > /dev/null 2> err.txt; ls -a {shlex.quote(folder)} > full.txt; "
+        f"{shlex.join(prepare)} --shard_size=2000 > /dev/null 2> err.txt; ls -a "
+        f"{shlex.quote(folder)} > full.txt; "
         "mount -o remount,size=4m fs; cd / && eval \"$(sed -n 's/.*to resume: //p' "
-        f'{tmp_path}/err.txt)" > /dev/null && cp -r {shlex.quote(str(tmp_path / folder))} {tmp_path}/copy'
+        f'{tmp_path}/err.txt)" > /dev/null && cp -r {shlex.quote(str(tmp_path / folder))} '
+        f"{tmp_path}/copy"
     )
     result = small_disk(tmp_path, 48, script)
     assert result.returncode == 0, result.stderr
     error = (tmp_path / "err.txt").read_text()
     assert_one_line_error(
-        subprocess.CompletedProcess([], 1, "", error), "no space left on the device", "to resume: cd "
+        subprocess.CompletedProcess([], 1, "", error),
+        "no space left on the device",
+        "to resume: cd ",
     )
     kept = (tmp_path / "full.txt").read_text().split()
-    assert "prepare_state.json" in kept and not [n for n in kept if ".tmp-" in n]  # no temporary file left
+    # no temporary file left
+    assert "prepare_state.json" in kept and not [n for n in kept if ".tmp-" in n]
     shards = lambda folder: {k: v for k, v in contents(folder).items() if k.endswith(".bin")}
-    assert shards(tmp_path / "copy") == shards(tmp_path / "ref")  # the resumed run ends as an uninterrupted one
+    # the resumed run ends as an uninterrupted one
+    assert shards(tmp_path / "copy") == shards(tmp_path / "ref")
 
 
 def test_an_export_onto_a_full_disk_keeps_the_previous_export(small_disk, checkpoint, tmp_path):
@@ -554,28 +713,40 @@ def test_an_export_onto_a_full_disk_keeps_the_previous_export(small_disk, checkp
     export_in_process(tmp_path / "out", tmp_path / "before")
     script = (
         "cp -r before fs/hf && (cat /dev/zero > fs/filler 2>/dev/null; true) && "
-        f"{sys.executable} {ROOT / 'export.py'} --out_dir=out --export_dir=fs/hf > /dev/null 2> err.txt; "
+        f"{sys.executable} {ROOT / 'export.py'} --out_dir=out --export_dir=fs/hf > /dev/null 2> "
+        "err.txt; "
         "echo $? > rc.txt; cp -r fs/hf after; ls -a fs > listing.txt"
     )
     result = small_disk(tmp_path, 256, script)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "rc.txt").read_text().strip() == "1"
-    errors = [line for line in (tmp_path / "err.txt").read_text().splitlines() if not line.startswith("Writing")]
-    assert len(errors) == 1 and errors[0].startswith("error: cannot write") and "fs/hf" in errors[0], errors
+    errors = [
+        line
+        for line in (tmp_path / "err.txt").read_text().splitlines()
+        if not line.startswith("Writing")
+    ]
+    assert (
+        len(errors) == 1 and errors[0].startswith("error: cannot write") and "fs/hf" in errors[0]
+    ), errors
     assert "no space left on the device; the previous hf is as it was" in errors[0]
     assert contents(tmp_path / "after") == contents(tmp_path / "before")
-    assert sorted((tmp_path / "listing.txt").read_text().split()) == [".", "..", "filler", "hf"]  # no leftover
+    # no leftover
+    assert sorted((tmp_path / "listing.txt").read_text().split()) == [".", "..", "filler", "hf"]
 
 
-# ----------------------------------------------------------------------------- JSON that no script of ours wrote
+# ---------------------------------------------------------------- JSON that no script of ours wrote
 
 REPORTS = {
     # JSON that bench.py's regression check and plot.py did not write
     "regression-nested-without-end": ScriptCase(
         B, REGRESSION, ("new.json", "nested too deeply"), compare("[" * 100_000)
     ),
-    "regression-truncated": ScriptCase(B, REGRESSION, ("new.json is not JSON",), compare(bench_output()[:40])),
-    "regression-not-utf8": ScriptCase(B, REGRESSION, ("new.json is not JSON",), compare(b"\xff\xfe{}")),
+    "regression-truncated": ScriptCase(
+        B, REGRESSION, ("new.json is not JSON",), compare(bench_output()[:40])
+    ),
+    "regression-not-utf8": ScriptCase(
+        B, REGRESSION, ("new.json is not JSON",), compare(b"\xff\xfe{}")
+    ),
     "regression-results-a-dict": ScriptCase(
         B, REGRESSION, ("no results list and manifest",), compare('{"results": {}, "manifest": {}}')
     ),
@@ -583,13 +754,22 @@ REPORTS = {
         B, REGRESSION, ("no results list and manifest",), compare('{"results": [], "manifest": []}')
     ),
     "regression-result-a-number": ScriptCase(
-        B, REGRESSION, ("its result 0 has no name and status",), compare('{"results": [1], "manifest": {}}')
+        B,
+        REGRESSION,
+        ("its result 0 has no name and status",),
+        compare('{"results": [1], "manifest": {}}'),
     ),
     "regression-metric-a-string": ScriptCase(
-        B, REGRESSION, ("ms_median 'fast', not a finite number",), compare(bench_output(ms_median="fast"))
+        B,
+        REGRESSION,
+        ("ms_median 'fast', not a finite number",),
+        compare(bench_output(ms_median="fast")),
     ),
     "regression-metric-infinite": ScriptCase(
-        B, REGRESSION, ("old.json", "ms_median 'inf'"), compare(bench_output(), bench_output(ms_median=float("inf")))
+        B,
+        REGRESSION,
+        ("old.json", "ms_median 'inf'"),
+        compare(bench_output(), bench_output(ms_median=float("inf"))),
     ),
     "regression-metric-a-bool": ScriptCase(
         B, REGRESSION, ("tokens_per_s 'True'",), compare(bench_output(tokens_per_s=True))
@@ -598,7 +778,9 @@ REPORTS = {
         B,
         REGRESSION,
         ("two results are named 'a'",),
-        compare(json.dumps({"manifest": {}, "results": [json.loads(bench_output())["results"][0]] * 2})),
+        compare(
+            json.dumps({"manifest": {}, "results": [json.loads(bench_output())["results"][0]] * 2})
+        ),
     ),
     "regression-ok-without-settings": ScriptCase(
         B, REGRESSION, ("its result 'a' has no settings",), compare(bench_output(settings=None))
@@ -606,14 +788,22 @@ REPORTS = {
     "regression-not-a-file": ScriptCase(
         B, REGRESSION, ("new.json is a folder, not a file",), {"new.json/x": "", "old.json": "{}"}
     ),
-    "plot-log-nested-without-end": ScriptCase(P, "", ("line 1", "nested too deeply"), {"run/log.jsonl": "[" * 100_000}),
-    "plot-log-of-lists": ScriptCase(P, "", ("line 1 is not a JSON object",), {"run/log.jsonl": "[1, 2]\n"}),
-    "plot-log-a-folder": ScriptCase(P, "", ("log.jsonl is a folder, not",), {"run/log.jsonl/x": ""}),
+    "plot-log-nested-without-end": ScriptCase(
+        P, "", ("line 1", "nested too deeply"), {"run/log.jsonl": "[" * 100_000}
+    ),
+    "plot-log-of-lists": ScriptCase(
+        P, "", ("line 1 is not a JSON object",), {"run/log.jsonl": "[1, 2]\n"}
+    ),
+    "plot-log-a-folder": ScriptCase(
+        P, "", ("log.jsonl is a folder, not",), {"run/log.jsonl/x": ""}
+    ),
 }
 
 
 @pytest.mark.parametrize("name", REPORTS)
-def test_a_report_refused_with_one_line_and_nothing_written(name, checkpoints, tmp_path, monkeypatch):
+def test_a_report_refused_with_one_line_and_nothing_written(
+    name, checkpoints, tmp_path, monkeypatch
+):
     refuse_script_case(REPORTS[name], checkpoints, tmp_path, monkeypatch)
 
 
@@ -796,14 +986,24 @@ def test_a_path_setting_names_what_is_in_the_way(kind, tmp_path):
 
 
 def test_a_torch_logs_that_torch_refuses_is_one_line():
-    """torch reads TORCH_LOGS as it is imported and raises a ValueError of many lines on a name it does not know."""
+    """torch reads TORCH_LOGS as it is imported and raises a ValueError of many lines on a name it
+    does not know."""
     env = os.environ | {"TORCH_LOGS": "nonsense"}
-    result = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
-    assert_one_line_error(result, "TORCH_LOGS='nonsense' is not what torch takes", "TORCH_LOGS=help")
+    result = subprocess.run(
+        [sys.executable, "train.py", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_line_error(
+        result, "TORCH_LOGS='nonsense' is not what torch takes", "TORCH_LOGS=help"
+    )
 
 
-# every path setting of the benchmarks and tools, pointing nowhere: one line naming it, before any work
+# every path setting of the benchmarks and tools, pointing nowhere: one line naming it, before any
+# work
 NOWHERE = "/nowhere/at/all"
 MISSING_INPUTS = [
     ("lab/loader.py", f"--data={NOWHERE}"),

@@ -1,7 +1,8 @@
-"""Hostile out_dirs: an out_dir belongs to one run (a live run's lock, another host's, one that is not a lock, a
-file in its place, an earlier run's checkpoints), refused in one 'error: ' line with every file as it was; the lock
-itself (taken over from a dead run, released on every way out); what is accepted (two live runs, a killed run's lock
-taken over, overwrite=True); and issue 31's: checked again under the lock, refused where it cannot be written."""
+"""Hostile out_dirs: an out_dir belongs to one run (a live run's lock, another host's, one that is
+not a lock, a file in its place, an earlier run's checkpoints), refused in one 'error: ' line with
+every file as it was; the lock itself (taken over from a dead run, released on every way out); what
+is accepted (two live runs, a killed run's lock taken over, overwrite=True); and issue 31's: checked
+again under the lock, refused where it cannot be written."""
 
 import importlib.util
 import json
@@ -59,10 +60,18 @@ OUT_DIRS = {
     "scratch_over_numbered_checkpoints": train_case(
         "", "(ckpt-0000005.pt)", "init_from=resume", files={"out/ckpt-0000005.pt": "x"}
     ),
-    "live_run_holds_out_dir": train_case("", "is in use by another run", f"pid {os.getpid()}", files=LIVE_LOCK),
-    "live_run_holds_out_dir_resume": train_case(RESUME, "is in use by another run", files=LIVE_LOCK, checkpoint="ours"),
+    "live_run_holds_out_dir": train_case(
+        "", "is in use by another run", f"pid {os.getpid()}", files=LIVE_LOCK
+    ),
+    "live_run_holds_out_dir_resume": train_case(
+        RESUME, "is in use by another run", files=LIVE_LOCK, checkpoint="ours"
+    ),
     "lock_of_another_host": train_case(
-        "", "another host", "another-host.example", f"delete {{dir}}/out/{LOCK_NAME}", files=OTHER_HOST_LOCK
+        "",
+        "another host",
+        "another-host.example",
+        f"delete {{dir}}/out/{LOCK_NAME}",
+        files=OTHER_HOST_LOCK,
     ),
     "lock_not_ours": train_case(
         "", f"out/{LOCK_NAME} is not a lock of train.py's", files={f"out/{LOCK_NAME}": "garbage"}
@@ -77,12 +86,16 @@ OUT_DIRS = {
         "", "is not a lock of train.py's", files=lock_of(os.getpid(), start=123)
     ),
     "out_dir_is_a_file": train_case("", "is a file, not a folder", files={"out": "a file"}),
-    "out_dir_inside_a_file": train_case("--out_dir={dir}/file/out", "{dir}/file is a file", files={"file": "a file"}),
+    "out_dir_inside_a_file": train_case(
+        "--out_dir={dir}/file/out", "{dir}/file is a file", files={"file": "a file"}
+    ),
 }
 
 
 @pytest.mark.parametrize("name", OUT_DIRS)
-def test_an_out_dir_refused_with_one_line_and_nothing_written(name, variants, tmp_path, monkeypatch):
+def test_an_out_dir_refused_with_one_line_and_nothing_written(
+    name, variants, tmp_path, monkeypatch
+):
     refuse_run_case(OUT_DIRS[name], variants, tmp_path, monkeypatch)
 
 
@@ -103,7 +116,8 @@ def test_a_second_claim_is_refused_while_the_first_holds_and_the_lock_is_only_ev
 
 
 def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path, capsys):
-    """The pid is alive but started at another time than the lock says: the run that wrote it is dead."""
+    """The pid is alive but started at another time than the lock says: the run that wrote it is
+    dead."""
     if process_start(os.getpid()) is None:
         pytest.skip("no /proc: start times cannot be told apart")
     (tmp_path / LOCK_NAME).write_text(lock_text(os.getpid(), socket.gethostname(), "1"))
@@ -114,10 +128,15 @@ def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path,
 
 
 def test_a_lock_of_a_process_that_ended_unreaped_is_stale():
-    """A killed run whose parent has not collected it yet (a zombie) still has its pid, but runs no more."""
+    """A killed run whose parent has not collected it yet (a zombie) still has its pid, but runs no
+    more."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
-        holder = {"pid": child.pid, "host": socket.gethostname(), "process_start": process_start(child.pid)}
+        holder = {
+            "pid": child.pid,
+            "host": socket.gethostname(),
+            "process_start": process_start(child.pid),
+        }
         deadline = time.monotonic() + 30
         while process_stat(child.pid) is not None and process_stat(child.pid)[0] != "Z":
             assert time.monotonic() < deadline
@@ -147,7 +166,8 @@ os.kill(os.getpid(), signal.SIGINT)
 """
 
 
-WAYS_OUT = [("exception", 1), ("keyboard", -signal.SIGINT), ("second_ctrl_c", 130)]  # a UserError is an exception too
+# a UserError is an exception too
+WAYS_OUT = [("exception", 1), ("keyboard", -signal.SIGINT), ("second_ctrl_c", 130)]
 
 
 @pytest.mark.parametrize("how, code", WAYS_OUT)
@@ -158,13 +178,24 @@ def test_the_lock_is_released_on_every_way_out(tmp_path, how, code):
 
 
 def test_two_live_runs_then_a_killed_runs_lock_taken_over(tiny_data, tmp_path):
-    """A run holds its out_dir: a second is refused with one line naming it; killed (SIGKILL: no chance to release
-    the lock), the next run takes the lock over, says so, trains and releases it; an eval_only resume evaluates
-    the checkpoint whose max_iters is reached."""
+    """A run holds its out_dir: a second is refused with one line naming it; killed (SIGKILL: no
+    chance to release the lock), the next run takes the lock over, says so, trains and releases it;
+    an eval_only resume evaluates the checkpoint whose max_iters is reached."""
     out = tmp_path / "out dir"
-    flags = [*TINY_MODEL, f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}", "--eval_iters=1"]
-    first = subprocess.Popen([sys.executable, "train.py", *flags, "--max_iters=100000", "--eval_interval=100000"],
-                             cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    flags = [
+        *TINY_MODEL,
+        f"--data_dir={tiny_data}",
+        "--dataset=tiny",
+        f"--out_dir={out}",
+        "--eval_iters=1",
+    ]
+    first = subprocess.Popen(
+        [sys.executable, "train.py", *flags, "--max_iters=100000", "--eval_interval=100000"],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         for line in first.stdout:
             if line.startswith("step 0:"):
@@ -177,9 +208,13 @@ def test_two_live_runs_then_a_killed_runs_lock_taken_over(tiny_data, tmp_path):
     assert json.loads((out / LOCK_NAME).read_text())["pid"] == first.pid
     third = run_train(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--eval_iters=1")
     assert third.returncode == 0, third.stderr
-    assert f"taking over the lock of a run that is no longer running (pid {first.pid}" in third.stdout
+    assert (
+        f"taking over the lock of a run that is no longer running (pid {first.pid}" in third.stdout
+    )
     assert not (out / LOCK_NAME).exists()
-    evaluated = run_train(tiny_data, out, "--init_from=resume", "--eval_only=True", "--eval_iters=1")
+    evaluated = run_train(
+        tiny_data, out, "--init_from=resume", "--eval_only=True", "--eval_iters=1"
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     assert "step 2: train loss" in evaluated.stdout and not (out / LOCK_NAME).exists()
 
@@ -191,26 +226,42 @@ def test_overwrite_replaces_the_earlier_run(tiny_data, tmp_path, variants):
         (out / name).write_bytes(variants[0]["ours"])
     (out / "log.jsonl").write_text('{"iter": 100, "val_loss": 1.0}\n')
     (out / "notes.txt").write_text("mine")
-    result = run_train(tiny_data, out, "--overwrite=True", "--max_iters=2", "--eval_interval=2", "--eval_iters=1")
+    result = run_train(
+        tiny_data, out, "--overwrite=True", "--max_iters=2", "--eval_interval=2", "--eval_iters=1"
+    )
     assert result.returncode == 0, result.stderr
     assert (
-        "overwrite=True: deleted the earlier run's ckpt.pt, ckpt-best.pt, ckpt-0000100.pt, log.jsonl" in result.stdout
+        "overwrite=True: deleted the earlier run's ckpt.pt, ckpt-best.pt, ckpt-0000100.pt, "
+        "log.jsonl" in result.stdout
     )
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["ckpt-0000002.pt", "ckpt-best.pt", "ckpt.pt", "log.jsonl", "manifest.json", "notes.txt"]
-    assert [json.loads(line)["iter"] for line in (out / "log.jsonl").read_text().splitlines()][0] == 0
+    assert names == [
+        "ckpt-0000002.pt",
+        "ckpt-best.pt",
+        "ckpt.pt",
+        "log.jsonl",
+        "manifest.json",
+        "notes.txt",
+    ]
+    assert [json.loads(line)["iter"] for line in (out / "log.jsonl").read_text().splitlines()][
+        0
+    ] == 0
     assert torch.load(out / "ckpt-best.pt", weights_only=True)["iter_num"] == 2
 
 
 def test_torchrun_refusing_on_rank_0_stops_every_rank(tiny_data, tmp_path, variants):
-    """Rank 0 refuses an out_dir that holds checkpoints; torchrun stops the other rank, nothing hangs."""
+    """Rank 0 refuses an out_dir that holds checkpoints; torchrun stops the other rank, nothing
+    hangs."""
     (tmp_path / "ckpt.pt").write_bytes(variants[0]["ours"])
     before = (tmp_path / "ckpt.pt").read_bytes()
     start = time.monotonic()
     result = run_train(tiny_data, tmp_path, "--max_iters=2", ranks=2)
     assert result.returncode != 0 and time.monotonic() - start < 120
     assert "error: out_dir" in result.stderr and "overwrite=True" in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"] and (tmp_path / "ckpt.pt").read_bytes() == before
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+        and (tmp_path / "ckpt.pt").read_bytes() == before
+    )
 
 
 def test_sample_and_export_read_an_out_dir_that_a_run_holds(tmp_path, variants):
@@ -218,8 +269,14 @@ def test_sample_and_export_read_an_out_dir_that_a_run_holds(tmp_path, variants):
     out.mkdir()
     (out / "ckpt.pt").write_bytes(variants[0]["ours"])
     (out / LOCK_NAME).write_text(LIVE_LOCK[f"out/{LOCK_NAME}"])
-    sample = run_in_process("sample.py", f"--out_dir={out}", "--device=cpu", "--start=abc", "--num_samples=1",
-                            "--max_new_tokens=5")  # fmt: skip
+    sample = run_in_process(
+        "sample.py",
+        f"--out_dir={out}",
+        "--device=cpu",
+        "--start=abc",
+        "--num_samples=1",
+        "--max_new_tokens=5",
+    )
     assert sample.returncode == 0, sample.stderr
     pytest.importorskip("safetensors")
     export = run_in_process("export.py", f"--out_dir={out}", f"--export_dir={tmp_path / 'hf'}")
@@ -228,7 +285,8 @@ def test_sample_and_export_read_an_out_dir_that_a_run_holds(tmp_path, variants):
 
 
 def test_a_run_refused_at_its_last_check_has_written_nothing(tiny_data, tmp_path):
-    """wandb_log=True without wandb: the last check before the run takes out_dir, after the model is built."""
+    """wandb_log=True without wandb: the last check before the run takes out_dir, after the model is
+    built."""
     if importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed")
     result = refuse_train(tiny_data, tmp_path / "out", "--wandb_log=True", "--max_iters=1")
@@ -236,36 +294,43 @@ def test_a_run_refused_at_its_last_check_has_written_nothing(tiny_data, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-# -- issue 31 ---------------------------------------------------------------------------------------------------------
+# -- issue 31
+# --------------------------------------------------------------------------------------------------
 
 
 SHORT = ("--eval_interval=2", "--eval_iters=1", "--log_interval=1")
 
 
 def seen_at_start(out: Path) -> tuple:
-    """What train.py's start sees of out_dir (guard/out_dir.admit_out_dir), in this process: claim_out_dir
-    checks it again under the lock."""
+    """What train.py's start sees of out_dir (guard/out_dir.admit_out_dir), in this process:
+    claim_out_dir checks it again under the lock."""
     from nanogpt_perf.guard.out_dir import admit_out_dir
 
     return admit_out_dir(out, scratch=False, overwrite=False, eval_only=False)
 
 
-def test_a_run_admitted_into_an_empty_out_dir_is_refused_if_another_used_it_meanwhile(tiny_data, tmp_path):
+def test_a_run_admitted_into_an_empty_out_dir_is_refused_if_another_used_it_meanwhile(
+    tiny_data, tmp_path
+):
     from nanogpt_perf.errors import UserError
     from nanogpt_perf.train.checkpoint import claim_out_dir
     from nanogpt_perf.train.parallel import Ranks
 
     out = tmp_path / "out"
     seen = seen_at_start(out)  # admitted while out_dir is empty
-    other = run_train(tiny_data, out, *SHORT, "--max_iters=2")  # another run starts, trains and ends there
+    # another run starts, trains and ends there
+    other = run_train(tiny_data, out, *SHORT, "--max_iters=2")
     assert other.returncode == 0, other.stderr
     before = contents(out)
     with pytest.raises(UserError, match="holds an earlier run's checkpoints"):
         claim_out_dir(out, False, False, False, seen, Ranks(device="cpu"))
-    assert contents(out) == before  # the other run's checkpoints and log as it left them, the lock released
+    # the other run's checkpoints and log as it left them, the lock released
+    assert contents(out) == before
 
 
-def test_a_resume_admitted_on_one_checkpoint_is_refused_if_another_run_saved_meanwhile(tiny_data, tmp_path):
+def test_a_resume_admitted_on_one_checkpoint_is_refused_if_another_run_saved_meanwhile(
+    tiny_data, tmp_path
+):
     from nanogpt_perf.errors import UserError
     from nanogpt_perf.train.checkpoint import claim_out_dir
     from nanogpt_perf.train.parallel import Ranks
@@ -273,7 +338,8 @@ def test_a_resume_admitted_on_one_checkpoint_is_refused_if_another_run_saved_mea
     out = tmp_path / "out"
     assert run_train(tiny_data, out, *SHORT, "--max_iters=2").returncode == 0
     seen = seen_at_start(out)  # a resume that has seen ckpt.pt at iter 2
-    other = run_train(tiny_data, out, *SHORT, "--init_from=resume", "--max_iters=4")  # resumed and saved at iter 4
+    # resumed and saved at iter 4
+    other = run_train(tiny_data, out, *SHORT, "--init_from=resume", "--max_iters=4")
     assert other.returncode == 0, other.stderr
     with pytest.raises(UserError, match="changed while this run was starting"):
         claim_out_dir(out, True, False, False, seen, Ranks(device="cpu"))
@@ -305,7 +371,8 @@ def test_an_out_dir_in_a_read_only_folder_is_refused(tiny_data, tmp_path):
 
 
 def test_an_out_dir_that_is_a_link_is_the_folder_it_names(tiny_data, tmp_path):
-    """A link to a folder elsewhere (a larger disk): documented as taken, its checkpoints files in that folder."""
+    """A link to a folder elsewhere (a larger disk): documented as taken, its checkpoints files in
+    that folder."""
     (tmp_path / "disk").mkdir()
     (tmp_path / "out").symlink_to(tmp_path / "disk")
     result = run_train(tiny_data, tmp_path / "out", *SHORT, "--max_iters=2")

@@ -1,5 +1,5 @@
-"""The loader over llm.c shards: the format (written independently here, as llm.c documents it), each malformed
-shard's error, both window orders, ranks, state save and restore, and flat memory."""
+"""The loader over llm.c shards: the format (written independently here, as llm.c documents it),
+each malformed shard's error, both window orders, ranks, state save and restore, and flat memory."""
 
 import json
 from pathlib import Path
@@ -34,7 +34,8 @@ def test_a_folder_of_llmc_shards_trains_without_conversion(tmp_path):
     batches = TokenBatches(folder, 8, 16, CPU, seed=0)
     for _ in range(20):
         x, y = batches.next_batch()
-        assert torch.equal(y, x + 1) and torch.equal(x[:, 1:], x[:, :-1] + 1)  # one window of one shard each
+        # one window of one shard each
+        assert torch.equal(y, x + 1) and torch.equal(x[:, 1:], x[:, :-1] + 1)
         assert set((x // 10000).flatten().tolist()) <= {1, 2}  # training shards only
     (vx, _), *_ = batches.eval_batches("val", 1)
     assert int(vx.max()) < 3000  # evaluation reads the val shard
@@ -43,10 +44,18 @@ def test_a_folder_of_llmc_shards_trains_without_conversion(tmp_path):
 
 def test_train_py_runs_on_llmc_shards_in_epochs(tmp_path):
     llmc_folder(tmp_path / "data" / "tiny", [3000, 5000, 4000])  # no meta.pkl: GPT-2's vocabulary
-    result = run_train(tmp_path / "data", tmp_path / "out", "--max_iters=4", "--data_order=epochs", "--eval_iters=1")
+    result = run_train(
+        tmp_path / "data",
+        tmp_path / "out",
+        "--max_iters=4",
+        "--data_order=epochs",
+        "--eval_iters=1",
+    )
     assert result.returncode == 0, result.stderr
     assert "vocab_size 50257" in result.stdout and "waiting for data" in result.stdout
-    records = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()
+    ]
     assert [r["iter"] for r in records if "data_wait_ms" in r] == [1, 2, 3, 4]
 
 
@@ -72,20 +81,27 @@ def test_a_malformed_shard_is_one_line_naming_the_file(tmp_path, damage, message
     assert bad.read_bytes() == before and not (tmp_path / "out" / "ckpt.pt").exists()
 
 
-def epoch_of(file_tokens: list[int], T: int, rank: int, world: int, n: int) -> list[tuple[int, int]]:
+def epoch_of(
+    file_tokens: list[int], T: int, rank: int, world: int, n: int
+) -> list[tuple[int, int]]:
     return EpochWindows(file_tokens, T, seed=5, rank=rank, world_size=world).take(n)
 
 
 def test_epochs_visit_every_window_once_and_ranks_are_disjoint():
-    sizes, T = [101, 37, 0, 250], 8  # a file too short for any window, counts not multiples of the world size
+    # a file too short for any window, counts not multiples of the world size
+    sizes, T = [101, 37, 0, 250], 8
     every = {(f, k * T) for f, n in enumerate(sizes) for k in range((n - 1) // T)}
     one = epoch_of(sizes, T, 0, 1, len(every))
     assert len(set(one)) == len(one) and set(one) == every
-    first, second = epoch_of(sizes, T, 0, 2, (len(every) + 1) // 2), epoch_of(sizes, T, 1, 2, len(every) // 2)
+    first, second = (
+        epoch_of(sizes, T, 0, 2, (len(every) + 1) // 2),
+        epoch_of(sizes, T, 1, 2, len(every) // 2),
+    )
     assert not set(first) & set(second) and set(first) | set(second) == every
     assert one != sorted(one)  # shuffled
     two_epochs = epoch_of(sizes, T, 0, 1, 2 * len(every))
-    assert set(two_epochs[len(every) :]) == every and two_epochs[len(every) :] != one  # a new order each epoch
+    # a new order each epoch
+    assert set(two_epochs[len(every) :]) == every and two_epochs[len(every) :] != one
 
 
 def test_epochs_through_the_loader_read_each_window_once(tmp_path):
@@ -114,14 +130,17 @@ def test_a_restored_state_gives_the_same_next_batches(tmp_path, order):
 
 def maps_of(path: Path) -> int:
     """How many mappings of path this process holds now."""
-    return sum(line.split()[-1] == str(path) for line in Path("/proc/self/maps").read_text().splitlines())
+    return sum(
+        line.split()[-1] == str(path) for line in Path("/proc/self/maps").read_text().splitlines()
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc")
 def test_no_map_of_a_shard_outlives_its_batch(tmp_path):
-    """Memory stays flat over a long run: a map kept for the whole run holds every page it has touched (tens of MB
-    here), so each batch maps the file afresh and lets go. Counted as maps, not as the process's resident size,
-    which the heap and the kernel's page-cache folios move by tens of MB from one batch to the next."""
+    """Memory stays flat over a long run: a map kept for the whole run holds every page it has
+    touched (tens of MB here), so each batch maps the file afresh and lets go. Counted as maps, not
+    as the process's resident size, which the heap and the kernel's page-cache folios move by tens
+    of MB from one batch to the next."""
     shard = (tmp_path / "big_train_000001.bin").resolve()
     llmc_shard(tmp_path / "big_val_000000.bin", np.zeros(10000))
     write_shard(shard, np.random.default_rng(0).integers(0, 50000, 8_000_000, np.uint16))

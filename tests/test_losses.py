@@ -1,6 +1,7 @@
-"""The fused lm_head + cross-entropy (the operator nanogpt::fused_linear_cross_entropy) against the plain path, logits
-then F.cross_entropy: float64 to 1e-10, bf16 autocast, compiled, without gradients, untied; and the Triton classifier
-on triton's CPU interpreter and compiled ahead of time for an H100 (pytest -m triton; pip install -e ".[triton]")."""
+"""The fused lm_head + cross-entropy (the operator nanogpt::fused_linear_cross_entropy) against the
+plain path, logits then F.cross_entropy: float64 to 1e-10, bf16 autocast, compiled, without
+gradients, untied; and the Triton classifier on triton's CPU interpreter and compiled ahead of time
+for an H100 (pytest -m triton; pip install -e ".[triton]")."""
 
 import importlib
 import json
@@ -23,7 +24,8 @@ BRANCH_POINT = "ff38d87"  # the commit this fused loss replaced
 
 
 def head_inputs(n: int = 70, c: int = 16, v: int = 50, dtype=torch.float64, seed: int = 0) -> tuple:
-    """Hidden states x (n, c) and a head weight (v, c), both requiring grad, and targets with ignored (-1) rows."""
+    """Hidden states x (n, c) and a head weight (v, c), both requiring grad, and targets with
+    ignored (-1) rows."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, generator=g, dtype=dtype).requires_grad_()
     w = (torch.randn(v, c, generator=g, dtype=dtype) / c**0.5).requires_grad_()
@@ -33,7 +35,9 @@ def head_inputs(n: int = 70, c: int = 16, v: int = 50, dtype=torch.float64, seed
     return x, w, targets
 
 
-def plain_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
+def plain_loss(
+    x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0
+) -> torch.Tensor:
     logits = (x @ w.t()).to(torch.promote_types(x.dtype, torch.float32))
     if softcap:
         logits = softcap * torch.tanh(logits / softcap)
@@ -48,11 +52,14 @@ def loss_and_grads(loss_fn, x, w, targets, scale: float = 1.0, **kwargs) -> tupl
 
 
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
-@pytest.mark.parametrize("chunk", [0, 1, 7, 64, 1000])  # 0: by budget; 7 and 64 do not divide 70; 1000 is one chunk
+# 0: by budget; 7 and 64 do not divide 70; 1000 is one chunk
+@pytest.mark.parametrize("chunk", [0, 1, 7, 64, 1000])
 def test_fused_equals_the_plain_loss_and_both_gradients_in_float64(chunk, softcap):
     x, w, targets = head_inputs()
     loss, dx, dw = loss_and_grads(plain_loss, x, w, targets, scale=3.0, softcap=softcap)
-    loss_f, dx_f, dw_f = loss_and_grads(fused_cross_entropy, x, w, targets, scale=3.0, chunk=chunk, softcap=softcap)
+    loss_f, dx_f, dw_f = loss_and_grads(
+        fused_cross_entropy, x, w, targets, scale=3.0, chunk=chunk, softcap=softcap
+    )
     assert loss_f.dtype == dx_f.dtype == dw_f.dtype == torch.float64
     assert abs(loss_f.item() - loss.item()) <= 1e-10
     assert (dx_f - dx).abs().max().item() <= 1e-10 and (dw_f - dw).abs().max().item() <= 1e-10
@@ -75,9 +82,10 @@ def test_the_softcap_changes_the_loss_and_is_differentiated_through_tanh():
 
 
 def test_fused_under_bf16_autocast_is_as_accurate_as_the_plain_path():
-    """Both run their GEMMs in bf16 and the softmax in fp32. Against the float64 truth, the fused loss's error is
-    within 1e-3 of the loss and its gradients' errors within 1.5x the plain path's (which sums dW over all rows in
-    one bf16 GEMM, where the fused path sums chunks' bf16 products in fp32)."""
+    """Both run their GEMMs in bf16 and the softmax in fp32. Against the float64 truth, the fused
+    loss's error is within 1e-3 of the loss and its gradients' errors within 1.5x the plain path's
+    (which sums dW over all rows in one bf16 GEMM, where the fused path sums chunks' bf16 products
+    in fp32)."""
     x64, w64, targets = head_inputs(n=256, c=64, v=300)
     truth = loss_and_grads(plain_loss, x64, w64, targets)
     x, w = (t.detach().float().requires_grad_() for t in (x64, w64))
@@ -112,10 +120,13 @@ def test_only_the_gradient_gemms_autograd_will_use_are_run(grad_mode, needs):
 def test_no_vocab_sized_tensor_is_kept_for_backward():
     x, w, targets = head_inputs(n=64, v=50)
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.shape) or t, lambda t: t
+    ):
         loss = fused_cross_entropy(x, w, targets, chunk=16)
     loss.backward()
-    assert sorted(saved) == sorted([x.shape, w.shape])  # d/dx and d/dweight, made in forward, and nothing else
+    # d/dx and d/dweight, made in forward, and nothing else
+    assert sorted(saved) == sorted([x.shape, w.shape])
 
 
 def test_a_second_backward_through_the_same_loss_is_refused():
@@ -128,15 +139,19 @@ def test_a_second_backward_through_the_same_loss_is_refused():
 
 
 def test_the_chunks_are_few_even_and_within_the_budget():
-    for n, vocab, device, itemsize in [(32768, 50304, "cuda", 4), (32768, 50304, "cuda", 2), (2048, 50304, "cpu", 4),
-                                       (70, 50, "cpu", 8), (1, 50304, "cuda", 4), (5000, 65, "cpu", 4)]:  # fmt: skip
+    cases = [(32768, 50304, "cuda", 4), (32768, 50304, "cuda", 2), (2048, 50304, "cpu", 4),
+             (70, 50, "cpu", 8), (1, 50304, "cuda", 4), (5000, 65, "cpu", 4)]  # fmt: skip
+    for n, vocab, device, itemsize in cases:
         budget = 1 << 30 if device == "cuda" else 24 << 20
         rows = chunk_rows(n, vocab, torch.device(device), itemsize)
         chunks = -(-n // rows)
         assert rows * vocab * itemsize <= budget or rows == 1
-        assert chunks == 1 or -(-n // (chunks - 1)) * vocab * itemsize > budget  # one chunk fewer would not fit
-        assert rows - n % rows < chunks or n % rows == 0  # the last chunk is no more than chunks rows short
-    assert chunk_rows(32768, 50304, torch.device("cuda")) == 4682  # 7 chunks (64 before: the GPU review's finding 3)
+        # one chunk fewer would not fit
+        assert chunks == 1 or -(-n // (chunks - 1)) * vocab * itemsize > budget
+        # the last chunk is no more than chunks rows short
+        assert rows - n % rows < chunks or n % rows == 0
+    # 7 chunks (64 before: the GPU review's finding 3)
+    assert chunk_rows(32768, 50304, torch.device("cuda")) == 4682
 
 
 def test_compiled_fused_loss_is_one_opaque_call_and_equals_eager():
@@ -146,12 +161,16 @@ def test_compiled_fused_loss_is_one_opaque_call_and_equals_eager():
     x, w, targets = head_inputs(n=256, c=32, v=100, dtype=torch.float32)
     eager = loss_and_grads(fused_cross_entropy, x, w, targets, chunk=16)
     compiled_loss = torch.compile(fused_cross_entropy, fullgraph=True)
-    compiled, code = run_and_get_code(lambda: loss_and_grads(compiled_loss, x, w, targets, chunk=16))
+    compiled, code = run_and_get_code(
+        lambda: loss_and_grads(compiled_loss, x, w, targets, chunk=16)
+    )
     for got, want in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     code = "\n".join(code)
-    assert code.count("torch.ops.nanogpt.fused_linear_cross_entropy.default(") == 1  # 16 chunks, one call
-    assert "extern_kernels.mm" not in code and "extern_kernels.addmm" not in code  # no GEMM unrolled outside it
+    # 16 chunks, one call
+    assert code.count("torch.ops.nanogpt.fused_linear_cross_entropy.default(") == 1
+    # no GEMM unrolled outside it
+    assert "extern_kernels.mm" not in code and "extern_kernels.addmm" not in code
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     loss_and_grads(compiled_loss, x, w, targets, chunk=16)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompile
@@ -173,7 +192,9 @@ def model_loss_and_grads(config: GPTConfig, untie: bool = False) -> tuple:
 
 def test_an_untied_head_gets_its_own_gradient():
     loss, grads = model_loss_and_grads(SMALL, untie=True)
-    loss_f, grads_f = model_loss_and_grads(replace(SMALL, loss_impl="fused", loss_chunk=7), untie=True)
+    loss_f, grads_f = model_loss_and_grads(
+        replace(SMALL, loss_impl="fused", loss_chunk=7), untie=True
+    )
     assert "lm_head.weight" in grads and "transformer.wte.weight" in grads
     assert abs(loss_f.item() - loss.item()) <= 1e-10
     for name, grad in grads.items():
@@ -182,8 +203,11 @@ def test_an_untied_head_gets_its_own_gradient():
 
 
 def branch_point_module():
-    """model.py as it was at BRANCH_POINT, loaded as a module of its own (skips outside a git checkout with it)."""
-    show = subprocess.run(["git", "show", f"{BRANCH_POINT}:model.py"], cwd=ROOT, capture_output=True, text=True)
+    """model.py as it was at BRANCH_POINT, loaded as a module of its own (skips outside a git
+    checkout with it)."""
+    show = subprocess.run(
+        ["git", "show", f"{BRANCH_POINT}:model.py"], cwd=ROOT, capture_output=True, text=True
+    )
     if show.returncode != 0:
         pytest.skip(f"no git history with {BRANCH_POINT}")
     namespace = {"__name__": "model_at_branch_point"}
@@ -206,20 +230,23 @@ def test_triton_without_cuda_or_the_interpreter_is_refused_in_one_line(monkeypat
     with pytest.raises(ValueError, match="loss_impl='triton' cannot run here") as refused:
         model(x, x)
     assert "\n" not in str(refused.value)
-    assert model(x)[0].shape == (2, 1, SMALL.vocab_size)  # generation makes no loss: nothing to refuse
+    # generation makes no loss: nothing to refuse
+    assert model(x)[0].shape == (2, 1, SMALL.vocab_size)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# the Triton classifier, opt-in: pytest -m triton on a GPU, or TRITON_INTERPRET=1 pytest -m triton on a CPU, where
-# triton's interpreter runs it (~5 ms a program: small grids). Triton reads TRITON_INTERPRET once, when it is first
-# imported, so the variable must be set before the test process starts.
+# --------------------------------------------------------------------------------------------------
+# the Triton classifier, opt-in: pytest -m triton on a GPU, or TRITON_INTERPRET=1 pytest -m triton
+# on a CPU, where triton's interpreter runs it (~5 ms a program: small grids). Triton reads
+# TRITON_INTERPRET once, when it is first imported, so the variable must be set before the test
+# process starts.
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
 def classifier():
-    """nanogpt_perf.kernels.classifier, where its kernel can run: on CUDA, or interpreted on a CPU."""
+    """nanogpt_perf.kernels.classifier, where its kernel can run: on CUDA, or interpreted on a
+    CPU."""
     pytest.importorskip("triton")
     from nanogpt_perf.kernels import triton_problem
 
@@ -230,7 +257,8 @@ def classifier():
 
 @pytest.mark.triton
 @pytest.mark.parametrize("softcap", [0.0, 15.0])
-@pytest.mark.parametrize("rows, vocab", [(8, 50304), (64, 65), (16, 4097), (32, 1000)])  # 4097: a 1-column block
+# 4097: a 1-column block
+@pytest.mark.parametrize("rows, vocab", [(8, 50304), (64, 65), (16, 4097), (32, 1000)])
 def test_the_triton_classifier_equals_torch_in_float32(classifier, rows, vocab, softcap):
     g = torch.Generator().manual_seed(vocab)
     logits = (4 * torch.randn(rows, vocab, generator=g)).to(DEVICE)
@@ -258,21 +286,27 @@ def test_the_triton_classifier_takes_bf16_logits_and_can_leave_them_alone(classi
     kept = logits.clone()
     losses, grad = classifier.cross_entropy_in_place(kept, targets, with_grad=False)
     assert grad is None and torch.equal(kept, logits)
-    torch.testing.assert_close(losses, reference, rtol=1e-6, atol=1e-5)  # fp32 sums over the bf16 values
+    # fp32 sums over the bf16 values
+    torch.testing.assert_close(losses, reference, rtol=1e-6, atol=1e-5)
     losses, grad = classifier.cross_entropy_in_place(logits, targets)
     assert grad.dtype == torch.bfloat16
     z = kept.float().requires_grad_()
     F.cross_entropy(z, targets, reduction="sum").backward()  # softmax - onehot in fp32
-    assert (grad.float() - z.grad).abs().max() <= 2**-8  # rounded once to bf16 (values within [-1, 1])
+    # rounded once to bf16 (values within [-1, 1])
+    assert (grad.float() - z.grad).abs().max() <= 2**-8
 
 
 @pytest.mark.triton
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 def test_the_triton_loss_equals_the_plain_one(classifier, softcap):
-    x, w, targets = (t.detach().to(DEVICE) for t in head_inputs(n=96, c=32, v=1000, dtype=torch.float32))
+    x, w, targets = (
+        t.detach().to(DEVICE) for t in head_inputs(n=96, c=32, v=1000, dtype=torch.float32)
+    )
     x.requires_grad_(), w.requires_grad_()
     plain = loss_and_grads(plain_loss, x, w, targets, scale=2.0, softcap=softcap)
-    triton = loss_and_grads(fused_cross_entropy, x, w, targets, scale=2.0, chunk=40, softcap=softcap, use_triton=True)
+    triton = loss_and_grads(
+        fused_cross_entropy, x, w, targets, scale=2.0, chunk=40, softcap=softcap, use_triton=True
+    )
     for got, want in zip(triton, plain, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
@@ -308,26 +342,31 @@ from nanogpt_perf.kernels.classifier import cross_entropy_rows_kernel, launch_co
 figures = []
 for dtype, softcap in [("bf16", False), ("bf16", True), ("fp32", False)]:
     config = launch_config(50304)
-    signature = {"logits_ptr": "*" + dtype, "targets_ptr": "*i64", "losses_ptr": "*fp32", "n_cols": "i32",
+    signature = {"logits_ptr": "*" + dtype, "targets_ptr": "*i64", "losses_ptr": "*fp32",
+                 "n_cols": "i32",
                  "row_stride": "i32", "softcap": "fp32", "ignore_index": "i32",
                  "BLOCK": "constexpr", "SOFTCAP": "constexpr", "WRITE_GRAD": "constexpr"}
     constexprs = {"BLOCK": config["BLOCK"], "SOFTCAP": softcap, "WRITE_GRAD": True}
     t0 = time.perf_counter()
     kernel = triton.compile(ASTSource(cross_entropy_rows_kernel, signature, constexprs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": config["num_warps"]})
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": config["num_warps"]})
     figures.append(dict(dtype=dtype, softcap=softcap, seconds=time.perf_counter() - t0,
-                        shared=kernel.metadata.shared, cubin=len(kernel.asm["cubin"]), ptx=kernel.asm["ptx"]))
+                        shared=kernel.metadata.shared, cubin=len(kernel.asm["cubin"]),
+                        ptx=kernel.asm["ptx"]))
 print(json.dumps(figures))
 """
 
 
 @pytest.mark.triton
 def test_the_triton_classifier_compiles_for_an_h100(tmp_path):
-    """Ahead of time, with no GPU: triton's own ptxas makes an sm_90 cubin (compile errors and a shared-memory
-    overflow would show here). In a process of its own: this module's other tests interpret the kernel."""
+    """Ahead of time, with no GPU: triton's own ptxas makes an sm_90 cubin (compile errors and a
+    shared-memory overflow would show here). In a process of its own: this module's other tests
+    interpret the kernel."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env |= {"TRITON_DEFAULT_FP_FUSION": "1", "TRITON_CACHE_DIR": str(tmp_path)}  # compiled afresh, not from a cache
+    # compiled afresh, not from a cache
+    env |= {"TRITON_DEFAULT_FP_FUSION": "1", "TRITON_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", textwrap.dedent(AOT_COMPILE)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr

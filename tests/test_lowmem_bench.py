@@ -1,12 +1,20 @@
-"""bench.py's memory figures: the training state's bytes per parameter by part, measured beside the formats'
-arithmetic, and the search for the largest model of a family whose step fits a budget (tiny shapes)."""
+"""bench.py's memory figures: the training state's bytes per parameter by part, measured beside the
+formats' arithmetic, and the search for the largest model of a family whose step fits a budget (tiny
+shapes)."""
 
 import json
 
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, declarations, run_in_process, run_script
+from conftest import (
+    ROOT,
+    TINY_MODEL,
+    assert_one_line_error,
+    declarations,
+    run_in_process,
+    run_script,
+)
 from lab.bench_cases import Case, most_tries
 from lab.bench_fit import family, largest_model, most_layers, parameters
 from lab.bench_measure import result, run_case
@@ -15,7 +23,9 @@ from nanogpt_perf.config import declared
 from nanogpt_perf.data.loader import SyntheticBatches
 from nanogpt_perf.runtime import host_memory_bytes
 
-SHAPE = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=2, compile=False, device="cpu")
+SHAPE = dict(
+    n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=2, compile=False, device="cpu"
+)
 SETTINGS = [f"--{k}={v}" for k, v in SHAPE.items()] + ["--vocab_size=64"]
 
 
@@ -28,14 +38,17 @@ def case(**changes) -> Case:
     [
         ({}, 8.0, 0.01),  # the step counters
         (dict(weights_dtype="bfloat16"), 4.0, 0.01),
-        (dict(weights_dtype="bfloat16", state_bits=8), 2.0, 0.5),  # scales, maps, and n_embd=64's vectors plain
+        # scales, maps, and n_embd=64's vectors plain
+        (dict(weights_dtype="bfloat16", state_bits=8), 2.0, 0.5),
     ],
 )
 def test_the_state_by_part_is_measured_beside_its_arithmetic(savers, optimizer, slack, monkeypatch):
-    """One step's state counted from its storages: weights and gradients exactly the arithmetic's; the optimizer's
-    the arithmetic's plus its step counters (and 8-bit scales, maps and small tensors kept plain); the rest of the
-    step's peak is activations and workspace (the peak against the state itself: in a fresh process, below)."""
-    monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn)  # torchao's step eagerly: the same bytes
+    """One step's state counted from its storages: weights and gradients exactly the arithmetic's;
+    the optimizer's the arithmetic's plus its step counters (and 8-bit scales, maps and small
+    tensors kept plain); the rest of the step's peak is activations and workspace (the peak against
+    the state itself: in a fresh process, below)."""
+    # torchao's step eagerly: the same bytes
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn)
     batches = lambda B, T, dev: SyntheticBatches(B, T, 64, dev, 0)  # noqa: E731
     row = run_case(case(**savers), device="cpu", batches=batches, steps=1, burn_in=1)
     assert row["status"] == "ok", row["reason"]
@@ -51,7 +64,9 @@ def test_a_family_keeps_its_aspect_and_head_size():
     tiny = case()
     for n_layer in (1, 3, 8):
         member = family(tiny, n_layer).settings
-        assert member.n_layer == n_layer and member.n_embd == 32 * n_layer and member.n_head == n_layer
+        assert (
+            member.n_layer == n_layer and member.n_embd == 32 * n_layer and member.n_head == n_layer
+        )
     assert parameters(family(tiny, 2)) == 12 * 2 * 64**2 + (64 + 32) * 64
 
 

@@ -55,7 +55,9 @@ def test_tied_embeddings_and_scaled_residual_init():
     assert abs(fc.std().item() - 0.02) < 5e-4
 
 
-RECIPE = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untied_head=True, logit_softcap=30.0)
+RECIPE = dict(
+    rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untied_head=True, logit_softcap=30.0
+)
 RECIPE |= dict(zero_init_proj=True, value_embeds=True, unet_skips=True)
 
 
@@ -63,7 +65,8 @@ RECIPE |= dict(zero_init_proj=True, value_embeds=True, unet_skips=True)
     "shape",
     [
         dict(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=256),  # weights dominate
-        dict(n_layer=3, n_head=2, n_embd=32, block_size=128, vocab_size=96),  # attention is over a third
+        # attention is over a third
+        dict(n_layer=3, n_head=2, n_embd=32, block_size=128, vocab_size=96),
     ],
 )
 @pytest.mark.parametrize(
@@ -72,9 +75,10 @@ RECIPE |= dict(zero_init_proj=True, value_embeds=True, unet_skips=True)
     ids=["default", *RECIPE, "all"],
 )
 def test_estimate_mfu_counts_the_flops_that_pytorch_counts(shape, options):
-    """estimate_mfu's FLOPs per iteration against torch's FlopCounterMode counting a real forward and backward.
-    Manual attention, so that the counter sees the attention matmuls (it has no formula for CPU flash). The
-    options change what is a matmul: no wpe with rotary, an untied head's matmul and not wte's lookup."""
+    """estimate_mfu's FLOPs per iteration against torch's FlopCounterMode counting a real forward
+    and backward. Manual attention, so that the counter sees the attention matmuls (it has no
+    formula for CPU flash). The options change what is a matmul: no wpe with rotary, an untied
+    head's matmul and not wte's lookup."""
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
@@ -85,17 +89,22 @@ def test_estimate_mfu_counts_the_flops_that_pytorch_counts(shape, options):
         _, loss = model(x, x)
         loss.backward()
     # at dt = 1 s against a peak of 1 FLOP/s, the utilisation is the FLOP count of one iteration
-    assert model.estimate_mfu(B, 1.0, peak_flops=1.0) == pytest.approx(counter.get_total_flops(), rel=0.03)
+    assert model.estimate_mfu(B, 1.0, peak_flops=1.0) == pytest.approx(
+        counter.get_total_flops(), rel=0.03
+    )
     # and it scales with the sequence length actually run, attention term included
     T = shape["block_size"] // 2
     with FlopCounterMode(display=False) as counter:
         _, loss = model(x[:, :T], x[:, :T])
         loss.backward()
-    assert model.estimate_mfu(B, 1.0, peak_flops=1.0, seq_len=T) == pytest.approx(counter.get_total_flops(), rel=0.03)
+    assert model.estimate_mfu(B, 1.0, peak_flops=1.0, seq_len=T) == pytest.approx(
+        counter.get_total_flops(), rel=0.03
+    )
 
 
 def test_mfu_is_unavailable_rather_than_invented():
-    assert mfu(small_model(), 10, 0.5, torch.device("cpu"), "fp32") is None  # CPU: no peak in the table
+    # CPU: no peak in the table
+    assert mfu(small_model(), 10, 0.5, torch.device("cpu"), "fp32") is None
     assert peak_flops_for_name("Some Future GPU", "bf16") is None
     assert peak_flops_for_name("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4e12)
     assert peak_flops_for_name("NVIDIA H100 PCIe", "bf16") == pytest.approx(756e12)
@@ -116,8 +125,8 @@ def test_top_k_keeps_exactly_k_candidates_even_with_ties():
 
 
 def test_sample_draws_as_torch_multinomial_does():
-    """With every token a candidate, the same generator gives torch.multinomial's one-sample draw, token for token
-    (at a temperature, of the softmax of logits / temperature)."""
+    """With every token a candidate, the same generator gives torch.multinomial's one-sample draw,
+    token for token (at a temperature, of the softmax of logits / temperature)."""
     logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))
     for temperature in (1.0, 0.7):
         g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
@@ -161,7 +170,8 @@ def test_checkpoint_round_trip_gives_identical_logits(tmp_path):
     state = unwrap(compiled).state_dict()
     assert not any("_orig_mod" in k for k in state)
     save_checkpoint({"model": state, "model_args": SMALL}, tmp_path / "ckpt.pt")
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left, whatever its name
+    # no temporary file left, whatever its name
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
     checkpoint = load_checkpoint(tmp_path / "ckpt.pt")
     reloaded = GPT(GPTConfig(**checkpoint["model_args"])).eval()
     reloaded.load_state_dict(checkpoint["model"])

@@ -1,6 +1,7 @@
-"""nanogpt_perf/optim.py: the Muon update against a plain float64 reference and against torch.optim.Muon, the AdamW
-share against torch.optim.AdamW, the split of a GPT's parameters, the schedule's ratio, the state dict's round trip,
-a tiny GPT trained by it, and the 'adamw' option as configure_optimizers' AdamW bit for bit."""
+"""nanogpt_perf/optim.py: the Muon update against a plain float64 reference and against
+torch.optim.Muon, the AdamW share against torch.optim.AdamW, the split of a GPT's parameters, the
+schedule's ratio, the state dict's round trip, a tiny GPT trained by it, and the 'adamw' option as
+configure_optimizers' AdamW bit for bit."""
 
 import io
 import math
@@ -37,7 +38,14 @@ from nanogpt_perf.optim import (
     split_parameters,
 )
 
-HYPER = dict(learning_rate=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, muon_lr=0.03, muon_weight_decay=0.05)
+HYPER = dict(
+    learning_rate=3e-3,
+    weight_decay=0.1,
+    beta1=0.9,
+    beta2=0.95,
+    muon_lr=0.03,
+    muon_weight_decay=0.05,
+)
 
 
 def optim(kind: str, **changes) -> OptimConfig:
@@ -59,8 +67,9 @@ def tiny(seed: int = 0) -> GPT:
 
 
 def reference_muon(W, grads, lr, momentum, weight_decay, scale):
-    """Muon as Keller Jordan's post writes it, in float64: B <- mu B + g; Nesterov's g + mu B; X = that over its
-    Frobenius norm, on the wide side; 5 steps of X <- aX + b(XX^T)X + c(XX^T)^2 X; W <- W(1 - lr wd) - lr scale X."""
+    """Muon as Keller Jordan's post writes it, in float64: B <- mu B + g; Nesterov's g + mu B; X =
+    that over its Frobenius norm, on the wide side; 5 steps of X <- aX + b(XX^T)X + c(XX^T)^2 X; W
+    <- W(1 - lr wd) - lr scale X."""
     a, b, c = 3.4445, -4.7750, 2.0315
     W, B = W.double(), torch.zeros_like(W, dtype=torch.float64)
     for g in grads:
@@ -79,7 +88,10 @@ def reference_muon(W, grads, lr, momentum, weight_decay, scale):
 
 @pytest.mark.parametrize(
     "adjust, scale",
-    [("original", lambda r, c: math.sqrt(max(1, r / c))), ("match_rms_adamw", lambda r, c: 0.2 * math.sqrt(max(r, c)))],
+    [
+        ("original", lambda r, c: math.sqrt(max(1, r / c))),
+        ("match_rms_adamw", lambda r, c: 0.2 * math.sqrt(max(r, c))),
+    ],
 )
 def test_muon_update_equals_a_plain_reference(adjust, scale):
     torch.manual_seed(0)
@@ -87,7 +99,13 @@ def test_muon_update_equals_a_plain_reference(adjust, scale):
     start = [torch.randn(s, dtype=torch.float64) for s in shapes]
     grads = [[torch.randn(s, dtype=torch.float64) for s in shapes] for _ in range(4)]
     params = [nn.Parameter(w.clone()) for w in start]
-    group = {"params": params, "muon": True, "lr": 0.05, "weight_decay": 0.2, "adjust_lr_fn": adjust}
+    group = {
+        "params": params,
+        "muon": True,
+        "lr": 0.05,
+        "weight_decay": 0.2,
+        "adjust_lr_fn": adjust,
+    }
     optimizer = MuonAdamW([group], momentum=0.9, ns_dtype=torch.float64)
     for step_grads in grads:
         for p, g in zip(params, step_grads, strict=True):
@@ -106,7 +124,12 @@ def test_bfloat16_newton_schulz_is_torch_muon_bit_for_bit_and_a_cpu_takes_float3
     start = [torch.randn(s) for s in shapes]
     grads = [[torch.randn(s) for s in shapes] for _ in range(3)]
     runs = {}
-    for name, ns_dtype in (("bf16", torch.bfloat16), ("default", None), ("fp32", torch.float32), ("torch", None)):
+    for name, ns_dtype in (
+        ("bf16", torch.bfloat16),
+        ("default", None),
+        ("fp32", torch.float32),
+        ("torch", None),
+    ):
         params = [nn.Parameter(w.clone()) for w in start]
         if name == "torch":
             optimizer = torch.optim.Muon(params, lr=0.02, weight_decay=0.1, momentum=0.95)
@@ -121,7 +144,8 @@ def test_bfloat16_newton_schulz_is_torch_muon_bit_for_bit_and_a_cpu_takes_float3
     assert all(torch.equal(a, b) for a, b in zip(runs["bf16"], runs["torch"], strict=True))
     assert all(torch.equal(a, b) for a, b in zip(runs["default"], runs["fp32"], strict=True))
     assert not any(torch.equal(a, b) for a, b in zip(runs["fp32"], runs["bf16"], strict=True))
-    for a, b in zip(runs["fp32"], runs["bf16"], strict=True):  # the same update but for bf16's rounding
+    # the same update but for bf16's rounding
+    for a, b in zip(runs["fp32"], runs["bf16"], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
 
 
@@ -134,19 +158,28 @@ def plain_newton_schulz(X, steps):
     return X
 
 
-@pytest.mark.parametrize("shape, steps", [((128, 512), 4), ((128, 384), 5), ((16, 40), 3), ((8, 9), 5)])
+@pytest.mark.parametrize(
+    "shape, steps", [((128, 512), 4), ((128, 384), 5), ((16, 40), 3), ((8, 9), 5)]
+)
 def test_gram_newton_schulz_equals_the_plain_steps(shape, steps):
     torch.manual_seed(0)
     X = torch.randn(shape, dtype=torch.float64)
     X = X / X.norm()
-    torch.testing.assert_close(gram_newton_schulz(X, NS_COEFFICIENTS, steps), plain_newton_schulz(X, steps))
+    torch.testing.assert_close(
+        gram_newton_schulz(X, NS_COEFFICIENTS, steps), plain_newton_schulz(X, steps)
+    )
     X32 = X.float()
     torch.testing.assert_close(
-        gram_newton_schulz(X32, NS_COEFFICIENTS, steps), plain_newton_schulz(X, steps).float(), rtol=0, atol=1e-5
+        gram_newton_schulz(X32, NS_COEFFICIENTS, steps),
+        plain_newton_schulz(X, steps).float(),
+        rtol=0,
+        atol=1e-5,
     )
 
 
-@pytest.mark.parametrize("m, n, steps", [(128, 512, 4), (128, 384, 4), (128, 128, 4), (128, 256, 3), (64, 96, 5)])
+@pytest.mark.parametrize(
+    "m, n, steps", [(128, 512, 4), (128, 384, 4), (128, 128, 4), (128, 256, 3), (64, 96, 5)]
+)
 def test_the_form_chosen_is_the_one_flopcounter_counts_fewer_flops_for(m, n, steps):
     X = torch.randn(m, n) / (m * n) ** 0.5
     flops = {}
@@ -171,7 +204,8 @@ def names_of(model: nn.Module, groups: list[dict]) -> list[list[str]]:
 def test_the_split_takes_every_parameter_once_on_its_side():
     model = tiny()
     muon, rest = split_parameters(model)
-    decay, no_decay = names_of(model, decay_groups(rest, 0.1))  # AdamW's, as configure_optimizers splits them
+    # AdamW's, as configure_optimizers splits them
+    decay, no_decay = names_of(model, decay_groups(rest, 0.1))
     blocks = [
         f"transformer.h.{i}.{m}.weight"
         for i in range(2)
@@ -189,7 +223,9 @@ def test_the_split_takes_every_parameter_once_on_its_side():
     assert {id(p) for p in in_groups} == {id(p) for p in trainable}
     kinds = [
         (g["muon"], g["lr"], g["weight_decay"], names)
-        for g, names in zip(optimizer.param_groups, names_of(model, optimizer.param_groups), strict=True)
+        for g, names in zip(
+            optimizer.param_groups, names_of(model, optimizer.param_groups), strict=True
+        )
     ]
     assert kinds[0] == (True, 0.03, 0.05, sorted(blocks))
     assert kinds[1] == (False, 3e-3, 0.1, ["lm_head.weight", "transformer.wte.weight"])
@@ -208,7 +244,8 @@ def test_adamw_share_is_torch_adamw_and_every_group_follows_the_schedule():
     for lr in (1e-3, 3e-3, 2e-3):
         set_lr(optimizer, lr, HYPER["learning_rate"])
         set_lr(reference, lr, HYPER["learning_rate"])
-        assert [g["lr"] for g in reference.param_groups] == [lr, lr]  # configure_optimizers' groups: lr as is
+        # configure_optimizers' groups: lr as is
+        assert [g["lr"] for g in reference.param_groups] == [lr, lr]
         assert optimizer.param_groups[0]["lr"] == pytest.approx(0.03 * lr / 3e-3, rel=1e-15)
         assert [g["lr"] for g in optimizer.param_groups[1:]] == pytest.approx([lr, lr], rel=1e-15)
         for p, q in zip(model.parameters(), twin.parameters(), strict=True):
@@ -229,7 +266,9 @@ def batches(n: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.stack([cycle[s : s + 33] for s in row]) for row in starts]
 
 
-def train(model: GPT, optimizer: torch.optim.Optimizer, data: list[torch.Tensor], first: int = 0) -> list[float]:
+def train(
+    model: GPT, optimizer: torch.optim.Optimizer, data: list[torch.Tensor], first: int = 0
+) -> list[float]:
     losses = []
     for it, x in enumerate(data, start=first):
         set_lr(optimizer, HYPER["learning_rate"] * (1 - it / 40), HYPER["learning_rate"])
@@ -245,31 +284,39 @@ def test_adamw_is_configure_optimizers_bit_for_bit():
     data = batches(4)
     a, b = tiny(), tiny()
     built = build_optimizer(a, optim("adamw"))
-    plain = b.configure_optimizers(HYPER["weight_decay"], HYPER["learning_rate"], (0.9, 0.95), fused=True)
+    plain = b.configure_optimizers(
+        HYPER["weight_decay"], HYPER["learning_rate"], (0.9, 0.95), fused=True
+    )
     assert type(built) is torch.optim.AdamW and built.state_dict() == plain.state_dict()
     assert train(a, built, data) == train(b, plain, data)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 def test_adam_eps_is_torch_adamw_built_with_that_epsilon():
-    """adam_eps reaches configure_optimizers' AdamW, which trains as torch.optim.AdamW given that eps (and not as
-    the default's 1e-8), and Muon's AdamW groups; the Muon group keeps Newton-Schulz's own eps."""
+    """adam_eps reaches configure_optimizers' AdamW, which trains as torch.optim.AdamW given that
+    eps (and not as the default's 1e-8), and Muon's AdamW groups; the Muon group keeps
+    Newton-Schulz's own eps."""
     data = batches(4)
     a, b, c = tiny(), tiny(), tiny()
     built = build_optimizer(a, optim("adamw", adam_eps=1e-3))
     groups = decay_groups(b.parameters(), HYPER["weight_decay"])
-    plain = torch.optim.AdamW(groups, lr=HYPER["learning_rate"], betas=(0.9, 0.95), eps=1e-3, fused=True)
+    plain = torch.optim.AdamW(
+        groups, lr=HYPER["learning_rate"], betas=(0.9, 0.95), eps=1e-3, fused=True
+    )
     default = build_optimizer(c, optim("adamw"))
-    assert [g["eps"] for g in default.param_groups] == [1e-8, 1e-8]  # torch's default: today's runs as they were
-    assert built.defaults["eps"] == 1e-3 and default.defaults["eps"] == 1e-8  # a group added later takes it too
+    # torch's default: today's runs as they were
+    assert [g["eps"] for g in default.param_groups] == [1e-8, 1e-8]
+    # a group added later takes it too
+    assert built.defaults["eps"] == 1e-3 and default.defaults["eps"] == 1e-8
     assert train(a, built, data) == train(b, plain, data) != train(c, default, data)
     muon = build_optimizer(tiny(), optim("muon", adam_eps=1e-3))
     assert [g["eps"] for g in muon.param_groups] == [NS_EPS, 1e-3, 1e-3]
 
 
 def test_adamw_is_fused_where_the_device_has_the_kernel_and_plain_elsewhere():
-    """One rule for configure_optimizers' AdamW and Muon's: fused on a CPU; unfused on a device without the fused
-    kernel (meta here), where torch itself takes fused=True and fails at the first step."""
+    """One rule for configure_optimizers' AdamW and Muon's: fused on a CPU; unfused on a device
+    without the fused kernel (meta here), where torch itself takes fused=True and fails at the first
+    step."""
     cpu = tiny()
     assert adamw_is_fused(cpu.configure_optimizers(0.1, 1e-3, (0.9, 0.95)))
     assert adamw_is_fused(build_optimizer(cpu, optim("muon")))
@@ -300,8 +347,11 @@ def test_a_saved_muon_optimizer_continues_bit_for_bit():
     fresh.load_state_dict(saved["optimizer"])
     losses += train(resumed, fresh, data[3:], first=3)
     assert losses == straight_losses
-    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), straight.parameters(), strict=True))
-    # the settings' learning rates win over the checkpoint's, as nanoGPT's lr does; other kinds of state are refused
+    assert all(
+        torch.equal(p, q) for p, q in zip(resumed.parameters(), straight.parameters(), strict=True)
+    )
+    # the settings' learning rates win over the checkpoint's, as nanoGPT's lr does; other kinds of
+    # state are refused
     other = build_optimizer(tiny(), optim("muon", muon_lr=0.01))
     other.load_state_dict(saved["optimizer"])
     assert [g[BASE_LR] for g in other.param_groups] == [0.01, 3e-3, 3e-3]
@@ -313,8 +363,8 @@ def test_a_saved_muon_optimizer_continues_bit_for_bit():
 
 
 def test_a_tiny_gpt_learns_with_muon():
-    """30 steps: the loss falls from about ln(64) by over a third, and well below where AdamW's share alone (the
-    embeddings and vectors, Muon's lr 0) takes it."""
+    """30 steps: the loss falls from about ln(64) by over a third, and well below where AdamW's
+    share alone (the embeddings and vectors, Muon's lr 0) takes it."""
     final = {}
     for muon_lr in (0.0, HYPER["muon_lr"]):
         model = tiny()
@@ -325,18 +375,24 @@ def test_a_tiny_gpt_learns_with_muon():
 
 
 def test_bad_choices_and_fsdp_shards_are_refused(tmp_path):
-    settings = lambda **changes: build({"optim": OptimConfig}, flat_defaults({"optim": OptimConfig}) | changes)
+    settings = lambda **changes: build(
+        {"optim": OptimConfig}, flat_defaults({"optim": OptimConfig}) | changes
+    )
     with pytest.raises(UserError, match="optimizer must be one of adamw, muon, not 'sgd'"):
         settings(optimizer="sgd")
     with pytest.raises(UserError, match=r"muon_momentum must be in \[0, 1\), not 1.0"):
         settings(optimizer="muon", muon_momentum=1.0)
     from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     try:
         model = tiny()
         fc = model.transformer.h[0].mlp.c_fc
-        fc.weight = nn.Parameter(distribute_tensor(fc.weight.detach(), DeviceMesh("cpu", [0]), [Shard(0)]))
+        fc.weight = nn.Parameter(
+            distribute_tensor(fc.weight.detach(), DeviceMesh("cpu", [0]), [Shard(0)])
+        )
         assert build_optimizer(model, optim("adamw")) is not None  # AdamW takes shards
         with pytest.raises(ValueError, match="FSDP's shards"):
             build_optimizer(model, optim("muon"))
@@ -361,17 +417,20 @@ def test_an_optimizer_is_a_row_refused_a_state_format_it_lacks(monkeypatch, tiny
     monkeypatch.setitem(OPTIMIZERS, "sgd", toy_sgd(Formats()))
     assert isinstance(build_optimizer(tiny(), optim("sgd")), torch.optim.SGD)
     refused = refuse_train(tiny_data, tmp_path / "out", "--optimizer=sgd", "--state_bits=8")
-    assert_one_line_error(refused, "optimizer='sgd' does not keep state_bits=8", "its state_bits: 32")
+    assert_one_line_error(
+        refused, "optimizer='sgd' does not keep state_bits=8", "its state_bits: 32"
+    )
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="optimizer='sgd' does not keep weights_dtype='bfloat16'"):
         build_optimizer(tiny().bfloat16(), optim("sgd"), LowMemConfig(weights_dtype="bfloat16"))
-    monkeypatch.setitem(OPTIMIZERS, "sgd", toy_sgd(Formats(state_bits=(32, 8))))  # its row: 8 bits too
+    # its row: 8 bits too
+    monkeypatch.setitem(OPTIMIZERS, "sgd", toy_sgd(Formats(state_bits=(32, 8))))
     optimizer_rules(SimpleNamespace(optim=optim("sgd"), lowmem=LowMemConfig(state_bits=8)))
 
 
 class EightBitSGD(torch.optim.SGD):
-    """SGD with its momentum in 8 bits, as a trail would add it to optim.py: it declares the state it
-    keeps (state_like), which is all a resume's checks need of it."""
+    """SGD with its momentum in 8 bits, as a trail would add it to optim.py: it declares the state
+    it keeps (state_like), which is all a resume's checks need of it."""
 
     def __init__(self, params, lr: float):
         super().__init__(params, lr=lr, momentum=0.9)
@@ -399,8 +458,12 @@ def test_an_optimizer_with_a_low_bit_state_of_its_own_resumes_by_declaring_it(mo
     pytest.importorskip("torchao")
     from nanogpt_perf.lowmem_state import check_saved_state
 
-    build_sgd = lambda model, cfg, spec, ns_dtype: EightBitSGD(model.parameters(), cfg.learning_rate)
-    monkeypatch.setitem(OPTIMIZERS, "sgd", OptimizerKind(build_sgd, Formats(state_bits=(32, 8)), None))
+    build_sgd = lambda model, cfg, spec, ns_dtype: EightBitSGD(
+        model.parameters(), cfg.learning_rate
+    )
+    monkeypatch.setitem(
+        OPTIMIZERS, "sgd", OptimizerKind(build_sgd, Formats(state_bits=(32, 8)), None)
+    )
     spec, model = LowMemConfig(state_bits=8), tiny()
     optimizer = build_optimizer(model, optim("sgd"), spec)
     for _ in range(2):
@@ -413,5 +476,7 @@ def test_an_optimizer_with_a_low_bit_state_of_its_own_resumes_by_declaring_it(mo
     check_saved_state(again, state)
     again.load_state_dict(state)
     monkeypatch.delattr(EightBitSGD, "state_like")
-    with pytest.raises(UserError, match="holds 'momentum_buffer', which this optimizer does not keep"):
+    with pytest.raises(
+        UserError, match="holds 'momentum_buffer', which this optimizer does not keep"
+    ):
         check_saved_state(build_optimizer(tiny(), optim("sgd"), spec), state)

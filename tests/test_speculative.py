@@ -1,5 +1,6 @@
-"""Speculative decoding: greedy, the model's own tokens whatever the draft; sampled, the model's distribution
-(the acceptance rule tested against exact distributions, with a wrong rule shown to fail the same test)."""
+"""Speculative decoding: greedy, the model's own tokens whatever the draft; sampled, the model's
+distribution (the acceptance rule tested against exact distributions, with a wrong rule shown to
+fail the same test)."""
 
 import itertools
 import re
@@ -7,11 +8,25 @@ import re
 import pytest
 import torch
 
-from conftest import GENERATE_CONFIG, assert_one_line_error, prompts, run_in_process, run_script, sharp_model
+from conftest import (
+    GENERATE_CONFIG,
+    assert_one_line_error,
+    prompts,
+    run_in_process,
+    run_script,
+    sharp_model,
+)
 from model import GPT, GPTConfig
 from nanogpt_perf.generate import Engine, Sampling
 from nanogpt_perf.runtime import resolve_runtime
-from nanogpt_perf.speculative import DraftStats, ModelDraft, NgramDraft, accept, probabilities, speculative_tokens
+from nanogpt_perf.speculative import (
+    DraftStats,
+    ModelDraft,
+    NgramDraft,
+    accept,
+    probabilities,
+    speculative_tokens,
+)
 from nanogpt_perf.train.checkpoint import save_checkpoint
 
 CPU = resolve_runtime("cpu", "float32")
@@ -20,7 +35,8 @@ CHI2_999 = {7: 24.32, 35: 66.62}  # chi-square's 99.9th percentile by degrees of
 
 
 def drafts(target: GPT, sampling: Sampling = GREEDY, generator=None) -> dict:
-    """Every kind of draft: n-grams, a smaller model, the model itself (each of its tokens accepted)."""
+    """Every kind of draft: n-grams, a smaller model, the model itself (each of its tokens
+    accepted)."""
     return {
         "ngram": NgramDraft(),
         "smaller model": ModelDraft(sharp_model(seed=9, n_layer=1), sampling, 16, generator),
@@ -28,10 +44,12 @@ def drafts(target: GPT, sampling: Sampling = GREEDY, generator=None) -> dict:
     }
 
 
-@pytest.mark.parametrize(("prompt_len", "new_tokens", "k"), [(5, 8, 4), (3, 40, 3), (10, 30, 6), (1, 13, 1)])
+@pytest.mark.parametrize(
+    ("prompt_len", "new_tokens", "k"), [(5, 8, 4), (3, 40, 3), (10, 30, 6), (1, 13, 1)]
+)
 def test_greedy_speculative_tokens_are_plain_decodings(prompt_len, new_tokens, k):
-    """Whatever the draft proposes, the same tokens as plain decoding, within the cache and past block_size (16),
-    where the window slides and nothing is drafted."""
+    """Whatever the draft proposes, the same tokens as plain decoding, within the cache and past
+    block_size (16), where the window slides and nothing is drafted."""
     target = sharp_model(seed=0)
     idx = prompts(1, prompt_len)
     engine = Engine(target, CPU)
@@ -39,7 +57,9 @@ def test_greedy_speculative_tokens_are_plain_decodings(prompt_len, new_tokens, k
     assert torch.equal(plain, target.generate(idx, new_tokens, temperature=0)[:, prompt_len:])
     for name, draft in drafts(target).items():
         stats = DraftStats()
-        ours = torch.cat(list(speculative_tokens(engine, idx, new_tokens, GREEDY, draft, k, None, stats)), dim=1)
+        ours = torch.cat(
+            list(speculative_tokens(engine, idx, new_tokens, GREEDY, draft, k, None, stats)), dim=1
+        )
         assert torch.equal(ours, plain), name
         assert stats.tokens == new_tokens and stats.accepted <= stats.drafted
         if name == "itself":  # a draft that is the model: every drafted token kept
@@ -47,11 +67,14 @@ def test_greedy_speculative_tokens_are_plain_decodings(prompt_len, new_tokens, k
 
 
 def test_a_model_drafting_for_itself_never_drafts_a_padded_token():
-    """Greedy, a draft that is the model has every token accepted, whatever its padded vocabulary's tail says:
-    here the padded tokens' logits are the highest, and neither the model nor the draft may draw them."""
+    """Greedy, a draft that is the model has every token accepted, whatever its padded vocabulary's
+    tail says: here the padded tokens' logits are the highest, and neither the model nor the draft
+    may draw them."""
     target = sharp_model(seed=0)
     with torch.no_grad():
-        target.lm_head.weight[60:] = 100 * target.transformer.ln_f(target.transformer.wte.weight[:4]).sign()
+        target.lm_head.weight[60:] = (
+            100 * target.transformer.ln_f(target.transformer.wte.weight[:4]).sign()
+        )
     sampling, idx = Sampling(temperature=0, vocab_size=60), prompts(1, 4)
     stats = DraftStats()
     draft = ModelDraft(target, sampling, 16, None)
@@ -75,7 +98,8 @@ def chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
 
 
 def first_tokens(rule, p, q, draw_q, n: int, seed: int = 0) -> torch.Tensor:
-    """How often each token comes first out of rule over n draws, each from a draft drawn by draw_q."""
+    """How often each token comes first out of rule over n draws, each from a draft drawn by
+    draw_q."""
     g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(p.size(-1))
     for _ in range(n):
@@ -85,14 +109,16 @@ def first_tokens(rule, p, q, draw_q, n: int, seed: int = 0) -> torch.Tensor:
     return counts
 
 
-def always_kept(p, drafted, q, generator):  # a wrong rule: the draft's distribution, not the model's
+# a wrong rule: the draft's distribution, not the model's
+def always_kept(p, drafted, q, generator):
     return len(drafted), 0
 
 
 @pytest.mark.parametrize("draft", ["model", "ngram"])
 def test_acceptance_rule_keeps_the_models_distribution(draft):
-    """The first token out of the rule, over 20,000 draws, follows p (chi-square below its 99.9th percentile)
-    whatever q; the wrong rule that keeps every drafted token follows q instead and fails the same test."""
+    """The first token out of the rule, over 20,000 draws, follows p (chi-square below its 99.9th
+    percentile) whatever q; the wrong rule that keeps every drafted token follows q instead and
+    fails the same test."""
     g = torch.Generator().manual_seed(1)
     p = torch.softmax(2 * torch.randn(2, 8, generator=g), dim=-1)
     if draft == "model":
@@ -107,8 +133,9 @@ def test_acceptance_rule_keeps_the_models_distribution(draft):
 
 
 def test_sampled_speculative_sequences_follow_the_models_distribution():
-    """Two tokens sampled after a prompt, 2,000 times, speculatively with a smaller model's drafts: their joint
-    distribution is the model's (computed exactly from its logits), top_k and temperature applied."""
+    """Two tokens sampled after a prompt, 2,000 times, speculatively with a smaller model's drafts:
+    their joint distribution is the model's (computed exactly from its logits), top_k and
+    temperature applied."""
     target = sharp_model(seed=0, vocab_size=8, n_layer=1)
     target.lm_head.weight.data.mul_(0.25)  # softer logits: every pair of tokens has mass
     draft_model = sharp_model(seed=5, vocab_size=8, n_layer=1)
@@ -118,7 +145,9 @@ def test_sampled_speculative_sequences_follow_the_models_distribution():
         first = probabilities(target(idx)[0][0, -1], sampling)
         pairs = torch.zeros(8, 8)
         for a in range(8):
-            after = probabilities(target(torch.cat([idx, torch.tensor([[a]])], 1))[0][0, -1], sampling)
+            after = probabilities(
+                target(torch.cat([idx, torch.tensor([[a]])], 1))[0][0, -1], sampling
+            )
             pairs[a] = first[a] * after
     engine, g = Engine(target, CPU), torch.Generator().manual_seed(0)
     counts = torch.zeros(8, 8)
@@ -133,7 +162,10 @@ def test_sampled_speculative_sequences_follow_the_models_distribution():
 def test_draft_stats_say_what_was_accepted():
     stats = DraftStats(target_steps=4, drafted=12, accepted=9, tokens=13)
     assert stats.acceptance == 0.75 and stats.tokens_per_step == 3.25
-    assert stats.describe() == "speculative: 9 of 12 drafted tokens accepted (75%), 3.25 tokens per target step"
+    assert (
+        stats.describe()
+        == "speculative: 9 of 12 drafted tokens accepted (75%), 3.25 tokens per target step"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +189,14 @@ def sample_text(result) -> str:
 
 
 def test_sample_py_drafts_give_the_plain_greedy_text(char_checkpoints):
-    common = [f"--out_dir={char_checkpoints / 'model'}", "--device=cpu", "--start=to be or not to be ",
-              "--max_new_tokens=40", "--temperature=0", "--num_samples=1"]  # fmt: skip
+    common = [
+        f"--out_dir={char_checkpoints / 'model'}",
+        "--device=cpu",
+        "--start=to be or not to be ",
+        "--max_new_tokens=40",
+        "--temperature=0",
+        "--num_samples=1",
+    ]
     plain = run_script("sample.py", *common)
     assert sample_text(plain).endswith("q" * 30 + "\n")  # this random model repeats itself
     for draft in ("ngram", str(char_checkpoints / "draft")):
@@ -174,15 +212,24 @@ def test_sample_py_drafts_give_the_plain_greedy_text(char_checkpoints):
     [
         (["--draft=ngram", "--batched=True"], ["draft='ngram'", "batched=False"]),
         (["--draft=ngram", "--kv_cache=False"], ["one sequence at a time", "kv_cache=True"]),
-        (["--draft=OTHER"], ["tokenizer characters (26)", "characters (27)", "share the model's vocabulary"]),
+        (
+            ["--draft=OTHER"],
+            ["tokenizer characters (26)", "characters (27)", "share the model's vocabulary"],
+        ),
         (["--draft=NONE"], ["no checkpoint at"]),
     ],
 )
 def test_sample_py_refuses_a_draft_it_cannot_use(char_checkpoints, flags, fragments):
-    flags = [f.replace("OTHER", str(char_checkpoints / "other")).replace("NONE", str(char_checkpoints / "x"))
-             for f in flags]  # fmt: skip
+    flags = [
+        f.replace("OTHER", str(char_checkpoints / "other")).replace(
+            "NONE", str(char_checkpoints / "x")
+        )
+        for f in flags
+    ]
     model = f"--out_dir={char_checkpoints / 'model'}"
-    result = run_in_process("sample.py", model, "--device=cpu", "--start=ab", "--max_new_tokens=5", *flags)
+    result = run_in_process(
+        "sample.py", model, "--device=cpu", "--start=ab", "--max_new_tokens=5", *flags
+    )
     assert_one_line_error(result, *fragments)
 
 
@@ -193,4 +240,6 @@ def test_every_draft_length_gives_the_same_greedy_tokens():
     plain = torch.cat(list(engine.tokens(idx, 20, GREEDY)), dim=1)
     for k, name in itertools.product((1, 2, 5, 11), ("ngram", "smaller model")):
         draft = drafts(target)[name]
-        assert torch.equal(torch.cat(list(speculative_tokens(engine, idx, 20, GREEDY, draft, k)), dim=1), plain)
+        assert torch.equal(
+            torch.cat(list(speculative_tokens(engine, idx, 20, GREEDY, draft, k)), dim=1), plain
+        )

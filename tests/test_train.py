@@ -1,4 +1,5 @@
-"""End to end: train.py and sample.py run as a user runs them, and fail with one clear line on bad input."""
+"""End to end: train.py and sample.py run as a user runs them, and fail with one clear line on bad
+input."""
 
 import json
 import re
@@ -8,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, assert_one_line_error, refuse_train, run_in_process, run_script, run_train
+from conftest import (
+    ROOT,
+    assert_one_line_error,
+    refuse_train,
+    run_in_process,
+    run_script,
+    run_train,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,12 @@ def test_training_lowers_the_loss_and_logs_every_eval(trained):
     steps = [r for r in records if "step_loss" in r]
     assert [r["iter"] for r in steps] == [1, 50, 100, 150, 200]
     for r in steps:
-        assert r["ms_per_iter"] > 0 and r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_mem_bytes"] > 0
+        assert (
+            r["ms_per_iter"] > 0
+            and r["tokens_per_s"] > 0
+            and r["mfu"] is None
+            and r["peak_mem_bytes"] > 0
+        )
         assert r["grad_norm"] > 0 and 0 <= r["data_wait_ms"] < r["step_ms"]
     assert "device cpu" in stdout and "settings:" in stdout
 
@@ -66,7 +79,9 @@ def test_sample_uses_the_checkpoint(trained):
         "--temperature=0",
     )
     assert result.returncode == 0, result.stderr
-    samples = result.stdout.split("tokenizer: characters")[1].split("\n", 1)[1].split("---------------")
+    samples = (
+        result.stdout.split("tokenizer: characters")[1].split("\n", 1)[1].split("---------------")
+    )
     assert len(samples) == 3  # two samples and the closing figures
     assert samples[0].startswith("the ") and len(samples[0].strip()) >= 40
     # a model trained on two repeated lines continues with words it has seen
@@ -86,12 +101,18 @@ def test_resume_continues_from_the_checkpoint(trained, tmp_path):
         "--lr_decay_iters=210",
     )
     assert result.returncode == 0, result.stderr
-    assert "step 200:" in result.stdout and "step 210:" in result.stdout and "step 0:" not in result.stdout
+    assert (
+        "step 200:" in result.stdout
+        and "step 210:" in result.stdout
+        and "step 0:" not in result.stdout
+    )
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter_num"] == 210
 
 
 def test_unknown_key_is_one_line(tmp_path):
-    assert_one_line_error(run_in_process("train.py", "--batchsize=4"), "batchsize", "did you mean 'batch_size'")
+    assert_one_line_error(
+        run_in_process("train.py", "--batchsize=4"), "batchsize", "did you mean 'batch_size'"
+    )
     cfg = tmp_path / "cfg.py"
     cfg.write_text("n_layers = 3\n")
     assert_one_line_error(run_in_process("train.py", str(cfg)), "n_layers", "cfg.py", "'n_layer'")
@@ -108,30 +129,41 @@ def test_missing_config_file_is_one_line():
 
 def test_missing_dataset_is_one_line(tmp_path):
     assert_one_line_error(
-        run_in_process("train.py", f"--data_dir={tmp_path}", "--dataset=owt", "--device=cpu"), "dataset 'owt' not found"
+        run_in_process("train.py", f"--data_dir={tmp_path}", "--dataset=owt", "--device=cpu"),
+        "dataset 'owt' not found",
     )
 
 
 def test_resume_without_checkpoint_is_one_line(tiny_data, tmp_path):
     result = refuse_train(tiny_data, tmp_path, "--init_from=resume")
     assert_one_line_error(result, "no checkpoint at")
-    assert_one_line_error(run_in_process("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "no checkpoint at")
+    assert_one_line_error(
+        run_in_process("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "no checkpoint at"
+    )
 
 
-@pytest.mark.parametrize("flag", ["--block_size=64", "--n_layer=3", "--pad_vocab=128", "--dataset=other"])
-def test_resuming_with_another_architecture_or_data_is_refused_and_changes_nothing(trained, tmp_path, flag):
+@pytest.mark.parametrize(
+    "flag", ["--block_size=64", "--n_layer=3", "--pad_vocab=128", "--dataset=other"]
+)
+def test_resuming_with_another_architecture_or_data_is_refused_and_changes_nothing(
+    trained, tmp_path, flag
+):
     out, _, data_dir = trained
     shutil.copytree(out, tmp_path / "out")
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
     result = refuse_train(data_dir, tmp_path / "out", "--init_from=resume", flag)
     key, value = flag[2:].split("=")
-    assert_one_line_error(result, f"cannot resume with {key}={value!r}" if key == "dataset" else f"{key}={value}")
+    assert_one_line_error(
+        result, f"cannot resume with {key}={value!r}" if key == "dataset" else f"{key}={value}"
+    )
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
 
 
 def test_corrupt_checkpoint_is_one_line_and_left_alone(tmp_path):
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
-    assert_one_line_error(run_in_process("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "corrupt")
+    assert_one_line_error(
+        run_in_process("sample.py", f"--out_dir={tmp_path}", "--device=cpu"), "corrupt"
+    )
     assert (tmp_path / "ckpt.pt").read_bytes() == b"not a checkpoint"
 
 
@@ -180,25 +212,30 @@ def test_nanogpt_flags_run_unchanged(tiny_data, tmp_path):
 
 @pytest.mark.slow
 def test_ddp_under_torchrun_on_cpu(tiny_data, tmp_path):
-    """Two gloo ranks share the global gradient_accumulation_steps and rank 0 alone writes the outputs."""
+    """Two gloo ranks share the global gradient_accumulation_steps and rank 0 alone writes the
+    outputs."""
     flags = ("--max_iters=4", "--eval_interval=4", "--eval_iters=2", "--log_interval=2")
     result = run_train(tiny_data, tmp_path, *flags, "--gradient_accumulation_steps=4", ranks=2)
     assert result.returncode == 0, result.stderr
     assert "(2 micro-batches x 2 ranks x 8 x 32)" in result.stdout
     assert result.stdout.count("step 4:") == 1  # printed once, by rank 0
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter_num"] == 4
-    uneven = run_train(tiny_data, tmp_path, "--gradient_accumulation_steps=3", "--overwrite=True", ranks=2)
+    uneven = run_train(
+        tiny_data, tmp_path, "--gradient_accumulation_steps=3", "--overwrite=True", ranks=2
+    )
     assert uneven.returncode != 0 and "not divisible by 2 ranks" in uneven.stderr
 
 
-# put before each rank's train.py (as sitecustomize, on PYTHONPATH): once train.py has run, before the interpreter
-# tears itself down, the number of gloo's threads (a process group's workers and its I/O loop) still alive
+# put before each rank's train.py (as sitecustomize, on PYTHONPATH): once train.py has run, before
+# the interpreter tears itself down, the number of gloo's threads (a process group's workers and its
+# I/O loop) still alive
 EXIT_PROBE = """
 import atexit, os, sys
 
 def report():
     tasks = "/proc/self/task"
-    alive = sum(open(f"{tasks}/{t}/comm").read().startswith(("pt_gloo", "gloo_tcp")) for t in os.listdir(tasks))
+    names = [open(f"{tasks}/{t}/comm").read() for t in os.listdir(tasks)]
+    alive = sum(name.startswith(("pt_gloo", "gloo_tcp")) for name in names)
     print(f"rank {os.environ['RANK']}: {alive} gloo threads at exit", file=sys.stderr, flush=True)
 
 if "RANK" in os.environ:
@@ -206,29 +243,47 @@ if "RANK" in os.environ:
 """
 
 
-# train.py's ways to its end on 2 ranks, each through close(): trained and saved, in DDP or in FSDP; stopped by the
-# non-finite guard (learning rate 1e30: the second step overflows)
+# train.py's ways to its end on 2 ranks, each through close(): trained and saved, in DDP or in FSDP;
+# stopped by the non-finite guard (learning rate 1e30: the second step overflows)
 ENDS = {
     "ddp": (),
     "fsdp": ("--parallelism=fsdp",),
-    "stopped on non-finite steps": ("--learning_rate=1e30", "--warmup_iters=0", "--max_bad_steps=1"),
+    "stopped on non-finite steps": (
+        "--learning_rate=1e30",
+        "--warmup_iters=0",
+        "--max_bad_steps=1",
+    ),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
 @pytest.mark.parametrize("end", ENDS)
-def test_every_rank_ends_its_process_group_before_the_interpreter_ends(tiny_data, tmp_path, monkeypatch, end):
-    """A gloo thread alive as the interpreter finalizes may abort the rank (nanogpt_perf/train/parallel.py, close):
-    train.py releases what holds the group and close() destroys it, so that none is left."""
+def test_every_rank_ends_its_process_group_before_the_interpreter_ends(
+    tiny_data, tmp_path, monkeypatch, end
+):
+    """A gloo thread alive as the interpreter finalizes may abort the rank
+    (nanogpt_perf/train/parallel.py, close): train.py releases what holds the group and close()
+    destroys it, so that none is left."""
     (tmp_path / "probe").mkdir()
     (tmp_path / "probe" / "sitecustomize.py").write_text(EXIT_PROBE)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "probe"))
-    flags = ("--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--gradient_accumulation_steps=2")
+    flags = (
+        "--max_iters=2",
+        "--eval_interval=2",
+        "--eval_iters=1",
+        "--gradient_accumulation_steps=2",
+    )
     result = run_train(tiny_data, tmp_path / "out", *flags, *ENDS[end], ranks=2)
     if end.startswith("stopped"):
-        assert result.returncode != 0 and "(max_bad_steps=1): stopped at iter 2" in result.stderr, result.stderr
+        assert result.returncode != 0 and "(max_bad_steps=1): stopped at iter 2" in result.stderr, (
+            result.stderr
+        )
     else:
         assert result.returncode == 0, result.stderr
-        assert (tmp_path / "out" / "ckpt.pt").is_file()  # saved at the end: the gathers and the barrier came last
-    assert sorted(re.findall(r"rank (\d): (\d+) gloo threads at exit", result.stderr)) == [("0", "0"), ("1", "0")]
+        # saved at the end: the gathers and the barrier came last
+        assert (tmp_path / "out" / "ckpt.pt").is_file()
+    assert sorted(re.findall(r"rank (\d): (\d+) gloo threads at exit", result.stderr)) == [
+        ("0", "0"),
+        ("1", "0"),
+    ]

@@ -3,11 +3,11 @@
 While train.py runs, rank 0 holds out_dir/train.lock, created with O_EXCL (of two runs started
 together, one gets it), which says whose it is: the process id, the host, the process's start time
 and the command. A second run is refused while that process lives (check_lock, which
-guard/out_dir.admit_out_dir asks too, before any work); the lock of a process that has died without releasing it
-(SIGKILL, a crash of the machine) is taken over by the next run, with a line saying so. A lock of
-another host cannot be checked from here: refused, with how to remove it. What is no lock of ours
-(other contents, a pid no process can have, a folder or a FIFO in its place) is refused alike, and
-never waited on (a FIFO's plain open waits for a writer for ever)."""
+guard/out_dir.admit_out_dir asks too, before any work); the lock of a process that has died without
+releasing it (SIGKILL, a crash of the machine) is taken over by the next run, with a line saying so.
+A lock of another host cannot be checked from here: refused, with how to remove it. What is no lock
+of ours (other contents, a pid no process can have, a folder or a FIFO in its place) is refused
+alike, and never waited on (a FIFO's plain open waits for a writer for ever)."""
 
 import atexit
 import json
