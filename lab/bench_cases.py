@@ -1,6 +1,9 @@
 """The configurations bench.py times: one Case per row (a name and the settings it runs with), the
 ladder from fp32 eager to every switch on, and sweeps of one setting."""
 
+if __name__ == "__main__":  # run as a script, it would fail at its imports
+    raise SystemExit("error: bench_cases.py is a module of bench.py: run bench.py (--help)")
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any

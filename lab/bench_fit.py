@@ -4,6 +4,9 @@ aspect, its head size kept) whose training step fits a memory budget, each size 
 size whose state alone (the formats' arithmetic) exceeds the budget is not built: a CPU would swap
 or be killed rather than fail. A budget over the device's memory is refused."""
 
+if __name__ == "__main__":  # run as a script, it would fail at its imports
+    raise SystemExit("error: bench_fit.py is a module of bench.py: run bench.py (--help)")
+
 import json
 import math
 import subprocess

@@ -2,6 +2,9 @@
 nanogpt_perf.train.step.TrainStep (the step train.py runs) between device synchronisations, its
 phases, compile time and recompilations, memory, and the SDPA kernel that actually ran."""
 
+if __name__ == "__main__":  # run as a script, it would fail at its imports
+    raise SystemExit("error: bench_measure.py is a module of bench.py: run bench.py (--help)")
+
 import gc
 import statistics
 import time

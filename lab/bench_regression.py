@@ -1,6 +1,9 @@
 """The regression check: compare two bench.py outputs figure by figure, only where they measured the
 same thing."""
 
+if __name__ == "__main__":  # run as a script, it would fail at its imports
+    raise SystemExit("error: bench_regression.py is a module of bench.py: run bench.py (--help)")
+
 import json
 import math
 import os

@@ -1,6 +1,9 @@
 """What bench.py prints and writes: the results and where-the-time-goes tables, JSON, CSV and a bar
 chart."""
 
+if __name__ == "__main__":  # run as a script, it would fail at its imports
+    raise SystemExit("error: bench_report.py is a module of bench.py: run bench.py (--help)")
+
 import csv
 import io
 from collections.abc import Collection

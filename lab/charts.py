@@ -6,6 +6,9 @@ kept) and returns the line to print: bench_bars (bench.py), run_curves (lab/plot
 (lab/time_to_loss.py); figure, save and close for the GPU suite's.
 """
 
+if __name__ == "__main__":  # run as a script, it would fail at its imports
+    raise SystemExit("error: charts.py is a module of the lab's scripts: run one of those (--help)")
+
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
