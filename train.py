@@ -163,7 +163,9 @@ if ddp:
 vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
 saved, data_identity = checkpoint.get("data_identity") if checkpoint else None, None
 if master:
-    data_identity = checked_identity(data_path, vocab_size, saved, cfg.allow_changed_data)
+    data_identity = checked_identity(
+        data_path, cfg.dataset, vocab_size, saved, cfg.allow_changed_data
+    )
 
 # the step's shape: the micro-batch and the accumulation as set, or with tokens_per_iter the
 # accumulation that makes exactly that many tokens, at batch_size or the largest that fits ('auto')

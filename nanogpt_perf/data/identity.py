@@ -29,7 +29,7 @@ import numpy as np
 from nanogpt_perf.data.shards import TokenFile, split_files
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import ReadFailed, WriteFailed, open_file, read_file, write_json
-from nanogpt_perf.guard.dataset import check_token_range, identity_change
+from nanogpt_perf.guard.dataset import check_same_data, check_token_range
 
 SAMPLES, BLOCK = 8, 4096
 META = "meta.pkl"
@@ -148,19 +148,11 @@ def check_token_ids(
 
 
 def checked_identity(
-    data_path: Path, vocab_size: int, saved: dict[str, Any] | None, allow_changed: bool
+    data_path: Path, dataset: str, vocab_size: int, saved: dict | None, allow_changed: bool
 ) -> dict:
-    """The dataset's identity, every token id checked against vocab_size; compared with a resumed
-    checkpoint's (saved): a change is refused, or said and taken where allow_changed."""
+    """The identity of the dataset (named dataset) at data_path, every token id checked against
+    vocab_size; held against a resumed checkpoint's (saved) by guard/dataset.check_same_data."""
     identity = dataset_identity(data_path, check_token_ids(data_path, vocab_size))
-    if saved and (change := identity_change(saved, identity)):
-        changed = f"dataset {data_path.name} changed since the checkpoint was saved"
-        if not allow_changed:
-            raise UserError(
-                f"{changed}: {change}; resume on it as it is with --allow_changed_data=True"
-            )
-        print(
-            f"{changed} ({change}): resuming on it as it is, as allow_changed_data=True asks",
-            flush=True,
-        )
+    if saved and (taken := check_same_data(saved, identity, dataset, allow_changed)):
+        print(taken, flush=True)
     return identity

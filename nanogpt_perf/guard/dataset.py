@@ -6,6 +6,9 @@ from typing import Any
 
 from nanogpt_perf.errors import UserError
 
+# how a refusal of data changed since a checkpoint ends
+AS_IT_IS = "; resume on it as it is with --allow_changed_data=True"
+
 
 def check_token_range(path: Path, largest: int, vocab_size: int, meta: Path) -> None:
     """One error line when a token file's largest id is outside the vocabulary: it would index past
@@ -41,3 +44,17 @@ def identity_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
             changes.append(f"{name} has other contents (the same {new['bytes']:,} bytes)")
     more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
     return "; ".join(changes[:3]) + more if changes else None
+
+
+def check_same_data(
+    saved: dict[str, Any], now: dict[str, Any], dataset: str, allow: bool
+) -> str | None:
+    """A UserError when a resumed run's dataset changed since its checkpoint (identity saved, now),
+    unless allow (allow_changed_data): then the line that says it is taken as it is; None when the
+    same."""
+    if not (change := identity_change(saved, now)):
+        return None
+    changed = f"dataset {dataset} changed since the checkpoint was saved"
+    if not allow:
+        raise UserError(f"{changed}: {change}{AS_IT_IS}")
+    return f"{changed} ({change}): resuming on it as it is, as allow_changed_data=True asks"

@@ -15,7 +15,7 @@ from nanogpt_perf.config import Config, check_value, convert
 from nanogpt_perf.data.identity import dataset_identity
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.guard.checkpoint import check_ranks
-from nanogpt_perf.guard.dataset import identity_change
+from nanogpt_perf.guard.dataset import AS_IT_IS, identity_change
 from nanogpt_perf.runtime import dtype_problem, resolve_device
 
 # settings a resumed run cannot change: the architecture (the vocabulary through pad_vocab and the
@@ -41,8 +41,6 @@ PER_COMMAND = (
 )
 PER_COMMAND += ("run_data_preparer",)
 UNREPORTED = ("init_from", "overwrite")  # what a resumed run's command says of these is no news
-# how a changed-data refusal ends
-AS_IT_IS = "; resume on it as it is with --allow_changed_data=True"
 
 
 def merged_settings(
