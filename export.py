@@ -30,6 +30,7 @@ from nanogpt_perf.data.dataset import write_vocabulary
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import UserError, quiet_loggers
 from nanogpt_perf.files import replace_folder
+from nanogpt_perf.gpt2_weights import gpt2_config
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, output_file, output_folder
 from nanogpt_perf.guard.vocabulary import VOCABULARY_FILE
@@ -71,7 +72,7 @@ else:
     check_export_target(Path(cfg.export_dir))
     try:
         with quiet_loggers("torchao", "torch.utils._pytree"):  # transformers imports torchao
-            from transformers import GPT2Config, GPT2LMHeadModel
+            from transformers import GPT2LMHeadModel
     except ImportError:
         raise UserError("export needs transformers: pip install transformers") from None
 
@@ -98,13 +99,9 @@ if cfg.format == "gguf":
 else:
     eot = tokenizer.eot if tokenizer.eot is not None and tokenizer.eot < vocab_size else None
     shape = model.config
-    hf_config = GPT2Config(
-        vocab_size=vocab_size,
-        n_positions=shape.block_size,
-        n_embd=shape.n_embd,
-        n_layer=shape.n_layer,
-        n_head=shape.n_head,
-        activation_function="gelu_new",
+    hf_config = gpt2_config(
+        shape,
+        vocab_size,
         resid_pdrop=shape.dropout,
         embd_pdrop=shape.dropout,
         attn_pdrop=shape.dropout,

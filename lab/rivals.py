@@ -20,6 +20,7 @@ import torch
 from model import GPT, RECIPE_ARCHITECTURE, GPTConfig, to_hf_state_dict
 from nanogpt_perf.data.tokenizer import Tokenizer
 from nanogpt_perf.errors import quiet_loggers
+from nanogpt_perf.gpt2_weights import gpt2_config
 
 Runner = Callable[[], tuple[float, float, float]]
 # our weights' names in lab/generate.py -> the GGUF file type llama.cpp reads them from
@@ -86,18 +87,9 @@ def transformers_runner(
     ):
         return None
     with quiet_loggers("torchao", "torch.utils._pytree"):
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import GPT2LMHeadModel
     cfg = model.config
-    config = GPT2Config(
-        vocab_size=vocab_size,
-        n_positions=cfg.block_size,
-        n_embd=cfg.n_embd,
-        n_layer=cfg.n_layer,
-        n_head=cfg.n_head,
-        activation_function="gelu_new",
-        pad_token_id=0,
-    )
-    hf = GPT2LMHeadModel(config)
+    hf = GPT2LMHeadModel(gpt2_config(cfg, vocab_size, pad_token_id=0))
     hf.load_state_dict(to_hf_state_dict(model, vocab_size), strict=False)
     dtype = torch.float32 if weights == "float32" else torch.bfloat16
     hf = hf.to(device, dtype).eval()

@@ -51,6 +51,22 @@ def from_pretrained(name_or_path: str, **overrides: Any) -> GPT:
         return GPT.from_pretrained(name_or_path, overrides)
 
 
+def gpt2_config(shape: GPTConfig, vocab_size: int, **extra: Any) -> Any:
+    """transformers' GPT2Config of our model's shape (GPT-2's computation: its gelu, no n_inner, the
+    vocabulary given), with extra fields (dropout, special tokens) as given."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=shape.block_size,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        activation_function="gelu_new",
+        **extra,
+    )
+
+
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """transformers' warnings and its weight-loading progress bar off (a folder is checked before it
