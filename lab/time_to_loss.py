@@ -117,9 +117,8 @@ class TimeToLossConfig:
                             min=0, note=" (0 = the baseline's final val loss)")  # fmt: skip
     jobs: int = setting(1, "runs at a time", min=1)
     threads: int = setting(0, "torch's threads per run (OMP_NUM_THREADS); 0 = torch's default "
-                           "with jobs=1, else cores // jobs", min=0,
-                           note=" (0 = torch's default with jobs=1, else cores // jobs)",
-                           )  # fmt: skip
+                           "with jobs=1, else cores // jobs", min=0, note=" (0 = torch's "
+                           "default with jobs=1, else cores // jobs)")  # fmt: skip
     fresh: bool = setting(
         False, "run again even where a finished run of the same command is in its out_dir"
     )

@@ -26,6 +26,9 @@ import torch  # noqa: E402
 from safetensors.torch import save as safetensors_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# the optimizer's settings of test_optim.py's and test_lowmem.py's small runs
+HYPER = dict(learning_rate=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, muon_lr=0.03,
+             muon_weight_decay=0.05)  # fmt: skip
 sys.path.insert(0, str(ROOT))
 
 TINY_MODEL = [
@@ -193,8 +196,7 @@ def declarations(script: str) -> Declarations:
     return found
 
 
-# -- shared by the hostile tests (tests/test_hostile_*.py): cases of a script refused before any
-# work ----------------
+# -- shared by the hostile tests (tests/test_hostile_*.py): a script refused before any work --
 
 # in Case.files: the tiny checkpoint (a character vocabulary of abcdefgh and space)
 CHECKPOINT = None

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import HYPER
 from model import GPT, GPTConfig
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.in_backward import OptimizerInBackward
@@ -26,14 +27,6 @@ from nanogpt_perf.runtime import Runtime
 from nanogpt_perf.train.step import TrainStep
 
 pytest.importorskip("torchao")
-HYPER = dict(
-    learning_rate=3e-3,
-    weight_decay=0.1,
-    beta1=0.9,
-    beta2=0.95,
-    muon_lr=0.03,
-    muon_weight_decay=0.05,
-)
 V, T, B = 64, 16, 4
 
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import assert_one_line_error, refuse_train
+from conftest import HYPER, assert_one_line_error, refuse_train
 from model import GPT, GPTConfig, decay_groups
 from nanogpt_perf.config import build, flat_defaults
 from nanogpt_perf.errors import UserError
@@ -36,15 +36,6 @@ from nanogpt_perf.optim import (
     orthogonalize,
     set_lr,
     split_parameters,
-)
-
-HYPER = dict(
-    learning_rate=3e-3,
-    weight_decay=0.1,
-    beta1=0.9,
-    beta2=0.95,
-    muon_lr=0.03,
-    muon_weight_decay=0.05,
 )
 
 

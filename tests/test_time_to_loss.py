@@ -1055,7 +1055,8 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+def start(*args: str, cwd: Path = ROOT, **popen) -> subprocess.Popen:
+    """The benchmark started as a terminal starts it: no torchrun variables, SIGINT its default."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     return subprocess.Popen(
         [sys.executable, *args],
@@ -1065,6 +1066,7 @@ def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=default_sigint,
+        **popen,
     )
 
 
@@ -1098,17 +1100,8 @@ def sleeping_child(root: Path, name: str) -> int:
 )
 def test_sigterm_or_ctrl_c_stops_the_running_train_py_and_says_so(checkout, sig, group):
     """group: Ctrl-C in a terminal, which reaches the benchmark and its train.py at once."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    bench = subprocess.Popen(
-        [sys.executable, *fake_flags(checkout, {"done": [], "sleepy": ["--end=sleep"]})],
-        cwd=checkout,
-        text=True,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=default_sigint,
-        start_new_session=True,
-    )
+    flags = fake_flags(checkout, {"done": [], "sleepy": ["--end=sleep"]})
+    bench = start(*flags, cwd=checkout, start_new_session=True)
     child = sleeping_child(checkout, "sleepy")
     if group:
         os.killpg(bench.pid, sig)
