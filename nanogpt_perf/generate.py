@@ -184,12 +184,15 @@ def kv_cache(
 
 
 @functools.cache
-def graph_pool() -> tuple:
-    """The one memory pool of every decode step's CUDA graph in this process, so that a Decoder per
-    shape and sampling does not hold a pool of its own. Sharing is safe: a step leaves nothing of
-    its own alive between replays (it writes its results into tensors made outside the graph), so
-    graphs replayed in any order never read what another wrote."""
-    return torch.cuda.graph_pool_handle()
+def graph_pool(device: torch.device) -> "torch.cuda.MemPool":
+    """The one memory pool of every decode step's CUDA graph on device in this process, so that a
+    Decoder per shape and sampling does not hold a pool of its own. Sharing is safe: a step leaves
+    nothing of its own alive between replays (it writes its results into tensors made outside the
+    graph), so graphs replayed in any order never read what another wrote. Held as a MemPool for
+    the process's life: a bare handle's pool dies with its last graph, and PyTorch (2.11) asserts on
+    a capture into a dead pool whose memory is not yet freed (the next Engine's)."""
+    with torch.cuda.device(device):
+        return torch.cuda.MemPool()
 
 
 # A CPU's decode step: its wrapper in C++ (the Python around the kernels is a fifth of a step), the
@@ -317,7 +320,7 @@ class Decoder:
                 self.run_step()
         torch.cuda.current_stream(self.runtime.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=graph_pool()):
+        with torch.cuda.graph(graph, pool=graph_pool(self.runtime.device).id):
             self.run_step()
         return graph
 

@@ -5,6 +5,7 @@ a compiled run stopped and resumed against the run never stopped (within the tol
 docs/robustness.md states); bf16 against fp32; DDP and FSDP2 over NCCL, saved and resumed; the fused
 losses against the plain one; batch_size='auto' probing the device."""
 
+import gc
 import json
 from dataclasses import replace
 
@@ -58,6 +59,20 @@ def test_graph_decoding_equals_eager_decoding_and_the_reference(sampling):
             a, model.generate(idx, 30, **sampling, generator=torch.Generator("cuda").manual_seed(3))
         )
     assert all(d.graph is not None for d in graph.decoders.values())
+
+
+def test_an_engine_made_after_the_last_one_is_freed_captures_its_graph():
+    """The shared graph pool outlives every Engine: a capture into a pool whose graphs were all
+    freed fails inside PyTorch (the second test of a session once did, and every one after it)."""
+    runtime = resolve_runtime("cuda", "float32", tf32=False)
+    model, idx = sharp_model().cuda(), prompts(2, 5).cuda()
+    runs = []
+    for _ in range(2):
+        engine = Engine(model, runtime)
+        runs.append(generate(engine, idx, 8, 0, temperature=0))
+        del engine
+        gc.collect()
+    assert torch.equal(runs[0], runs[1])
 
 
 def test_compiled_graph_decoding_gives_the_eager_tokens_without_a_host_sync():
