@@ -169,7 +169,8 @@ class Int8Linear(nn.Module):
         self.kernel = int8_kernel(linear.weight.device) if kernel == "auto" else kernel
         self.register_buffer("weight", q)
         self.register_buffer("scale", scale.to(torch.float32 if self.kernel == "fbgemm" else dtype))
-        bias = torch.zeros(q.size(0)) if linear.bias is None else linear.bias.detach().float()
+        bias = linear.bias
+        bias = q.new_zeros(q.size(0)).float() if bias is None else bias.detach().float()
         self.register_buffer("bias", bias.to(self.scale.dtype))
         if self.kernel == "fbgemm":
             zero = torch.zeros(q.size(0), dtype=torch.long)

@@ -93,6 +93,15 @@ def test_int4_kernel_computes_the_dequantized_product(dtype):
     )
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_quantized_linears_keep_every_tensor_on_the_weights_device(bias):
+    """A GPU's Linears quantized there keep all of their tensors there (a head without a bias once
+    got a CPU one); the meta device stands in for the GPU, with no kernel of the CPU's."""
+    lin = torch.nn.Linear(64, 48, bias=bias, device="meta")
+    for q in (Int8Linear(lin, torch.bfloat16), Int4Linear(lin, torch.bfloat16)):
+        assert {t.device.type for t in q.buffers()} == {"meta"}
+
+
 def trained_like(seed: int = 0, **overrides) -> GPT:
     """A float32 model whose logits are far from uniform (sharp_model's), a copy of it kept
     aside."""
