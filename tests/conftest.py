@@ -132,6 +132,17 @@ def pytest_collection_modifyitems(config, items) -> None:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
+@pytest.fixture(autouse=True)
+def float32_matmuls_as_they_were():
+    """Each test leaves float32's matmul precision as it found it: resolve_runtime sets it for the
+    process (TF32 on a GPU), and a later test's float32 tolerances would otherwise hold TF32's
+    products to them."""
+    precision, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    yield
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cudnn.allow_tf32 = cudnn
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A data_dir holding a small character-level dataset 'tiny', made by the real prepare
