@@ -250,7 +250,7 @@ class QuantizeConfig:
     quantize: str = setting(
         "none",
         "the Linears' weights at load: int8 (a scale per row), int4 (a scale and a zero per 32 "
-        "inputs)",
+        "inputs); for a CPU (on a GPU, bfloat16 decodes faster: docs/sample.md)",
         choices=QUANTIZE,
     )
 
