@@ -88,6 +88,9 @@ class GenerateConfig:
                            "the dtype's, as before", check=weights_list)  # fmt: skip
     vocab_size: int = setting(50304, "of the random weights and prompt", min=1)
     prompt_tokens: int = setting(16, "the prompt's length", min=1)
+    prompts: int = setting(1, "our rows generate from this many prompts in turn (out_dir's: "
+                           "of its val split), their tokens/s together; at most 8",
+                           min=1, max=8)  # fmt: skip
     max_new_tokens: int = setting(500, "tokens generated per sequence; at most 1,000,000 (a row "
                                   "shows nothing until it ends)", min=2, max=1_000_000,
                                   note=" (one decode step at least)")  # fmt: skip
@@ -122,6 +125,8 @@ def fits(cfg: Config) -> None:
         )
     if problem := model_size_problem(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size):
         raise ValueError(problem)
+    if cfg.prompts > 1 and (cfg.rivals or cfg.nanogpt_dir):
+        raise ValueError("prompts > 1 times our engine alone: rivals=False, nanogpt_dir=''")
     if cfg.draft and cfg.batch_size > 1:
         raise ValueError(f"draft={cfg.draft!r} decodes one sequence at a time: batch_size=1")
 
@@ -156,12 +161,13 @@ runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print(runtime.describe())
 torch.manual_seed(cfg.seed)
 checkpoint = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt") if cfg.out_dir else None
-if checkpoint is not None:  # the checkpoint's model and tokenizer, a prompt from its val split
+if checkpoint is not None:  # the checkpoint's model and tokenizer, prompts from its val split
     model = GPT.from_checkpoint(checkpoint)
     tokenizer = Tokenizer.for_checkpoint(checkpoint)
     data_path = Path(checkpoint["config"]["data_dir"]) / checkpoint["config"]["dataset"]
     batches = TokenBatches(data_path, 8, model.config.block_size, torch.device("cpu"), cfg.seed)
-    prompt = next(batches.eval_batches("val", 1))[0][:1, : cfg.prompt_tokens]
+    val = next(batches.eval_batches("val", 1))[0]  # 8 windows of the val split
+    prompts = list(val[: cfg.prompts, None, : cfg.prompt_tokens])
 else:
     model = GPT(replace(cfg.model, vocab_size=cfg.vocab_size))
     # for the rivals' files
@@ -169,9 +175,10 @@ else:
     tokenizer = (
         Tokenizer() if vocab == GPT2_VOCAB_SIZE else Tokenizer([chr(256 + i) for i in range(vocab)])
     )
-    prompt = torch.randint(vocab, (1, cfg.prompt_tokens))
+    prompts = list(torch.randint(vocab, (cfg.prompts, 1, cfg.prompt_tokens)))
 model.eval().to(runtime.device)
-prompt = prompt.to(runtime.device)
+prompts = [p.to(runtime.device) for p in prompts]
+prompt = prompts[0]
 B, T, new_tokens, shape = cfg.batch_size, prompt.size(1), cfg.max_new_tokens, model.config
 positions = cache_length(min(T, shape.block_size), new_tokens, shape.block_size)
 cache_bytes = 2 * shape.n_layer * B * shape.n_embd * positions * 4  # keys and values, float32
@@ -182,9 +189,8 @@ weights = cfg.weights.split(",") if cfg.weights else [""]
 if "int4" in weights and (problem := int4_problem(model)):
     raise UserError(f"weights int4: {problem}")
 print(
-    f"model: {model.get_num_params() / 1e6:.1f}M parameters; prompt {T} tokens, {new_tokens} new, "
-    f"batch {B}, "
-    f"temperature {cfg.temperature}, top_k {cfg.top_k}"
+    f"model: {model.get_num_params() / 1e6:.1f}M parameters; {len(prompts)} prompt(s) of {T} "
+    f"tokens, {new_tokens} new, batch {B}, temperature {cfg.temperature}, top_k {cfg.top_k}"
 )
 
 
@@ -255,10 +261,21 @@ class Measured(NamedTuple):
 
 
 def time_engine(engine: Engine, use_cache: bool = True, draft: str = "") -> Measured:
-    """engine's generation, each token read on the host as it comes, as sample.py streams them (one
-    sync a token); with a draft, speculatively (one sequence)."""
+    """engine's generation from each prompt in turn, each token read on the host as it comes, as
+    sample.py streams them (one sync a token); with a draft, speculatively (one sequence)."""
+    stats, seconds, first = DraftStats() if draft else None, 0.0, None
+    for prompt in prompts:
+        t, first_token = time_tokens(engine, prompt, use_cache, draft, stats)
+        seconds, first = seconds + t, first or first_token
+    rate = len(prompts) * B * new_tokens / seconds
+    return Measured(first, rate, decode_bytes(engine) if use_cache else None, stats)
+
+
+def time_tokens(
+    engine: Engine, prompt: torch.Tensor, use_cache: bool, draft: str, stats: DraftStats | None
+) -> tuple[float, float]:
+    """The seconds of engine's generation after prompt, and to its first token."""
     generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
-    stats = DraftStats() if draft else None
     if draft:
         cache = engine.decoder(1, T, new_tokens, sampling).cache_len
         drafter = (
@@ -276,8 +293,7 @@ def time_engine(engine: Engine, use_cache: bool = True, draft: str = "") -> Meas
     for token in tokens:
         token.view(-1).tolist()
         first = first or time.perf_counter() - t0
-    rate = B * new_tokens / (time.perf_counter() - t0)
-    return Measured(first, rate, decode_bytes(engine) if use_cache else None, stats)
+    return time.perf_counter() - t0, first
 
 
 def time_nanogpt() -> Measured:

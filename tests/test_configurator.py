@@ -496,6 +496,7 @@ BOUNDED = [
     ("sample.py", "max_new_tokens", 1_000_000),
     ("lab/generate.py", "max_new_tokens", 1_000_000),
     ("lab/generate.py", "repeats", 1_000),
+    ("lab/generate.py", "prompts", 8),
     ("lab/loader.py", "batches", 10_000_000),
     ("lab/loader.py", "repeats", 1_000),
     ("lab/prepare.py", "repeats", 1_000),

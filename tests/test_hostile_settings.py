@@ -131,6 +131,9 @@ CASES = {
         G, "--device=tpu", ("device must be one of auto, cpu", "not 'tpu'")
     ),
     "bench_generate-wrong_type": Case(G, "--n_layer=two", ("n_layer must be int",)),
+    "bench_generate-prompts_with_rivals": Case(
+        G, "--prompts=2 --rivals=True", ("prompts > 1 times our engine alone",)
+    ),
     # export.py
     "export-export_dir=''": Case(
         "export.py", "--export_dir=", ("export_dir must be a path, not ''",), CKPT
