@@ -184,13 +184,16 @@ def kv_cache(
 
 
 @functools.cache
-def graph_pool(device: torch.device) -> "torch.cuda.MemPool":
+def graph_pool(device: torch.device) -> "torch.cuda.MemPool | None":
     """The one memory pool of every decode step's CUDA graph on device in this process, so that a
     Decoder per shape and sampling does not hold a pool of its own. Sharing is safe: a step leaves
     nothing of its own alive between replays (it writes its results into tensors made outside the
     graph), so graphs replayed in any order never read what another wrote. Held as a MemPool for
     the process's life: a bare handle's pool dies with its last graph, and PyTorch (2.11) asserts on
-    a capture into a dead pool whose memory is not yet freed (the next Engine's)."""
+    a capture into a dead pool whose memory is not yet freed (the next Engine's). None where
+    PyTorch has no MemPool (before 2.5): a pool per graph."""
+    if not hasattr(torch.cuda, "MemPool"):
+        return None
     with torch.cuda.device(device):
         return torch.cuda.MemPool()
 
@@ -320,7 +323,8 @@ class Decoder:
                 self.run_step()
         torch.cuda.current_stream(self.runtime.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=graph_pool(self.runtime.device).id):
+        pool = graph_pool(self.runtime.device)
+        with torch.cuda.graph(graph, pool=pool and pool.id):
             self.run_step()
         return graph
 
