@@ -89,7 +89,8 @@ class GenerateConfig:
     vocab_size: int = setting(50304, "of the random weights and prompt", min=1)
     prompt_tokens: int = setting(16, "the prompt's length", min=1)
     prompts: int = setting(1, "our rows generate from this many prompts in turn (out_dir's: "
-                           "of its val split), their tokens/s together; at most 8",
+                           "of its val split): tokens/s over them all, the time to a first "
+                           "token and the quality the first's; at most 8",
                            min=1, max=8)  # fmt: skip
     max_new_tokens: int = setting(500, "tokens generated per sequence; at most 1,000,000 (a row "
                                   "shows nothing until it ends)", min=2, max=1_000_000,

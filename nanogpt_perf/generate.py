@@ -190,9 +190,9 @@ def graph_pool(device: torch.device) -> "torch.cuda.MemPool | None":
     nothing of its own alive between replays (it writes its results into tensors made outside the
     graph), so graphs replayed in any order never read what another wrote. Held as a MemPool for
     the process's life: a bare handle's pool dies with its last graph, and PyTorch (2.11) asserts on
-    a capture into a dead pool whose memory is not yet freed (the next Engine's). None where
-    PyTorch has no MemPool (before 2.5): a pool per graph."""
-    if not hasattr(torch.cuda, "MemPool"):
+    a capture into a dead pool whose memory is not yet freed (the next Engine's). None before
+    PyTorch 2.11, the first whose MemPool this was run with (an H200): a pool per graph."""
+    if torch.__version__ < "2.11":
         return None
     with torch.cuda.device(device):
         return torch.cuda.MemPool()

@@ -170,7 +170,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", q)
         self.register_buffer("scale", scale.to(torch.float32 if self.kernel == "fbgemm" else dtype))
         bias = linear.bias
-        bias = q.new_zeros(q.size(0)).float() if bias is None else bias.detach().float()
+        bias = q.new_zeros(len(q), dtype=torch.float32) if bias is None else bias.detach().float()
         self.register_buffer("bias", bias.to(self.scale.dtype))
         if self.kernel == "fbgemm":
             zero = torch.zeros(q.size(0), dtype=torch.long)

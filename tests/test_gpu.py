@@ -70,6 +70,7 @@ def test_an_engine_made_after_the_last_one_is_freed_captures_its_graph():
     for _ in range(2):
         engine = Engine(model, runtime)
         runs.append(generate(engine, idx, 8, 0, temperature=0))
+        assert all(d.graph is not None for d in engine.decoders.values())
         del engine
         gc.collect()
     assert torch.equal(runs[0], runs[1])

@@ -134,6 +134,9 @@ CASES = {
     "bench_generate-prompts_with_rivals": Case(
         G, "--prompts=2 --rivals=True", ("prompts > 1 times our engine alone",)
     ),
+    "bench_generate-prompts_with_nanogpt": Case(
+        G, "--prompts=2 --nanogpt_dir=nanoGPT", ("prompts > 1 times our engine alone",)
+    ),
     # export.py
     "export-export_dir=''": Case(
         "export.py", "--export_dir=", ("export_dir must be a path, not ''",), CKPT
