@@ -5,6 +5,7 @@ a compiled run stopped and resumed against the run never stopped (within the tol
 docs/robustness.md states); bf16 against fp32; DDP and FSDP2 over NCCL, saved and resumed; the fused
 losses against the plain one; batch_size='auto' probing the device."""
 
+import copy
 import gc
 import json
 from dataclasses import replace
@@ -123,6 +124,25 @@ def test_bf16_graph_decoding_gives_the_eager_tokens(sampling, compile):
     assert torch.equal(a, b)
     assert int(a.max()) < 300 and len(set(a[:, 5:].flatten().tolist())) > 1
     assert all(d.graph is not None for d in graph.decoders.values())
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_int8_graph_decoding_gives_the_eager_tokens(compile):
+    """int8 weights on a GPU (lab/generate.py --weights=int8: the weight dequantized inside the
+    product), the head's zero bias included: a replay gives the eager step's tokens."""
+    runtime = resolve_runtime("cuda", "bfloat16")
+    model = sharp_model(dtype=torch.float32, vocab_size=320).cuda()
+    sampling, idx = Sampling(**GREEDY, vocab_size=300), prompts(4, 5).cuda()
+    eager, graph = (
+        Engine(copy.deepcopy(model), runtime, compile=compile, cuda_graph=g, quantize="int8")
+        for g in (False, True)
+    )
+    assert type(graph.model.lm_head).__name__ == "Int8Linear"
+    a, b = (
+        torch.cat([idx, *engine.tokens(idx, 30, sampling, None)], dim=1)
+        for engine in (eager, graph)
+    )
+    assert torch.equal(a, b) and len(set(a[:, 5:].flatten().tolist())) > 1
 
 
 def test_compiled_run_stopped_and_resumed_stays_within_tolerance_of_the_straight_run(
