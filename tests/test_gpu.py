@@ -111,16 +111,11 @@ def test_bf16_graph_decoding_gives_the_eager_tokens(sampling, compile):
     same, not merely close."""
     runtime = resolve_runtime("cuda", "bfloat16")
     model = sharp_model(dtype=torch.float32, vocab_size=320).cuda()
-    sampling, idx = Sampling(**sampling, vocab_size=300), prompts(4, 5).cuda()
+    idx = prompts(4, 5).cuda()
     eager = Engine(model, runtime, compile=compile, cuda_graph=False)
     graph = Engine(model, runtime, compile=compile, cuda_graph=True)
     assert model.lm_head.weight.dtype == torch.bfloat16
-    a, b = (
-        torch.cat(
-            [idx, *engine.tokens(idx, 30, sampling, torch.Generator("cuda").manual_seed(3))], dim=1
-        )
-        for engine in (eager, graph)
-    )
+    a, b = (generate(engine, idx, 30, 3, **sampling, vocab_size=300) for engine in (eager, graph))
     assert torch.equal(a, b)
     assert int(a.max()) < 300 and len(set(a[:, 5:].flatten().tolist())) > 1
     assert all(d.graph is not None for d in graph.decoders.values())
@@ -132,16 +127,13 @@ def test_int8_graph_decoding_gives_the_eager_tokens(compile):
     product), the head's zero bias included: a replay gives the eager step's tokens."""
     runtime = resolve_runtime("cuda", "bfloat16")
     model = sharp_model(dtype=torch.float32, vocab_size=320).cuda()
-    sampling, idx = Sampling(**GREEDY, vocab_size=300), prompts(4, 5).cuda()
+    idx = prompts(4, 5).cuda()
     eager, graph = (
         Engine(copy.deepcopy(model), runtime, compile=compile, cuda_graph=g, quantize="int8")
         for g in (False, True)
     )
     assert type(graph.model.lm_head).__name__ == "Int8Linear"
-    a, b = (
-        torch.cat([idx, *engine.tokens(idx, 30, sampling, None)], dim=1)
-        for engine in (eager, graph)
-    )
+    a, b = (generate(engine, idx, 30, 3, **GREEDY, vocab_size=300) for engine in (eager, graph))
     assert torch.equal(a, b) and len(set(a[:, 5:].flatten().tolist())) > 1
 
 
