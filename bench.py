@@ -31,14 +31,8 @@ from configurator import configure, sweep_values
 from lab.bench_cases import NOT_MEASURED, Case, ladder_cases, largest_fitting
 from lab.bench_fit import check_budget, family, in_a_fresh_process, largest_model, parameters
 from lab.bench_measure import add_speedups, run_case
-from lab.bench_regression import (
-    compare_results,
-    comparison_table,
-    load_results,
-    machine_difference,
-    verdict,
-)
-from lab.bench_report import beside, report, write_outputs
+from lab.bench_regression import regression_check
+from lab.bench_report import report, write_outputs
 from model import GPTConfig
 from nanogpt_perf.config import setting
 from nanogpt_perf.data.dataset import dataset_vocab_size, prepare_if_missing
@@ -121,54 +115,27 @@ cfg = configure(
     defaults=TRAINING_DEFAULTS,
     cross=BUILD_RULES,
 )  # fmt: skip
-compare, baseline, tolerance_pct = cfg.compare, cfg.baseline, cfg.tolerance_pct
-ladder, sweep, find_max_batch, profile, memory_snapshot = (
-    cfg.ladder, cfg.sweep, cfg.find_max_batch, cfg.profile, cfg.memory_snapshot
-)  # fmt: skip
 # -----------------------------------------------------------------------------
 
-if compare or baseline:  # exit 0: no regression, 1: a regression, 2: nothing could be compared
-    try:
-        if not (compare and baseline):
-            raise UserError(
-                "a regression check needs both --compare=NEW.json and --baseline=OLD.json"
-            )
-        new, old = load_results(Path(compare)), load_results(Path(baseline))
-    except UserError as e:  # not 1, which would read as a regression
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    apart = machine_difference(new, old)
-    if apart:
-        print(f"not comparable: measured on another machine or software ({apart})", file=sys.stderr)
-        sys.exit(2)
-    rows = compare_results(new, old, tolerance_pct)
-    print(comparison_table(rows))
-    status, line = verdict(rows, tolerance_pct)
-    print(line, file=sys.stderr if status else sys.stdout)
-    sys.exit(status)
+if cfg.compare or cfg.baseline:  # exit 0: no regression, 1: a regression, 2: none compared
+    sys.exit(regression_check(cfg.compare, cfg.baseline, cfg.tolerance_pct))
 
 if "RANK" in os.environ:
     raise UserError(
         "bench.py times one process on one device: run it without torchrun (all-reduce time is not "
         "measured)"
     )
-modes = [
-    ("ladder", ladder),
-    ("sweep", sweep),
-    ("find_max_batch", find_max_batch),
-    ("fit_memory_gb", cfg.fit_memory_gb),
-]
-modes = [name for name, on in modes if on]
+modes = [m for m in ("ladder", "sweep", "find_max_batch", "fit_memory_gb") if getattr(cfg, m)]
 if len(modes) > 1:
     raise UserError(
         f"choose one of ladder, sweep, find_max_batch and fit_memory_gb, not {' and '.join(modes)}"
     )
-if cfg.skip_rungs and not ladder:
+if cfg.skip_rungs and not cfg.ladder:
     raise UserError("skip_rungs is for the ladder: add --ladder=True")
-if (profile or memory_snapshot) and modes:
+if (cfg.profile or cfg.memory_snapshot) and modes:
     raise UserError(f"profile and memory_snapshot look at one configuration: drop --{modes[0]}")
 sweep_key, sweep_at = (
-    sweep_values(cfg, sweep, (*NOT_MEASURED, "burn_in", "steps")) if sweep else ("", [])
+    sweep_values(cfg, cfg.sweep, (*NOT_MEASURED, "burn_in", "steps")) if cfg.sweep else ("", [])
 )
 if sweep_key == "compile_mode" and not cfg.compile:
     raise UserError("a compile_mode sweep needs compile=True")
@@ -186,24 +153,27 @@ if cfg.dataset:
     data_path = Path(cfg.data_dir) / cfg.dataset
     prepare_if_missing(data_path, cfg.run_data_preparer)
     vocab_size = dataset_vocab_size(data_path) or GPT2_VOCAB_SIZE
-    order, prefetch = cfg.data_order, cfg.prefetch
     batches = lambda B, T, dev: TokenBatches(
-        data_path, B, T, dev, seed, data_order=order, prefetch=prefetch
+        data_path, B, T, dev, seed, data_order=cfg.data_order, prefetch=cfg.prefetch
     )
 else:
     batches = lambda B, T, dev: SyntheticBatches(B, T, vocab_size, dev, seed)
 case = Case("as set", cfg.replace(vocab_size=vocab_size))
-if ladder:
+if cfg.ladder:
     cases = ladder_cases(
         case, runtime.device, [k.strip() for k in cfg.skip_rungs.split(",") if k.strip()]
     )
-elif sweep:
+elif cfg.sweep:
     cases = [(case.but(f"{sweep_key}={v}", **{sweep_key: v}), None) for v in sweep_at]
 else:
     cases = [(case, None)]
 
-if memory_snapshot and runtime.device_type != "cuda":
+if cfg.memory_snapshot and runtime.device_type != "cuda":
     print(f"memory_snapshot: CUDA only, none written on {runtime.device_type}")
+# a profile's trace and a memory snapshot: beside out_json, or in the working directory without one
+beside = lambda suffix: (
+    Path(cfg.out_json).with_suffix(suffix) if cfg.out_json else Path(f"bench-{suffix[1:]}")
+)
 measure_args = dict(
     device=str(runtime.device),
     batches=batches,
@@ -211,10 +181,8 @@ measure_args = dict(
     burn_in=cfg.burn_in,
     peak_flops=cfg.peak_flops or None,
     seed=seed,
-    trace_path=beside(cfg.out_json, ".trace.json", "bench-trace.json") if profile else None,
-    snapshot_path=beside(cfg.out_json, ".snapshot.pickle", "bench-snapshot.pickle")
-    if memory_snapshot
-    else None,
+    trace_path=beside(".trace.json") if cfg.profile else None,
+    snapshot_path=beside(".snapshot.pickle") if cfg.memory_snapshot else None,
 )
 print(
     f"model: {cfg.n_layer} layers, {cfg.n_head} heads, n_embd {cfg.n_embd}, vocab "
@@ -222,7 +190,9 @@ print(
     f"{cfg.gradient_accumulation_steps} x {cfg.batch_size} x {cfg.block_size} tokens per iteration"
 )
 
-if find_max_batch:
+# one step of a size tried, after one apart: find_max_batch's and fit_memory_gb's measurement
+one_step = lambda c: run_case(c, **(measure_args | {"steps": 1, "burn_in": 1}))
+if cfg.find_max_batch:
     if runtime.device_type != "cuda":
         print(
             f"find_max_batch: not meaningful on {runtime.device_type}: host memory swaps rather "
@@ -232,9 +202,7 @@ if find_max_batch:
     results = []
 
     def fits(b: int) -> bool:
-        r = run_case(
-            case.but(f"batch_size={b}", batch_size=b), **(measure_args | {"steps": 1, "burn_in": 1})
-        )
+        r = one_step(case.but(f"batch_size={b}", batch_size=b))
         results.append(r)
         print(f"batch_size={b}: {r['status']} {r['reason']}", flush=True)
         if r["status"] == "failed" and r["reason"] != "out of memory":
@@ -247,15 +215,14 @@ if find_max_batch:
         f"compile={cfg.compile})"
     )
 elif cfg.fit_memory_gb:  # one step of each size tried (lab/bench_fit.py)
-    one_step = lambda c: run_case(c, **(measure_args | {"steps": 1, "burn_in": 1}))
     one_step = in_a_fresh_process(sys.argv) if runtime.device_type == "cpu" else one_step
     say = lambda line: print(line, flush=True)
     largest, results = largest_model(case, cfg.fit_memory_gb * 1e9, one_step, say)
-    shape = family(case, largest).settings if largest else None
     fits = "none"
     if largest:
-        millions = parameters(family(case, largest)) / 1e6
-        fits = f"n_layer={largest}, n_embd={shape.n_embd}, {millions:,.1f}M parameters"
+        member = family(case, largest)
+        millions = parameters(member) / 1e6
+        fits = f"n_layer={largest}, n_embd={member.settings.n_embd}, {millions:,.1f}M parameters"
     print(f"largest that fits {cfg.fit_memory_gb:g} GB: {fits}")
 else:
     results = []
@@ -272,9 +239,7 @@ add_speedups(results)
 print()
 print(report(results, runtime.device_type))
 if cfg.out_json:
-    kind = "ladder" if ladder else "find_max_batch" if find_max_batch else "single"
-    kind = "fit_memory_gb" if cfg.fit_memory_gb else kind
-    kind = f"sweep of {sweep_key}" if sweep else kind
+    kind = f"sweep of {sweep_key}" if cfg.sweep else modes[0] if modes else "single"
     doc = {"kind": kind, "manifest": manifest, "results": results}
     for line in write_outputs(Path(cfg.out_json), doc):
         print(line)

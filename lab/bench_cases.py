@@ -16,16 +16,10 @@ from nanogpt_perf.train.build import model_config, round_up
 
 # bench.py's settings of what to run and where to write it: not settings of the configuration a row
 # measured
-NOT_MEASURED = (
-    "ladder",
-    "skip_rungs",
-    "sweep",
-    "find_max_batch",
-    "out_json",
-    "profile",
-    "memory_snapshot",
+NOT_MEASURED = tuple(
+    "ladder skip_rungs sweep find_max_batch out_json profile memory_snapshot compare baseline "
+    "tolerance_pct data_dir fit_memory_gb".split()
 )
-NOT_MEASURED += ("compare", "baseline", "tolerance_pct", "data_dir", "fit_memory_gb")
 
 
 @dataclass(frozen=True)
@@ -57,102 +51,55 @@ class Case:
         }
 
 
-# the ladder: each rung adds one switch to all the rungs before it
-
-
-@dataclass(frozen=True)
-class Rung:
-    key: str  # its name in bench.py's skip_rungs
-    name: str
-    apply: Callable[[Case], Case]
-    # why it cannot run here
-    unavailable: Callable[[Case, torch.device], str | None] = lambda case, device: None
-
-
-def no_tf32(case: Case, device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return "TF32 is CUDA only"
-    if torch.cuda.get_device_capability(device)[0] < 8:
-        return "TF32 needs an Ampere or newer GPU (compute capability 8.0)"
-    return None
-
-
-def no_bf16(case: Case, device: torch.device) -> str | None:
-    return (
-        "this GPU has no bf16"
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported()
-        else None
-    )
-
-
-def no_compile(case: Case, device: torch.device) -> str | None:
-    return (
-        None
-        if torch._dynamo.is_dynamo_supported()
-        else "torch.compile is not supported on this platform"
-    )
-
-
-def no_fused_adamw(case: Case, device: torch.device) -> str | None:
+def unavailable(device: torch.device, vocab_size: int, pad_vocab: int) -> dict[str, str]:
+    """Why each ladder rung that cannot run on device cannot, by its key."""
+    why, cuda = {}, device.type == "cuda"
+    if not cuda:
+        why["tf32"] = "TF32 is CUDA only"
+    elif torch.cuda.get_device_capability(device)[0] < 8:
+        why["tf32"] = "TF32 needs an Ampere or newer GPU (compute capability 8.0)"
+    if cuda and not torch.cuda.is_bf16_supported():
+        why["bf16"] = "this GPU has no bf16"
+    if not torch._dynamo.is_dynamo_supported():
+        why["compile"] = "torch.compile is not supported on this platform"
+    if round_up(vocab_size, pad_vocab) == vocab_size:
+        why["pad_vocab"] = f"vocab_size {vocab_size} is a multiple of {pad_vocab} already"
     try:
         torch.optim.AdamW([torch.zeros(1, device=device, requires_grad=True)], fused=True)
     except RuntimeError:
-        return f"no fused AdamW kernel on {device.type}"
-    return None
-
-
-def ladder_rungs(vocab_size: int, pad_vocab: int) -> list[Rung]:
-    """From fp32 eager to every switch on, in the order of the story told for GPT-2 (124M) on an
-    A100."""
-    padded = round_up(vocab_size, pad_vocab)
-    multiple = lambda c, d: (
-        f"vocab_size {vocab_size} is a multiple of {pad_vocab} already"
-        if padded == vocab_size
-        else None
-    )  # noqa: E731
-    return [
-        Rung("tf32", "+TF32", lambda c: c.but(tf32=True), no_tf32),
-        Rung("bf16", "+bf16 autocast", lambda c: c.but(dtype="bfloat16"), no_bf16),
-        Rung("compile", "+torch.compile", lambda c: c.but(compile=True), no_compile),
-        Rung("flash", "+flash attention", lambda c: c.but(attention="sdpa")),
-        Rung(
-            "pad_vocab",
-            f"+vocab padding ({vocab_size} -> {padded})",
-            lambda c: c.but(pad_vocab=pad_vocab),
-            multiple,
-        ),
-        Rung("fused", "+fused AdamW", lambda c: c.but(fused_adamw=True), no_fused_adamw),
-    ]
+        why["fused"] = f"no fused AdamW kernel on {device.type}"
+    return why
 
 
 def ladder_cases(
     case: Case, device: torch.device, skip: Iterable[str] = ()
 ) -> list[tuple[Case, str | None]]:
-    """Each rung's Case with the reason it is skipped (None to run it). The first rung is case with
-    every switch off: fp32, eager, manual attention, the vocabulary unpadded, unfused AdamW; case's
-    pad_vocab is the padding rung's. A skipped rung adds nothing to the rungs after it."""
-    rungs, skip = ladder_rungs(case.settings.vocab_size, case.settings.pad_vocab), set(skip)
-    unknown = set(skip) - {r.key for r in rungs}
-    if unknown:
+    """Each rung's Case with the reason it is skipped (None to run it), from fp32 eager to every
+    switch on, each rung adding one switch to all the rungs before it, in the order of the story
+    told for GPT-2 (124M) on an A100. The first rung is case with every switch off: fp32, eager,
+    manual attention, the vocabulary unpadded, unfused AdamW; case's pad_vocab is the padding
+    rung's. A skipped rung adds nothing to the rungs after it."""
+    vocab, pad = case.settings.vocab_size, case.settings.pad_vocab
+    rungs = [  # its key in skip_rungs, its name, what it changes
+        ("tf32", "+TF32", dict(tf32=True)),
+        ("bf16", "+bf16 autocast", dict(dtype="bfloat16")),
+        ("compile", "+torch.compile", dict(compile=True)),
+        ("flash", "+flash attention", dict(attention="sdpa")),
+        ("pad_vocab", f"+vocab padding ({vocab} -> {round_up(vocab, pad)})", dict(pad_vocab=pad)),
+        ("fused", "+fused AdamW", dict(fused_adamw=True)),
+    ]
+    if unknown := set(skip) - {key for key, _, _ in rungs}:
         raise UserError(
             f"no rung {', '.join(sorted(unknown))} to skip; the rungs are "
-            f"{', '.join(r.key for r in rungs)}"
+            f"{', '.join(key for key, _, _ in rungs)}"
         )
-    off = dict(
-        dtype="float32",
-        tf32=False,
-        compile=False,
-        compile_mode="default",
-        fused_adamw=False,
-        pad_vocab=1,
-    )
-    case = case.but("fp32 eager", attention="manual", **off)
+    off = dict(dtype="float32", tf32=False, compile=False, compile_mode="default")
+    case = case.but("fp32 eager", attention="manual", fused_adamw=False, pad_vocab=1, **off)
     cases: list[tuple[Case, str | None]] = [(case, None)]
-    for rung in rungs:
-        why_not = "left out by skip_rungs" if rung.key in skip else rung.unavailable(case, device)
-        if why_not is None:
-            case = rung.apply(case)
-        cases.append((case.but(rung.name), why_not))
+    why = unavailable(device, vocab, pad) | dict.fromkeys(skip, "left out by skip_rungs")
+    for key, name, changes in rungs:
+        case = case if key in why else case.but(**changes)
+        cases.append((case.but(name), why.get(key)))
     return cases
 
 

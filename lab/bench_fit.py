@@ -44,18 +44,13 @@ def parameters(case: Case) -> int:
     return 12 * s.n_layer * s.n_embd**2 + (vocab + s.block_size) * s.n_embd
 
 
-def state_floor(case: Case) -> float:
-    """Bytes per parameter the state takes at the least by its formats: weights, gradients, and the
+def state_bytes(case: Case) -> float:
+    """The least bytes a GPT's training state takes by its formats: weights, gradients, and the
     optimizer's state of the blocks' matrices (its row of optim.OPTIMIZERS), which hold most
     parameters."""
     spec = case.settings.lowmem.applied(case.settings.optimizer)
     optimizer = OPTIMIZERS[case.settings.optimizer].state_bytes(spec, True)
-    return spec.weight_bytes + spec.grad_bytes + optimizer
-
-
-def state_bytes(case: Case) -> float:
-    """The least bytes a GPT's training state takes by its formats."""
-    return parameters(case) * state_floor(case)
+    return parameters(case) * (spec.weight_bytes + spec.grad_bytes + optimizer)
 
 
 def most_layers(case: Case, budget: float, limit: int = 512) -> int:
@@ -139,10 +134,9 @@ def in_a_fresh_process(argv: list[str]) -> Callable[[Case], Row]:
                 [sys.executable, *argv, *size, *one], capture_output=True, text=True
             )
             if done.returncode != 0 or not out.is_file():
-                lines = (done.stderr or done.stdout).strip().splitlines() or [
-                    f"exit code {done.returncode}"
-                ]
-                return result(member, "failed", lines[-1])
+                said = (done.stderr or done.stdout).strip().splitlines()
+                why = said[-1] if said else f"exit code {done.returncode}"
+                return result(member, "failed", why)
             return json.loads(out.read_text())["results"][0] | {"name": member.name}
 
     return measure

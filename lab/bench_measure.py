@@ -8,7 +8,7 @@ if __name__ == "__main__":  # run as a script, it would fail at its imports
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -52,17 +52,13 @@ SDPA_OPS = {
 }
 
 
-def sdpa_kernels(event_names: Iterable[str]) -> list[str]:
-    """The SDPA kernels whose ops appear among a profiler trace's event names."""
-    return sorted({SDPA_OPS[name] for name in event_names if name in SDPA_OPS})
-
-
 def sdpa_kernel_that_ran(step: Callable, device: torch.device) -> str:
-    """Run one step under torch.profiler and name the SDPA kernel its trace shows."""
+    """Run one step under torch.profiler and name the SDPA kernels whose ops its trace shows."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         step()
-    return ", ".join(sdpa_kernels(e.name for e in prof.events())) or "none in the trace"
+    ran = sorted({SDPA_OPS[e.name] for e in prof.events() if e.name in SDPA_OPS})
+    return ", ".join(ran) or "none in the trace"
 
 
 def dynamo_counts() -> dict[str, int]:
@@ -75,34 +71,10 @@ def dynamo_counts() -> dict[str, int]:
     }
 
 
-def percentile(values: list[float], pct: int) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
-
-
-FIGURES = (
-    "precision",
-    "ms_median",
-    "ms_p90",
-    "ms_min",
-    "ms_max",
-    "tokens_per_s",
-    "mfu",
-    "peak_mem_bytes",
-    "peak_reserved_bytes",
-    "first_iter_ms",
-    "compile_s",
-    "graphs",
-    "recompiles",
-    "graph_breaks",
-    "phases_ms",
-    "sdpa_kernel",
-    "fused_adamw",
-    "speedup_prev",
-    "speedup_first",
-    "memory",
-    "memory_arithmetic",
+FIGURES = tuple(
+    "precision ms_median ms_p90 ms_min ms_max tokens_per_s mfu peak_mem_bytes peak_reserved_bytes "
+    "first_iter_ms compile_s graphs recompiles graph_breaks phases_ms sdpa_kernel fused_adamw "
+    "speedup_prev speedup_first memory memory_arithmetic".split()
 )
 
 
@@ -115,12 +87,13 @@ def result(case: Case, status: str, reason: str = "", **figures: Any) -> dict[st
 
 
 def time_steps(
-    step: TrainStep, runtime: Runtime, n: int
-) -> tuple[list[float], list[dict[str, float]], list]:
-    """Milliseconds of n steps, each between device synchronisations, with each step's phases and
-    the dynamo counters before the first step, after it and after the last."""
+    step: TrainStep, runtime: Runtime, burn_in: int, steps: int, compiled: bool
+) -> dict[str, Any]:
+    """Time burn_in + steps steps, each between device synchronisations: the milliseconds of the
+    first and of the last `steps` (median, p90, min, max, and each phase's median); with compiled,
+    the compile time and dynamo's counts from before the first step, after it and after the last."""
     clock, times, phases, counts = PhaseClock(runtime), [], [], [dynamo_counts()]
-    for i in range(n):
+    for i in range(burn_in + steps):
         runtime.synchronize()
         t0 = time.perf_counter()
         clock.start()
@@ -130,7 +103,20 @@ def time_steps(
         phases.append(clock.durations())
         if i == 0:
             counts.append(dynamo_counts())
-    return times, phases, counts + [dynamo_counts()]
+    before, first, end = counts + [dynamo_counts()]
+    timed, median = times[burn_in:], statistics.median(times[burn_in:])
+    p90 = statistics.quantiles(timed, n=10, method="inclusive")[-1] if len(timed) > 1 else timed[0]
+    figures = dict(ms_median=median, ms_p90=p90, ms_min=min(timed), ms_max=max(timed))
+    figures["first_iter_ms"] = times[0]
+    figures["phases_ms"] = {p: statistics.median(ph[p] for ph in phases[burn_in:]) for p in PHASES}
+    if not compiled:
+        return figures
+    return figures | dict(
+        compile_s=(times[0] - median) / 1000,
+        graphs=first["graphs"] - before["graphs"],
+        recompiles=end["frames"] - first["frames"],
+        graph_breaks=end["graph_breaks"] - before["graph_breaks"],
+    )
 
 
 @contextmanager
@@ -169,7 +155,7 @@ def measure(
     baseline = held_memory_bytes(runtime.device)
     _, model, optimizer, _, step = build_training(s, runtime, data, vocab_size=s.vocab_size)
     with cuda_memory_history(snapshot_path, runtime):
-        times, phases, (before, after_first, end) = time_steps(step, runtime, burn_in + steps)
+        timed = time_steps(step, runtime, burn_in, steps, s.compile)
     peak_mem, peak_reserved = peak_memory_bytes(runtime.device), peak_reserved_bytes(runtime.device)
     # one more step, its bytes by part
     memory = memory_by_part(step, model, optimizer, runtime.device, baseline)
@@ -183,43 +169,24 @@ def measure(
                 step()
                 prof.step()
     step.batches.close()  # the loader's thread and its token files
-    timed = times[burn_in:]
-    median = statistics.median(timed)
+    median = timed["ms_median"]
     # forward and backward passes an iteration
     sequences = s.batch_size * s.gradient_accumulation_steps
-    compiled = lambda value: value if s.compile else None
     return result(
         case,
         "ok",
         precision=runtime.precision,
-        ms_median=median,
-        ms_p90=percentile(timed, 90),
-        ms_min=min(timed),
-        ms_max=max(timed),
         tokens_per_s=case.tokens_per_iter / median * 1000,
         mfu=mfu(model, sequences, median / 1000, runtime.device, runtime.precision, peak_flops),
         peak_mem_bytes=peak_mem,
         peak_reserved_bytes=peak_reserved,
-        first_iter_ms=times[0],
-        compile_s=compiled((times[0] - median) / 1000),
-        graphs=compiled(after_first["graphs"] - before["graphs"]),
-        recompiles=compiled(end["frames"] - after_first["frames"]),
-        graph_breaks=compiled(end["graph_breaks"] - before["graph_breaks"]),
-        phases_ms={p: statistics.median(ph[p] for ph in phases[burn_in:]) for p in PHASES},
         sdpa_kernel=kernel,
         fused_adamw=adamw_is_fused(optimizer),
         memory=memory,
         memory_arithmetic={k: v / n for k, v in arithmetic.items()}
         | {"state": sum(arithmetic.values()) / n},
+        **timed,
     )
-
-
-def release_memory() -> None:
-    """Free what the last case left: its compiled graphs, cycles, and CUDA's cached blocks."""
-    torch._dynamo.reset()
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def run_case(case: Case, skip_reason: str | None = None, **measure_args: Any) -> dict[str, Any]:
@@ -232,8 +199,12 @@ def run_case(case: Case, skip_reason: str | None = None, **measure_args: Any) ->
     except RuntimeError as e:  # so are running out of memory and torch.compile's and SDPA's errors
         reason = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {first_line(e)}"
         row = result(case, "failed", reason)
-    # after the except block, which drops the traceback and the tensors its frames hold
-    release_memory()
+    # after the except block, which drops the traceback and the tensors its frames hold: free what
+    # the case left (its compiled graphs, cycles, and CUDA's cached blocks)
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return row
 
 

@@ -7,6 +7,8 @@ if __name__ == "__main__":  # run as a script, it would fail at its imports
 import json
 import math
 import os
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +16,13 @@ from lab.bench_report import fmt, markdown_table
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import read_file
 
-# each compared figure, and whether a higher value is better
-METRICS = {
-    "ms_median": False,
-    "ms_p90": False,
-    "tokens_per_s": True,
-    "mfu": True,
-    "peak_mem_bytes": False,
-    "peak_reserved_bytes": False,
-}
+# each compared figure: lower is better but for those of HIGHER_IS_BETTER
+METRICS = "ms_median ms_p90 tokens_per_s mfu peak_mem_bytes peak_reserved_bytes".split()
+HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
 # what must match between the two runs as a whole for any of their figures to be comparable
 SAME_MACHINE = ("device_name", "torch")
+# a row of the comparison that compares no figure
+NO_FIGURE = dict(metric="", baseline=None, new=None, change_pct=None, reason="")
 
 
 def load_results(path: Path) -> dict[str, Any]:
@@ -49,53 +47,29 @@ def load_results(path: Path) -> dict[str, Any]:
 
 def results_problem(doc: Any) -> str | None:
     """What keeps doc from being a bench.py output that compare_results can read, or None."""
-    if (
-        not isinstance(doc, dict)
-        or not isinstance(doc.get("results"), list)
-        or not isinstance(doc.get("manifest"), dict)
-    ):
+    whole = isinstance(doc, dict) and isinstance(doc.get("manifest"), dict)
+    if not whole or not isinstance(doc.get("results"), list):
         return "no results list and manifest"
     names = set()
-    for i, result in enumerate(doc["results"]):
-        if not isinstance(result, dict) or not all(
-            isinstance(result.get(k), str) for k in ("name", "status")
-        ):
+    for i, r in enumerate(doc["results"]):
+        named = isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("name", "status"))
+        if not named:
             return f"its result {i} has no name and status"
-        if result["name"] in names:
-            return f"two results are named {result['name']!r}"
-        names.add(result["name"])
-        if result["status"] != "ok":
-            continue
-        if not isinstance(result.get("settings"), dict):
-            return f"its result {result['name']!r} has no settings"
-        for metric in METRICS:
-            value = result.get(metric)
+        if r["name"] in names:
+            return f"two results are named {r['name']!r}"
+        names.add(r["name"])
+        if r["status"] == "ok" and not isinstance(r.get("settings"), dict):
+            return f"its result {r['name']!r} has no settings"
+        for metric in METRICS if r["status"] == "ok" else ():
+            value = r.get(metric)
             if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
                 shown = str(value)[:40]
-                return f"its result {result['name']!r} has {metric} {shown!r}, not a finite number"
+                return f"its result {r['name']!r} has {metric} {shown!r}, not a finite number"
     return None
 
 
-def machine_difference(new: dict[str, Any], baseline: dict[str, Any]) -> str | None:
-    """Why the two runs cannot be compared at all (another device or torch version), or None."""
-    diffs = [
-        f"{key} {baseline['manifest'].get(key)!r} -> {new['manifest'].get(key)!r}"
-        for key in SAME_MACHINE
-        if new["manifest"].get(key) != baseline["manifest"].get(key)
-    ]
-    return "; ".join(diffs) or None
-
-
-def settings_difference(new: dict[str, Any], old: dict[str, Any]) -> str | None:
-    """The settings in which two rows of the same name differ, or None when they measured the same
-    thing."""
-    keys = sorted(set(new["settings"]) | set(old["settings"]))
-    diffs = [
-        f"{k} {old['settings'].get(k)!r} -> {new['settings'].get(k)!r}"
-        for k in keys
-        if new["settings"].get(k) != old["settings"].get(k)
-    ]
-    return ", ".join(diffs) or None
+def differences(old: dict[str, Any], new: dict[str, Any], keys: Iterable[str]) -> list[str]:
+    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if new.get(k) != old.get(k)]
 
 
 def compare_results(
@@ -104,81 +78,74 @@ def compare_results(
     """Every figure of METRICS that the baseline measured, matched by result name, with its change
     in percent and a verdict: 'worse' or 'better' by more than tolerance_pct, else 'within';
     'missing' where the new output has no measured result of that name; 'not comparable' (one row,
-    the differing settings as its reason) where the two rows were measured with other settings.
-    Figures are compared only between runs on the same device with the same torch (see
-    machine_difference, which the caller checks first)."""
+    the settings that differ as its reason) where the two rows were measured with other settings.
+    Figures are compared only between runs on the same device with the same torch (SAME_MACHINE,
+    which the caller checks first)."""
     now = {r["name"]: r for r in new["results"] if r["status"] == "ok"}
     rows = []
-    for old in baseline["results"]:
-        if old["status"] != "ok":
-            continue
-        row = {
-            "name": old["name"],
-            "metric": "",
-            "baseline": None,
-            "new": None,
-            "change_pct": None,
-            "reason": "",
-        }
-        if old["name"] not in now:
+    for old in (r for r in baseline["results"] if r["status"] == "ok"):
+        name, row = old["name"], {"name": old["name"]} | NO_FIGURE
+        if name not in now:
             rows.append(row | {"verdict": "missing", "reason": "no measured result of this name"})
             continue
-        differs = settings_difference(now[old["name"]], old)
-        if differs:
+        keys = sorted(set(now[name]["settings"]) | set(old["settings"]))
+        if differs := ", ".join(differences(old["settings"], now[name]["settings"], keys)):
             rows.append(row | {"verdict": "not comparable", "reason": differs})
             continue
-        for metric, higher_is_better in METRICS.items():
-            before, after = old.get(metric), now[old["name"]].get(metric)
+        for metric in METRICS:
+            before, after = old.get(metric), now[name].get(metric)
             if not before or after is None:
                 continue
             change = (after - before) / before * 100
-            gain = change if higher_is_better else -change
-            verdict = (
-                "worse" if gain < -tolerance_pct else "better" if gain > tolerance_pct else "within"
-            )
-            rows.append(
-                row
-                | {
-                    "metric": metric,
-                    "baseline": before,
-                    "new": after,
-                    "change_pct": change,
-                    "verdict": verdict,
-                }
-            )
+            gain = change if metric in HIGHER_IS_BETTER else -change
+            verdict = "within" if abs(gain) <= tolerance_pct else "better" if gain > 0 else "worse"
+            figure = dict(metric=metric, baseline=before, new=after, change_pct=change)
+            rows.append(row | figure | {"verdict": verdict})
     return rows
 
 
 def verdict(rows: list[dict[str, Any]], tolerance_pct: float) -> tuple[int, str]:
     """(exit status, one line): 1 when a figure is worse or a result missing, else 2 when some
     result or every figure could not be compared, else 0."""
-    worse = [r for r in rows if r["verdict"] in ("worse", "missing")]
+    worse = sum(r["verdict"] in ("worse", "missing") for r in rows)
+    apart, n = sum(r["verdict"] == "not comparable" for r in rows), len(rows)
     if worse:
-        return (
-            1,
-            f"regression: {len(worse)} of {len(rows)} figures worse than the baseline by over "
-            f"{tolerance_pct}%",
+        line = (
+            f"regression: {worse} of {n} figures worse than the baseline by over {tolerance_pct}%"
         )
-    apart = [r for r in rows if r["verdict"] == "not comparable"]
+        return 1, line
     if apart or not rows:
-        return (
-            2,
-            f"not comparable: {len(apart)} of {len(rows)} results were measured with other "
-            "settings",
-        )
+        return 2, f"not comparable: {apart} of {n} results were measured with other settings"
     return 0, f"no regression: every figure within {tolerance_pct}% of the baseline or better"
 
 
 def comparison_table(rows: list[dict[str, Any]]) -> str:
-    cells = [
-        [
-            r["name"],
-            r["metric"],
-            fmt(r["baseline"], ",.4g"),
-            fmt(r["new"], ",.4g"),
-            fmt(r["change_pct"], "+.1f", suffix="%"),
-            r["verdict"] + (f" ({r['reason']})" if r["reason"] else ""),
-        ]
-        for r in rows
-    ]
+    cells = []
+    for r in rows:
+        before, after = fmt(r["baseline"], ",.4g"), fmt(r["new"], ",.4g")
+        change = fmt(r["change_pct"], "+.1f", suffix="%")
+        verdict = r["verdict"] + (f" ({r['reason']})" if r["reason"] else "")
+        cells.append([r["name"], r["metric"], before, after, change, verdict])
     return markdown_table(["config", "figure", "baseline", "new", "change", "verdict"], cells)
+
+
+def regression_check(compare: str, baseline: str, tolerance_pct: float) -> int:
+    """bench.py's check of compare against baseline: the comparison printed, and the exit status, 0:
+    no regression, 1: a regression, 2: nothing could be compared."""
+    try:
+        if not (compare and baseline):
+            raise UserError(
+                "a regression check needs both --compare=NEW.json and --baseline=OLD.json"
+            )
+        new, old = load_results(Path(compare)), load_results(Path(baseline))
+    except UserError as e:  # not 1, which would read as a regression
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if apart := "; ".join(differences(old["manifest"], new["manifest"], SAME_MACHINE)):
+        print(f"not comparable: measured on another machine or software ({apart})", file=sys.stderr)
+        return 2
+    rows = compare_results(new, old, tolerance_pct)
+    print(comparison_table(rows))
+    status, line = verdict(rows, tolerance_pct)
+    print(line, file=sys.stderr if status else sys.stdout)
+    return status

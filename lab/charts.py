@@ -1,9 +1,9 @@
-"""The lab's one chart helper: PNG files drawn off screen by matplotlib (Agg: no display needed).
-matplotlib is optional (the dev extra), imported only when asked: without it figure() is None and
-a writer returns NO_MATPLOTLIB, one line, instead of drawing. Every writer saves atomically (a
-reader never sees half a chart; a full disk is one line, files.WriteFailed, the previous file
-kept) and returns the line to print: bench_bars (bench.py), run_curves (lab/plot.py), loss_curves
-(lab/time_to_loss.py); figure, save and close for the GPU suite's.
+"""The lab's one chart helper: PNG files drawn off screen by matplotlib (a Figure made without
+pyplot: no display, and nothing keeps it once dropped). matplotlib is optional (the dev extra),
+imported only when asked: without it figure() is None and a writer returns NO_MATPLOTLIB, one
+line, instead of drawing. Every writer saves atomically (a reader never sees half a chart; a full
+disk is one line, files.WriteFailed, the previous file kept) and returns the line to print:
+bench_bars (bench.py), run_curves (lab/plot.py), loss_curves (lab/time_to_loss.py).
 """
 
 if __name__ == "__main__":  # run as a script, it would fail at its imports
@@ -18,38 +18,21 @@ from nanogpt_perf.files import write_atomically
 NO_MATPLOTLIB = "no chart: matplotlib is not installed (pip install matplotlib)"
 
 
-def pyplot() -> Any | None:
-    """matplotlib.pyplot drawing to files (Agg), or None where matplotlib is not installed."""
+def figure(*args: Any, figsize: Any = None, layout: str | None = None, **kwargs: Any) -> Any:
+    """A figure of figsize inches and its axes, fig.subplots(*args, **kwargs): (fig, axes), or
+    None without matplotlib."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.figure
     except ImportError:
         return None
-    return plt
-
-
-def figure(*args: Any, **kwargs: Any) -> tuple[Any, Any] | None:
-    """plt.subplots(*args, **kwargs) off screen: (fig, axes), or None without matplotlib."""
-    plt = pyplot()
-    return None if plt is None else plt.subplots(*args, **kwargs)
+    fig = matplotlib.figure.Figure(figsize=figsize, layout=layout)
+    return fig, fig.subplots(*args, **kwargs)
 
 
 def save(fig: Any, path: Path, dpi: int) -> str:
-    """fig written to path as a PNG atomically, then closed; 'wrote PATH'."""
-    try:
-        write_atomically(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
-    finally:
-        close(fig)
+    """fig written to path as a PNG atomically; 'wrote PATH'."""
+    write_atomically(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
     return f"wrote {path}"
-
-
-def close(fig: Any) -> None:
-    """Forget a figure (pyplot keeps every figure it made until it is closed)."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
 
 
 def bench_bars(path: Path, doc: dict[str, Any]) -> str:
@@ -60,9 +43,8 @@ def bench_bars(path: Path, doc: dict[str, Any]) -> str:
         return NO_MATPLOTLIB
     fig, ax = made
     median = [r["ms_median"] or 0.0 for r in results]
-    p90 = [(r["ms_p90"] or 0.0) - (r["ms_median"] or 0.0) for r in results]
-    whisker = [[0] * len(results), p90]
-    ax.barh(range(len(results)), median, xerr=whisker, color="tab:blue", capsize=3)
+    p90 = [(r["ms_p90"] or 0.0) - m for r, m in zip(results, median, strict=True)]
+    ax.barh(range(len(p90)), median, xerr=[[0] * len(p90), p90], color="tab:blue", capsize=3)
     for i, r in enumerate(results):
         ms, speedup = r["ms_median"], r["speedup_first"]
         label = f" {ms:,.1f} ms ({speedup:.2f}x)" if r["status"] == "ok" else f" {r['status']}"
@@ -78,9 +60,16 @@ def bench_bars(path: Path, doc: dict[str, Any]) -> str:
     return save(fig, path, dpi=120)
 
 
-# lab/plot.py's curves: each series' panel (loss, learning rate, tokens/s, ms, HellaSwag), the label
-# of its style in the panel's legend, and its style
+# lab/plot.py's curves: each panel's title and y label; each series' panel, the label of its style
+# in the panel's legend, and its style
 FIGSIZE, DPI = (12, 8), 100  # inches, at DPI: 1200 x 800 pixels
+PANELS = [
+    ("loss", "loss"),
+    ("learning rate", "learning rate"),
+    ("tokens/s (first step left out: compilation, warm-up)", "tokens/s"),
+    ("time per iteration (first step left out)", "ms"),
+    ("HellaSwag (GPT-2 124M: acc_norm 0.2955)", "accuracy"),
+]
 SERIES = {
     "step_loss": (0, "step loss", dict(ls="-", lw=1, alpha=0.7)),
     "train_loss": (0, "train loss (eval)", dict(ls="--", marker="s", lw=1, ms=3, alpha=0.8)),
@@ -104,43 +93,24 @@ def draw_run(axes: list[Any], runs: list[dict[str, Any]], colour: str) -> None:
                 axes[panel].plot(*c[key], color=colour, **(style | lone))
 
 
-def style_legend(ax: Any, panel: int) -> None:
-    """A legend of the panel's line styles, in grey: the colours are the runs', in the figure's."""
-    from matplotlib.lines import Line2D
-
-    styles = {label: style for p, label, style in SERIES.values() if p == panel}
-    lines = [Line2D([], [], color="grey", **s) for s in styles.values()]
-    ax.legend(lines, list(styles), fontsize=8)
-
-
 def run_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> str:
     """lab/plot.py's chart: four panels (a fifth, HellaSwag, when a run scored it), one colour per
     run; runs: name -> the curves (key -> (iters, values)) of each run appended to its log."""
+    hellaswag = any(c["hellaswag_acc_norm"][0] for run in runs.values() for c in run)
+    made = figure(2, 3 if hellaswag else 2, figsize=FIGSIZE, sharex=True, layout="constrained")
+    if made is None:
+        return NO_MATPLOTLIB
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
-    hellaswag = any(c["hellaswag_acc_norm"][0] for run in runs.values() for c in run)
-    shape = (2, 3 if hellaswag else 2)
-    if (made := figure(*shape, figsize=FIGSIZE, sharex=True, layout="constrained")) is None:
-        return NO_MATPLOTLIB
     fig, grid = made
-    axes = list(grid.T.flat) if hellaswag else list(grid.flat)  # by columns
+    axes = list(grid[:, :2].flat)  # loss, learning rate; tokens/s, ms
     if hellaswag:
-        axes[1], axes[2] = axes[2], axes[1]  # the first four in the 2x2 order
-        axes[5].set_visible(False)
+        axes.append(grid[0, 2])
+        grid[1, 2].set_visible(False)
     for i, run in enumerate(runs.values()):
         draw_run(axes, run, f"C{i}")
-    loss, lr, speed, ms = axes[:4]
-    titles = [
-        (loss, "loss", "loss"),
-        (lr, "learning rate", "learning rate"),
-        (speed, "tokens/s (first step left out: compilation, warm-up)", "tokens/s"),
-        (ms, "time per iteration (first step left out)", "ms"),
-    ]
-    if hellaswag:
-        titles.append((axes[4], "HellaSwag (GPT-2 124M: acc_norm 0.2955)", "accuracy"))
-        style_legend(axes[4], 4)
-    for ax, title, ylabel in titles:
+    for panel, (ax, (title, ylabel)) in enumerate(zip(axes, PANELS, strict=False)):
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -148,13 +118,16 @@ def run_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> str:
             grey = dict(transform=ax.transAxes, ha="center", va="center", color="grey")
             ax.text(0.5, 0.5, "no records", **grey)
             ax.set_yticks([])
+        # a legend of the panel's line styles, in grey: the colours are the runs', in the figure's
+        if styles := {label: s for p, label, s in SERIES.values() if p == panel and label}:
+            lines = [Line2D([], [], color="grey", **s) for s in styles.values()]
+            ax.legend(lines, list(styles), fontsize=8)
+    _, lr, speed, ms = axes[:4]
     for ax in (speed, ms):
         ax.set_xlabel("iter")
         ax.set_ylim(bottom=0)
     speed.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    style_legend(loss, 0)
-    style_legend(ms, 3)
     colours = [Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))]
     fig.legend(colours, list(runs), loc="outside lower center", ncols=min(len(runs), 5), fontsize=9)
     fig.suptitle(", ".join(runs))
@@ -183,7 +156,6 @@ def loss_curves(
                 lowest.append(min(low))
                 highest.append(max(high))
     if not lowest:
-        close(fig)
         return "no chart: no run has a finite val loss"
     labels = (f"tokens ({unit})", "training seconds (evals left out)")
     for ax, label in zip(axes, labels, strict=True):

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +84,8 @@ def points(records: list[dict[str, Any]], value: Any) -> Points:
     of a record."""
     get = value if callable(value) else lambda r: r.get(value)
     pairs = [(r.get("iter"), get(r)) for r in records]
-    pairs = [
-        (i, v) for i, v in pairs if isinstance(i, (int, float)) and isinstance(v, (int, float))
-    ]
+    number = lambda x: isinstance(x, (int, float))
+    pairs = [(i, v) for i, v in pairs if number(i) and number(v)]
     return [i for i, _ in pairs], [v for _, v in pairs]
 
 
@@ -151,16 +151,13 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(
             "plot.py needs one or more OUT_DIRs: folders of runs, each with a log.jsonl"
         )
-    out = (
-        Path(cfg.out)
-        if cfg.out
-        else (out_dirs[0] / "curves.png" if len(out_dirs) == 1 else Path("curves.png"))
-    )
+    default = out_dirs[0] / "curves.png" if len(out_dirs) == 1 else Path("curves.png")
+    out = Path(cfg.out) if cfg.out else default
     try:  # the default too: OUT_DIR/curves.png where OUT_DIR is a file, say
         output_file(".png", optional=False)(str(out))
     except ValueError as e:
         raise UserError(f"out must be {e}, not {out}") from None
-    if charts.pyplot() is None:  # before reading the logs: the first thing to know
+    if find_spec("matplotlib") is None:  # before reading the logs: the first thing to know
         raise UserError("plot.py needs matplotlib: pip install matplotlib")
     runs = dict(zip(run_names(out_dirs), map(load_curves, out_dirs), strict=True))
     print(charts.run_curves(runs, out))  # a disk that will not take it: files.WriteFailed
