@@ -1,24 +1,17 @@
 """Time to a loss: the tokens and the training seconds each configuration takes to reach a target
-val loss (by default the baseline's final one), over several seeds, each run a train.py subprocess.
+val loss (by default the baseline's final one), over several seeds, each run a train.py subprocess
+(docs/time-to-loss.md says what is measured, how, and what was).
 
     python lab/time_to_loss.py --sweep=learning_rate=3e-3,2e-3,1e-3   # AdamW's best lr, CPU demo
     python lab/time_to_loss.py --config_set=recipe --max_iters=2000   # baseline, recipe, minus each
     python lab/time_to_loss.py --config_set=recipe --task=kjv_char    # text the tuning never saw
 
-The configurations are named in lab/ttl_configs.py: tasks (the data and the model's shape) and sets
-of configurations (train.py's config files and flags), the first of a set the baseline. Runs go
-seed-major, so that drift in the machine's speed touches all alike, one at a time by default. Every
-run evaluates every eval_interval iterations on the same eval_iters windows; its seconds are
-training seconds, the sum of train.py's logging windows (log_interval = eval_interval), evals and
-checkpoint writes left out. A crossing is interpolated linearly between the evals around it.
-
-Writes OUT/time_to_loss.json (every run's curve, the summary), .csv (the summary) and .png (val loss
-against tokens and against seconds, the median over seeds, the seeds' range as a band), and prints
-the tables. A run already finished in its out_dir is reused where everything that made it is the
-same (lab/ttl_runs.py), so an interrupted benchmark resumes; --fresh=True runs everything again. A
-run that train.py stops on non-finite steps (diverged) is "never". SIGTERM or Ctrl-C stops the runs
-(SIGTERM to each, SIGKILL 30 s later or at a second signal), says which, and ends the benchmark: a
-stopped run is never taken as a finished one.
+The configurations are named in lab/ttl_configs.py, the first of a set the baseline. Runs go
+seed-major, jobs at a time. Writes OUT/time_to_loss.json (every run's curve, the summary) and .png
+(val loss against tokens and against training seconds) and prints the tables. A run already
+finished in its out_dir is reused where everything that made it is the same (lab/ttl_runs.py).
+SIGTERM or Ctrl-C stops the runs (SIGTERM to each, SIGKILL GRACE_S later or at a second signal),
+says which, and ends the benchmark: a stopped run is never taken as a finished one.
 """
 
 import json
@@ -27,9 +20,9 @@ import re
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,36 +31,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
 from configurator import configure, read_config_file
+from lab import ttl_curves, ttl_runs
 from lab.charts import loss_curves
 from lab.plot import read_log
-from lab.ttl_curves import (
-    median_curve,
-    print_report,
-    run_curve,
-    run_line,
-    seed_major,
-    summarize,
-    summary_csv,
-    sweep_summary,  # noqa: I001
-)
-from lab.ttl_runs import (
-    COUNTED,
-    MARK,
-    Runs,
-    catch_signals,
-    dataset_content,
-    finished,
-    mark_finished,
-    outcome,
-    run_identity,
-)
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
-from nanogpt_perf.files import ReadFailed, read_file, write_json, write_text
+from nanogpt_perf.files import ReadFailed, read_file, write_json
 from nanogpt_perf.guard.paths import a_path
 from nanogpt_perf.manifest import git_state
 
 ROOT = Path(__file__).resolve().parents[1]
+GRACE_S = 30  # after SIGTERM, the seconds a run has to finish its step, save and exit
 
 
 # -----------------------------------------------------------------------------
@@ -139,129 +113,97 @@ cfg = configure(ttl=TimeToLossConfig, cross=(eval_within_the_run,))
 # -----------------------------------------------------------------------------
 
 
-def owned(
-    out_dir: Path | str = "OUT/runs/NAME-sSEED", seed: int | str = "SEED"
-) -> dict[str, tuple[Any, str]]:
+def owned(out_dir: Any = "OUT/runs/NAME-sSEED", seed: Any = "SEED") -> dict[str, tuple[Any, str]]:
     """The train.py settings the benchmark sets in every run, after the configuration's (they win):
     key -> (value, what sets it). A configuration, --train_args or --sweep that sets one is refused:
     it would change nothing."""
-    schedule = {
-        "lr_decay_iters": (
-            cfg.max_iters,
-            "--max_iters, with --fit_schedule=True; False leaves it to you",
-        )
-    }
-    return {
+    mine = {
         "out_dir": (out_dir, "--out: each run has its own folder in it"),
         "overwrite": (True, "a run that is not reused starts afresh"),
         "seed": (seed, "--seeds and --first_seed"),
         "max_iters": (cfg.max_iters, "--max_iters"),
-        **(schedule if cfg.fit_schedule else {}),
+        "lr_decay_iters": (cfg.max_iters, "--max_iters, with --fit_schedule=True (False: yours)"),
         "eval_interval": (cfg.eval_interval, "--eval_interval"),
         "log_interval": (cfg.eval_interval, "--eval_interval: every eval closes a logging window"),
         "eval_iters": (cfg.eval_iters, "--eval_iters"),
-        "always_save_checkpoint": (
-            False,
-            "only the log is read; --keep_checkpoints keeps the best ones",
-        ),
+        "always_save_checkpoint": (False, "only the log is read"),
     }
+    if not cfg.fit_schedule:
+        del mine["lr_decay_iters"]
+    return mine
 
 
-def command(args: list[str], out_dir: Path, seed: int) -> list[str]:
-    """train.py's arguments for one run: the configuration's, then the benchmark's (which win)."""
-    return [*args, *(f"--{key}={value}" for key, (value, _) in owned(out_dir, seed).items())]
-
-
-def check_arguments(where: str, args: list[Any]) -> None:
+def check_arguments(where: str, args: Any) -> None:
     """A UserError where args are not train.py arguments, name a missing config file or set a
     setting the benchmark owns."""
+    if not isinstance(args, list | tuple):
+        raise UserError(f"{cfg.configs}: {where} must be a list of train.py arguments")
     if not all(isinstance(a, str) for a in args):
         raise UserError(f"{where}: train.py arguments must be strings, got {args!r}")
     if missing := [a for a in args if not a.startswith("--") and not (ROOT / a).is_file()]:
         said = "is not a file" if (ROOT / missing[0]).exists() else "not found"
         raise UserError(f"{where}: config file {missing[0]} {said} (paths from {ROOT})")
     mine = owned()
-    if taken := [
-        key for a in args if a.startswith("--") and (key := a[2:].partition("=")[0]) in mine
-    ]:
+    if taken := [k for a in args if a.startswith("--") and (k := a[2:].partition("=")[0]) in mine]:
+        why = mine[taken[0]][1]
         raise UserError(
-            f"{where} sets {taken[0]}, which the benchmark sets itself in every run "
-            f"({mine[taken[0]][1]})"
+            f"{where} sets {taken[0]}, which the benchmark sets itself in every run ({why})"
         )
 
 
-def named_lists() -> tuple[list[Any], dict[str, list[Any]]]:
-    """The task's train.py arguments and the chosen configurations' (the set's or --only's, the
-    first the baseline), as the configurations file names them."""
-    path = (
-        cfg.configs
-        if Path(cfg.configs).is_file() or not (ROOT / cfg.configs).is_file()
-        else str(ROOT / cfg.configs)
-    )
-    named = read_config_file(path)
+def named_lists() -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """The train.py arguments of the task, of the chosen configurations (the set's or --only's, the
+    first the baseline) and of --train_args, as the configurations file names them, checked."""
+    here = Path(cfg.configs).is_file() or not (ROOT / cfg.configs).is_file()
+    named = read_config_file(cfg.configs if here else str(ROOT / cfg.configs))
     tasks, sets = named.get("TASKS"), named.get("SETS")
     if not isinstance(tasks, dict) or not isinstance(sets, dict):
-        raise UserError(
-            f"{cfg.configs} must define TASKS and SETS, dicts of train.py arguments (see "
-            "ttl_configs.py)"
-        )
-    if cfg.task not in tasks or cfg.config_set not in sets:
-        which = f"task {cfg.task!r}: one of {', '.join(tasks)}" if cfg.task not in tasks else ""
-        which = which or f"config_set {cfg.config_set!r}: one of {', '.join(sets)}"
-        raise UserError(f"{cfg.configs} has no {which}")
+        raise UserError(f"{cfg.configs} must define TASKS and SETS, dicts of train.py arguments")
+    for what, name, known in (("task", cfg.task, tasks), ("config_set", cfg.config_set, sets)):
+        if name not in known:
+            raise UserError(f"{cfg.configs} has no {what} {name!r}: one of {', '.join(known)}")
     chosen = sets[cfg.config_set]
     if not isinstance(chosen, dict) or not chosen:
         raise UserError(
             f"{cfg.configs}: set {cfg.config_set!r} must be a dict of configurations (name: "
-            "train.py "
-            f"arguments) with one at least, its baseline, not {chosen!r}"
+            f"train.py arguments) with one at least, its baseline, not {chosen!r}"
         )
     names = [n.strip() for n in cfg.only.split(",")] if cfg.only else list(chosen)
-    if missing := [n for n in names if n not in chosen]:
+    if gone := [n for n in names if n not in chosen]:
+        known = ", ".join(chosen)
+        raise UserError(f"set {cfg.config_set!r} has no configuration {gone[0]!r}: one of {known}")
+    try:
+        extra = shlex.split(cfg.train_args)
+    except ValueError:
         raise UserError(
-            f"set {cfg.config_set!r} has no configuration {missing[0]!r}: one of "
-            f"{', '.join(chosen)}"
-        )
-    lists = {f"task {cfg.task!r}": tasks[cfg.task]} | {
-        f"configuration {n!r}": chosen[n] for n in names
-    }
-    if wrong := [where for where, args in lists.items() if not isinstance(args, list | tuple)]:
-        raise UserError(f"{cfg.configs}: {wrong[0]} must be a list of train.py arguments")
-    return list(tasks[cfg.task]), {n: list(chosen[n]) for n in names}
+            f"train_args {cfg.train_args!r} cannot be split as a shell would: close its quotes"
+        ) from None
+    check_arguments(f"task {cfg.task!r}", tasks[cfg.task])
+    for name in names:
+        check_arguments(f"configuration {name!r}", chosen[name])
+    check_arguments("--train_args", extra)
+    return list(tasks[cfg.task]), {n: list(chosen[n]) for n in names}, extra
 
 
 def configurations() -> dict[str, list[str]]:
-    """The runs' configurations, name -> train.py arguments (task's, configuration's, --train_args):
-    the set's (or --only's), each at every --sweep value; the first is the baseline."""
-    task_args, lists = named_lists()
-    try:
-        extra = shlex.split(cfg.train_args)
-    except ValueError as e:
-        raise UserError(
-            f"train_args {cfg.train_args!r} cannot be split as a shell would ({e}): close its "
-            "quotes"
-        ) from None
-    check_arguments(f"task {cfg.task!r}", task_args)
-    for name, args in lists.items():
-        check_arguments(f"configuration {name!r}", args)
-    check_arguments("--train_args", extra)
-    chosen = {n: [*task_args, *args, *extra] for n, args in lists.items()}
+    """The runs' configurations, name -> train.py arguments (the task's, the configuration's,
+    --train_args'): the set's (or --only's), each at every --sweep value; the first the baseline."""
+    task, chosen, extra = named_lists()
+    runs = {name: [*task, *args, *extra] for name, args in chosen.items()}
     if cfg.sweep:
         key, listed = cfg.sweep.split("=", 1)
         if key in owned():
             raise UserError(
                 f"--sweep over {key}: the benchmark sets {key} itself in every run "
-                f"({owned()[key][1]}), "
-                "so every value would run the same command"
+                f"({owned()[key][1]}), so every value would run the same command"
             )
         values = [v.strip() for v in listed.split(",")]
-        chosen = {
-            f"{n} {key}={v}": [*args, f"--{key}={v}"] for n, args in chosen.items() for v in values
+        runs = {
+            f"{n} {key}={v}": [*args, f"--{key}={v}"] for n, args in runs.items() for v in values
         }
-    folders = [folder_name(n) for n in chosen]
-    if len(set(folders)) < len(folders):
-        raise UserError(f"configuration names {', '.join(chosen)} share a folder name: rename one")
-    return chosen
+    if len({folder_name(n) for n in runs}) < len(runs):
+        raise UserError(f"configuration names {', '.join(runs)} share a folder name: rename one")
+    return runs
 
 
 def folder_name(name: str) -> str:
@@ -271,134 +213,120 @@ def folder_name(name: str) -> str:
 def results_folder() -> Path:
     """--out (or its default), made with its runs/ folder."""
     swept = f"-sweep-{cfg.sweep.split('=')[0]}" if cfg.sweep else ""
-    results = Path(
-        cfg.out or f"out-ttl/{cfg.task}-{cfg.config_set}-{cfg.max_iters}{swept}"
-    ).resolve()
+    results = Path(cfg.out or f"out-ttl/{cfg.task}-{cfg.config_set}-{cfg.max_iters}{swept}")
+    results = results.resolve()
     if results.exists() and not results.is_dir():
-        raise UserError(
-            f"out {results} is a file: give a folder (a new one, or the results folder of an "
-            "earlier call)"
-        )
+        raise UserError(f"out {results} is a file: give a folder (new, or an earlier call's)")
     try:
-        (results / "runs").mkdir(parents=True, exist_ok=True)
+        (runs := results / "runs").mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(
-            f"cannot make the results folder {results / 'runs'}: {e.strerror or e}"
-        ) from None
+        raise UserError(f"cannot make the results folder {runs}: {e.strerror or e}") from None
     return results
 
 
-def environment() -> dict[str, str]:
+def start(name: str, seed: int, args: list[str], results: Path) -> dict[str, Any]:
+    """One run: its record where its out_dir holds a finished run that everything the same made
+    (when reused, the figures of its session), else its train.py started."""
+    out_dir = results / "runs" / f"{folder_name(name)}-s{seed}"
+    run = {"config": name, "seed": seed, "out_dir": out_dir, "which": f"run {name!r} seed {seed}"}
+    cmd = [*args, *(f"--{k}={v}" for k, (v, _) in owned(out_dir, seed).items())]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     if cfg.threads or cfg.jobs > 1:
         env["OMP_NUM_THREADS"] = str(cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs))
-    return env
-
-
-def run_train(
-    which: str, cmd: list[str], env: dict[str, str], out_dir: Path, runs: Runs
-) -> dict[str, Any] | None:
-    """train.py with cmd in out_dir, and what its mark records: when it started, its wall seconds
-    and its outcome ('finished', or 'diverged' with the line that said so); None when it was stopped
-    with the runs. Any other end (an error, a signal, a stop before max_iters) is a UserError: not a
-    run."""
-    started, t0 = time.time(), time.perf_counter()
+    run["identity"] = ttl_runs.run_identity(cmd, env.get("OMP_NUM_THREADS"), ROOT)
+    run["identity"]["data"] = ttl_runs.dataset_content(out_dir, ROOT)  # as the data is now
+    ran = None if cfg.fresh else ttl_runs.finished(out_dir, run["identity"], cfg.max_iters)
+    if ran is not None:
+        return record(run, ran, reused=True)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / MARK).unlink(missing_ok=True)  # not a run that counts until it has ended as one
-        train_py = [sys.executable, "train.py", *cmd]
-        returncode = runs.run(which, train_py, out_dir / "train.out", env, ROOT)
+        (out_dir / ttl_runs.MARK).unlink(missing_ok=True)  # no run that counts until it ends as one
+        # made afresh: a link or a FIFO there is neither written through nor waited on
+        (out_dir / "train.out").unlink(missing_ok=True)
+        with open(out_dir / "train.out", "x") as out:
+            train_py = [sys.executable, "train.py", *cmd]
+            run["process"] = subprocess.Popen(train_py, cwd=ROOT, stdout=out, stderr=out, env=env)
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        reason = f"{where}{e.strerror or e}"
-        raise UserError(f"{which}: cannot start it in {out_dir}: {reason}") from None
-    if returncode is None:
-        return None
-    # what the benchmark reads is the log; a run stopped is started afresh
-    if not cfg.keep_checkpoints:
+        raise UserError(
+            f"{run['which']}: cannot start it in {out_dir}: {where}{e.strerror or e}"
+        ) from None
+    return run | {"started_at": time.time(), "t0": time.perf_counter()}
+
+
+def end(run: dict[str, Any], stopping: bool) -> dict[str, Any] | None:
+    """The record of a run whose train.py has exited; None where it was stopped with the benchmark.
+    Any other end (an error, a signal, a stop before max_iters) is a UserError: not a run."""
+    out_dir, returncode = run["out_dir"], run["process"].returncode
+    if not cfg.keep_checkpoints:  # what the benchmark reads is the log; a run stopped starts afresh
         for path in out_dir.glob("ckpt*.pt"):
             path.unlink()
-    kind, said = outcome(returncode, out_dir, cfg.max_iters)
-    if kind not in COUNTED and runs.stopping:  # stopped (or failed) as the benchmark stopped
-        runs.stopped.append(which)
+    kind, said = ttl_runs.outcome(returncode, out_dir, cfg.max_iters)
+    if kind not in ttl_runs.COUNTED and stopping:
         return None
-    output = out_dir / "train.out"
+    output, which = out_dir / "train.out", run["which"]
     if kind == "failed":
-        raise UserError(f"{which} failed (exit {returncode}): {said} (all of it: {output}; "
-                        f"lab/ttl_data.py prepares the datasets)")  # fmt: skip
-    if kind not in COUNTED:  # killed, or stopped early (train.py saves and exits 0 on SIGTERM)
         raise UserError(
-            f"{which}: train.py was {said if kind == 'killed' else f'stopped ({said})'} before "
-            f"max_iters={cfg.max_iters}: not a finished run, not kept (its output: "
-            f"{output})"
+            f"{which} failed (exit {returncode}): {said} (all of it: {output}; lab/ttl_data.py "
+            "prepares the datasets)"
         )
-    ran = {"started_at": started, "wall_s": time.perf_counter() - t0, "outcome": kind}
-    return ran | ({"said": said} if kind == "diverged" else {})
+    if kind not in ttl_runs.COUNTED:  # killed, or stopped early (train.py exits 0 on SIGTERM)
+        how = said if kind == "killed" else f"stopped ({said})"
+        raise UserError(
+            f"{which}: train.py was {how} before max_iters={cfg.max_iters}: not a finished run, "
+            f"not kept (its output: {output})"
+        )
+    wall_s = time.perf_counter() - run["t0"]
+    ran = {"started_at": run["started_at"], "wall_s": wall_s, "outcome": kind}
+    ran |= {"said": said} if kind == "diverged" else {}
+    run["identity"]["data"] = ttl_runs.dataset_content(out_dir, ROOT)  # train.py may have made it
+    ttl_runs.mark_finished(out_dir, run["identity"], ran)
+    return record(run, ran, reused=False)
 
 
-def train(
-    name: str, seed: int, args: list[str], out_dir: Path, runs: Runs
-) -> dict[str, Any] | None:
-    """One run of train.py in out_dir, or the one already there that everything the same made: its
-    record and its curve; None when the runs were stopped before it ended."""
-    cmd, env = command(args, out_dir, seed), environment()
-    identity = run_identity(cmd, env.get("OMP_NUM_THREADS"), ROOT)
-    identity["data"] = dataset_content(out_dir, ROOT)  # the run there's, as the data is now
-    # when reused, the figures of its session
-    ran = None if cfg.fresh else finished(out_dir, identity, cfg.max_iters)
-    reused = ran is not None
-    if ran is None:
-        ran = run_train(f"run {name!r} seed {seed}", cmd, env, out_dir, runs)
-        if ran is None:
-            return None
-        identity["data"] = dataset_content(out_dir, ROOT)  # train.py may have prepared it
-        mark_finished(out_dir, identity, ran)
-    manifest = read_json(out_dir / "manifest.json")
+def record(run: dict[str, Any], ran: dict[str, Any], reused: bool) -> dict[str, Any]:
+    """What time_to_loss.json keeps of a run that counts: its identity, outcome and curve."""
+    out_dir = run["out_dir"]
     try:
+        manifest = json.loads(read_file(out_dir / "manifest.json"))
         shape = manifest["settings"]
         per_iter = shape["batch_size"] * shape["gradient_accumulation_steps"] * shape["block_size"]
-    except (KeyError, TypeError):
-        raise UserError(
-            f"{out_dir / 'manifest.json'} has no batch_size, gradient_accumulation_steps "
-            "and block_size in its settings: not a manifest of train.py's"
-        ) from None
-    curve = run_curve(read_log(out_dir / "log.jsonl"), per_iter, ran["outcome"] == "diverged")
-    return {
-        "config": name,
-        "seed": seed,
-        "out_dir": str(out_dir),
-        **identity,
-        "reused": reused,
-        "outcome": ran["outcome"],
-        "said": ran.get("said"),
-        "git_commit": manifest.get("git_commit"),
-        "git_dirty": manifest.get("git_dirty"),
-        "started_at": ran.get("started_at"),
-        "wall_s": ran.get("wall_s"),
-        "curve": curve,
-    }
+    except (OSError, ReadFailed, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{out_dir / 'manifest.json'}: not train.py's manifest ({e})") from None
+    log = read_log(out_dir / "log.jsonl")
+    curve = ttl_curves.run_curve(log, per_iter, ran["outcome"] == "diverged")
+    fields = {"config": run["config"], "seed": run["seed"], "out_dir": str(out_dir)}
+    fields |= run["identity"] | {"reused": reused, "said": None} | ran
+    return fields | {k: manifest.get(k) for k in ("git_commit", "git_dirty")} | {"curve": curve}
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(read_file(path))
-    except (OSError, ValueError, ReadFailed) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path} is not a JSON object")
-    return doc
+def stop_going(going: dict[int, dict[str, Any]], asked: list[str], deadline: float | None) -> float:
+    """At a signal or a failed run: SIGTERM to each train.py going (it finishes its step, saves and
+    exits), once; SIGKILL GRACE_S later, or at once at a second signal. Returns the deadline."""
+    if deadline is None:
+        for run in going.values():
+            run["process"].terminate()
+        if asked and going:
+            which = ", ".join(run["which"] for run in going.values())
+            print(
+                f"{asked[0]}: stopping {which} (SIGTERM to train.py; killed in {GRACE_S} s, or at "
+                "once at a second signal)",
+                file=sys.stderr,
+                flush=True,
+            )
+        deadline = time.monotonic() + GRACE_S
+    if len(asked) > 1 or time.monotonic() > deadline:
+        for run in going.values():
+            run["process"].kill()
+    return deadline
 
 
-def stop_benchmark(name: str, runs: Runs, ended: list[dict[str, Any] | None]) -> None:
+def stop_benchmark(name: str, stopped: list[str], kept: int, count: int) -> None:
     """The benchmark's end at a signal: which runs it stopped, and what it keeps. Ctrl-C ends it as
     a KeyboardInterrupt (its line printed by report_errors), SIGTERM with status 143."""
-    which = (
-        f"stopped {', '.join(sorted(runs.stopped))}, not finished"
-        if runs.stopped
-        else "no train.py was going"
-    )
-    kept = sum(r is not None for r in ended)
-    line = f"{which}; {kept} of {len(ended)} runs finished and kept (the same command reuses them)"
+    names = ", ".join(sorted(stopped))
+    which = f"stopped {names}, not finished" if stopped else "no train.py was going"
+    line = f"{which}; {kept} of {count} runs finished and kept (the same command reuses them)"
     if name == "SIGINT":
         raise KeyboardInterrupt(line)
     print(f"stopped by {name}: {line}", file=sys.stderr, flush=True)
@@ -406,41 +334,54 @@ def stop_benchmark(name: str, runs: Runs, ended: list[dict[str, Any] | None]) ->
 
 
 def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]:
-    """Every configuration x seed, seed-major, jobs at a time; each run's line printed as it
-    ends."""
-    order = seed_major(list(chosen), range(cfg.first_seed, cfg.first_seed + cfg.seeds))
-    runs = Runs()
+    """Every configuration x seed, seed-major, jobs at a time; each run's line printed as it ends.
+    At SIGTERM or Ctrl-C, or once a run has failed, no other starts and those going are stopped."""
+    seeds = range(cfg.first_seed, cfg.first_seed + cfg.seeds)
+    order = [(name, seed) for seed in seeds for name in chosen]
+    done, going, stopped, asked = {}, {}, [], []
+    failed, deadline, k = None, None, 0
 
-    def one(k: int, name: str, seed: int) -> dict[str, Any] | None:
-        if runs.stopping:
-            return None
-        run = train(
-            name, seed, chosen[name], results / "runs" / f"{folder_name(name)}-s{seed}", runs
-        )
-        if run is not None:
-            print(run_line(k, len(order), run), flush=True)
-        return run
+    def keep(i: int, run: dict[str, Any]) -> None:
+        done[i] = run
+        print(ttl_curves.run_line(i, len(order), run), flush=True)
 
-    before = catch_signals(runs.asked)
+    before = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+    for number in [n for n, handler in before.items() if handler is not signal.SIG_IGN]:
+        signal.signal(number, lambda n, _: asked.append(signal.Signals(n).name))
     try:
-        with ThreadPoolExecutor(max_workers=cfg.jobs) as pool:
-            futures = [pool.submit(one, k + 1, name, seed) for k, (name, seed) in enumerate(order)]
-            runs.supervise(futures)
+        while going or (k < len(order) and not (asked or failed)):
+            try:
+                if k < len(order) and len(going) < cfg.jobs and not (asked or failed):
+                    (name, seed), k = order[k], k + 1
+                    run = start(name, seed, chosen[name], results)
+                    if "process" in run:
+                        going[k] = run
+                    else:
+                        keep(k, run)
+                    continue
+                for i, run in [(i, r) for i, r in going.items() if r["process"].poll() is not None]:
+                    del going[i]
+                    if (ended := end(run, bool(asked or failed))) is None:
+                        stopped.append(run["which"])
+                    else:
+                        keep(i, ended)
+            except UserError as e:
+                failed = failed or e
+            if asked or failed:
+                deadline = stop_going(going, asked, deadline)
+            time.sleep(0.05)
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
-    failed = [f.exception() for f in futures if f.exception() is not None]
-    if runs.asked:
-        stop_benchmark(
-            runs.asked[0], runs, [None if f.exception() else f.result() for f in futures]
-        )
-    if failed and isinstance(failed[0], UserError) and runs.stopped:
-        raise UserError(
-            f"{failed[0]}; stopped with it: {', '.join(sorted(runs.stopped))}"
-        ) from None
+        for run in going.values():  # (going only where the benchmark itself failed)
+            run["process"].kill()
+    if asked:
+        stop_benchmark(asked[0], stopped, len(done), len(order))
+    if failed and stopped:
+        failed = UserError(f"{failed}; stopped with it: {', '.join(sorted(stopped))}")
     if failed:
-        raise failed[0]
-    return [f.result() for f in futures]
+        raise failed
+    return [done[i] for i in sorted(done)]
 
 
 def main() -> None:
@@ -451,8 +392,8 @@ def main() -> None:
     runs = run_all(chosen, results)
     wall = time.perf_counter() - t0
     curves = {name: [r["curve"] for r in runs if r["config"] == name] for name in chosen}
-    summary = summarize(curves, next(iter(chosen)), cfg.target or None)
-    sweep_doc = sweep_summary(cfg.sweep.split("=")[0], curves) if cfg.sweep else None
+    summary = ttl_curves.summarize(curves, next(iter(chosen)), cfg.target or None)
+    sweep = ttl_curves.sweep_summary(cfg.sweep.split("=")[0], curves) if cfg.sweep else None
     commit, dirty = git_state(ROOT)
     doc = {
         "kind": "time_to_loss",
@@ -465,18 +406,19 @@ def main() -> None:
         "configurations": chosen,
         "wall_s": wall,
         "summary": summary,
-        "sweep": sweep_doc,
+        "sweep": sweep,
         "runs": runs,
     }
     write_json(results / "time_to_loss.json", doc)
-    write_text(results / "time_to_loss.csv", summary_csv(summary))
     title = f"{cfg.task}, {cfg.config_set}, {cfg.max_iters} iterations, {cfg.seeds} seeds"
-    drawn = loss_curves(results / "time_to_loss.png", curves, summary, title, median_curve)
-    print_report(summary, bool(cfg.target), sweep_doc, runs)
+    drawn = loss_curves(
+        results / "time_to_loss.png", curves, summary, title, ttl_curves.median_curve
+    )
+    ttl_curves.print_report(summary, bool(cfg.target), sweep, runs)
     walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
     each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""
     print(f"{len(runs)} runs ({sum(r['reused'] for r in runs)} reused) in {wall:,.0f} s wall{each}")
-    print(f"wrote {results / 'time_to_loss.json'}\nwrote {results / 'time_to_loss.csv'}\n{drawn}")
+    print(f"wrote {results / 'time_to_loss.json'}\n{drawn}")
 
 
 if __name__ == "__main__":

