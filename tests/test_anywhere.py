@@ -16,7 +16,6 @@ MODULES = (
     "ttl_configs.py",
     "__init__.py",
     "charts.py",
-    "gpu_suite_io.py",
     "bench_cases.py",
     "bench_fit.py",
     "bench_measure.py",

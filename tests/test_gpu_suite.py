@@ -1,17 +1,15 @@
 """lab/gpu_suite.py's own settings: a budget or a folder that means nothing is refused in one
 'error: ' line, exit status 2 (1 for an earlier results.json that is not the suite's), before
-anything is written; the folders it accepts; and the line that names carried wheels made for another
-Python. The steps themselves run in `make gpu-dry-run`."""
+anything is written; and the folders it accepts. The steps themselves run in `make gpu-dry-run`."""
 
 import json
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 from conftest import ROOT, assert_one_line_error, contents, run_script
-from lab import gpu_suite_io
+from lab import gpu_suite
 
 SUITE = "lab/gpu_suite.py"
 IN_REPO = "lab/suite-results"  # not ignored by git (out*/ would be)
@@ -45,10 +43,11 @@ CASES = {
         "--out={dir}/out --part=bench --budget_s=soon", ("budget_s must be float", "'soon'")
     ),
     "part_missing": Case(
-        "--out={dir}/out", ("part=train|bench|generate|lowmem|all is required (or dry_run=True)",)
+        "--out={dir}/out",
+        ("part=tests|bench|losses|lowmem|generate is required (or dry_run=True)",),
     ),
     "part_unknown": Case(
-        "--out={dir}/out --part=ladder", ("part must be one of train, bench,", "'ladder'")
+        "--out={dir}/out --part=ladder", ("part must be one of tests, bench,", "'ladder'")
     ),
     "out_missing": Case("--part=bench", ("out must be a path, not ''",)),
     "out_empty": Case("--out= --part=bench", ("out must be a path, not ''",)),
@@ -69,8 +68,8 @@ CASES = {
         "--out=. --part=bench", ("outside this repository, or one git ignores",)
     ),
     "nanogpt_not_a_checkout": Case(
-        "--out={dir}/out --part=train --nanogpt={dir}/nanogpt",
-        ("must be a nanoGPT checkout", "has no bench.py, configurator.py, config/train_gpt2.py"),
+        "--out={dir}/out --part=bench --nanogpt={dir}/nanogpt",
+        ("must be a nanoGPT checkout", "has no bench.py, configurator.py"),
         NANOGPT_PART,
     ),
     "results_not_json": Case(
@@ -122,46 +121,4 @@ def test_refused_in_one_line_before_anything_is_written(name: str, tmp_path: Pat
 
 @pytest.mark.parametrize("out", ["out-gpu", "out-gpu/part/deeper", "{tmp}/new", "{tmp}"])
 def test_folders_the_suite_accepts(out: str, tmp_path: Path):
-    gpu_suite_io.suite_folder(out.replace("{tmp}", str(tmp_path)))  # raises ValueError if refused
-
-
-def test_wheels_for_another_python_are_named_with_the_version_to_ask_for(
-    tmp_path: Path, monkeypatch
-):
-    python = f"{sys.version_info.major}{sys.version_info.minor}"
-    # a newer Python's (an older one's pure wheel installs here)
-    other = f"3{sys.version_info.minor + 1}"
-    for name in (
-        f"multiprocess-0.70.19-py{other}-none-any.whl",
-        f"dill-0.4.0-py{python}-none-any.whl",
-    ):
-        (tmp_path / name).write_bytes(b"")
-    (tmp_path / "datasets-4.0.0-py3-none-any.whl").write_bytes(b"")
-    monkeypatch.setattr(gpu_suite_io, "missing_packages", lambda: ["datasets", "multiprocess"])
-    problem = gpu_suite_io.preparation_problem(tmp_path)
-    assert f"multiprocess-0.70.19-py{other}-none-any.whl" in problem and "dill" not in problem
-    assert f"not for this Python {sys.version_info.major}.{sys.version_info.minor}" in problem
-    assert (
-        f"GPU_PYTHON={sys.version_info.major}.{sys.version_info.minor} lab/gpu_wheels.sh" in problem
-    )
-    # every wheel fits: the packages are named
-    (tmp_path / f"multiprocess-0.70.19-py{other}-none-any.whl").unlink()
-    assert gpu_suite_io.wheel_problem(tmp_path) is None
-    assert "lab/gpu_wheels.sh" in gpu_suite_io.preparation_problem(tmp_path)
-
-
-def test_the_step_shape_comes_from_the_manifest_as_train_py_ran(tmp_path: Path):
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(
-        json.dumps(
-            {"settings": {"batch_size": 60, "gradient_accumulation_steps": 8, "block_size": 1024}}
-        )
-    )
-    assert gpu_suite_io.train_step_shape(manifest) == (60, 8, 1024)
-    manifest.write_text(
-        json.dumps(
-            {"settings": {"batch_size": "auto", "gradient_accumulation_steps": 8, "block_size": 1}}
-        )
-    )
-    with pytest.raises(ValueError, match="not numbers"):
-        gpu_suite_io.train_step_shape(manifest)
+    gpu_suite.suite_folder(out.replace("{tmp}", str(tmp_path)))  # raises ValueError if refused

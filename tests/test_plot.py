@@ -168,11 +168,10 @@ def test_a_log_without_step_records_and_other_bad_input(tmp_path, monkeypatch, c
 def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(
     tmp_path, monkeypatch
 ):
-    """lab/charts.py behind bench.py's chart, the time-to-loss report's and the GPU suite's."""
+    """lab/charts.py behind bench.py's chart and the time-to-loss report's."""
     from lab.charts import NO_MATPLOTLIB
     from lab.charts import bench_bars as bench_chart
     from lab.charts import loss_curves as ttl_chart
-    from lab.gpu_suite_io import write_chart as gpu_chart
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     result = {"name": "x", "status": "ok", "ms_median": 1.0, "ms_p90": 1.0, "speedup_first": 1.0}
@@ -189,6 +188,4 @@ def test_without_matplotlib_every_report_says_so_in_one_line_and_writes_nothing(
         tmp_path / "t.png", {"x": []}, {"target": None, "rows": {}}, "t", median_curve
     )
     assert chart == NO_MATPLOTLIB
-    row = {"group": "train", "name": "x", "status": "ok", "tokens_per_s": 1.0}
-    assert gpu_chart(tmp_path / "g.png", {"rows": [row], "parts": {}}) == NO_MATPLOTLIB
     assert list(tmp_path.iterdir()) == []
