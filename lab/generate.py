@@ -25,8 +25,10 @@ from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
+import atexit
 import copy
 import importlib.util
+import os
 import statistics
 import tempfile
 import time
@@ -34,18 +36,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from configurator import configure
-from lab.rivals import llama_cpp_runner, transformers_runner
-from model import GPT, NANOGPT_FIELDS, RECIPE_ARCHITECTURE, GPTConfig
+from model import GPT, NANOGPT_FIELDS, RECIPE_ARCHITECTURE, GPTConfig, to_hf_state_dict
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer
-from nanogpt_perf.errors import UserError
+from nanogpt_perf.errors import UserError, quiet_loggers
 from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, for_inference
+from nanogpt_perf.gpt2_weights import gpt2_config
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import optional_path, output_file
 from nanogpt_perf.guard.weights import model_size_problem
@@ -171,17 +174,15 @@ if checkpoint is not None:  # the checkpoint's model and tokenizer, prompts from
     prompts = list(val[: cfg.prompts, None, : cfg.prompt_tokens])
 else:
     model = GPT(replace(cfg.model, vocab_size=cfg.vocab_size))
-    # for the rivals' files
-    vocab = GPT2_VOCAB_SIZE if cfg.vocab_size >= GPT2_VOCAB_SIZE else cfg.vocab_size
-    tokenizer = (
-        Tokenizer() if vocab == GPT2_VOCAB_SIZE else Tokenizer([chr(256 + i) for i in range(vocab)])
-    )
+    vocab = min(cfg.vocab_size, GPT2_VOCAB_SIZE)  # the rivals' files need a tokenizer
+    tokenizer = Tokenizer([chr(256 + i) for i in range(vocab)] if vocab < GPT2_VOCAB_SIZE else None)
     prompts = list(torch.randint(vocab, (cfg.prompts, 1, cfg.prompt_tokens)))
 model.eval().to(runtime.device)
 prompts = [p.to(runtime.device) for p in prompts]
 prompt = prompts[0]
 B, T, new_tokens, shape = cfg.batch_size, prompt.size(1), cfg.max_new_tokens, model.config
 positions = cache_length(min(T, shape.block_size), new_tokens, shape.block_size)
+filled = T + (new_tokens - 1) / 2  # the positions a dynamic KV cache holds, on average
 cache_bytes = 2 * shape.n_layer * B * shape.n_embd * positions * 4  # keys and values, float32
 if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
     memory = f"{cache_bytes / 1e9:,.0f} GB, more than {runtime.device}'s memory"
@@ -214,42 +215,33 @@ def decode_bytes(engine: Engine) -> float:
     lookups' (an embedding reads a row), and the KV cache in the embedding's dtype, its filled part
     (a static step's: all of it; B sequences share the weights)."""
     model, decoder = engine.model, engine.decoder(B, T, new_tokens, sampling)
-    linear = {
-        id(m.weight)
-        for m in model.modules()
-        if hasattr(m, "weight") and not isinstance(m, torch.nn.Embedding)
-    }
-    lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linear
+    embedding = lambda m: isinstance(m, torch.nn.Embedding)
+    # an embedding's weight is read whole where a tied head reads it too
+    linear = {id(m.weight) for m in model.modules() if hasattr(m, "weight") and not embedding(m)}
+    lookups = {id(m.weight) for m in model.modules() if embedding(m)} - linear
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in lookups}
     packed = [m.weight for m in model.modules() if isinstance(m, PackedLinear)]  # not parameters
     weights = sum(t.numel() * t.element_size() for t in [*tensors.values(), *packed])
     per_position = 2 * shape.n_layer * shape.n_embd * model.transformer.wte.weight.element_size()
-    return weights / B + per_position * (
-        decoder.cache_len if decoder.static else T + (new_tokens - 1) / 2
-    )
+    return weights / B + per_position * (decoder.cache_len if decoder.static else filled)
 
 
 def runtime_of(weights: str):
     """The runtime a row's weights compute in: float32 and bfloat16 as named, a quantized model in
     what its CPU kernels take ('auto') or the dtype given."""
-    if weights in ("float32", "bfloat16"):
-        return resolve_runtime(cfg.device, weights, cfg.tf32)
-    return resolve_runtime(
-        cfg.device, cfg.dtype, cfg.tf32, cpu_auto=CPU_DTYPE.get(weights, "float32")
-    )
+    dtype = weights if weights in ("float32", "bfloat16") else cfg.dtype
+    return resolve_runtime(cfg.device, dtype, cfg.tf32, cpu_auto=CPU_DTYPE.get(weights, "float32"))
 
 
 def nanogpt_model() -> torch.nn.Module:
     """nanoGPT's GPT (its model.py, imported from the checkout) with our weights: the same names and
     shapes."""
-    spec = importlib.util.spec_from_file_location(
-        "nanogpt_model", Path(cfg.nanogpt_dir) / "model.py"
-    )
+    path = Path(cfg.nanogpt_dir) / "model.py"
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    theirs = module.GPT(
-        module.GPTConfig(**{k: v for k, v in asdict(shape).items() if k in NANOGPT_FIELDS})
-    )
+    args = {k: v for k, v in asdict(shape).items() if k in NANOGPT_FIELDS}
+    theirs = module.GPT(module.GPTConfig(**args))
     theirs.load_state_dict(model.state_dict())
     return theirs.eval().to(runtime.device)
 
@@ -261,40 +253,28 @@ class Measured(NamedTuple):
     drafts: DraftStats | None = None
 
 
-def time_engine(engine: Engine, use_cache: bool = True, draft: str = "") -> Measured:
+def time_engine(engine: Engine, use_cache: bool = True, draft: str | GPT | None = None) -> Measured:
     """engine's generation from each prompt in turn, each token read on the host as it comes, as
-    sample.py streams them (one sync a token); with a draft, speculatively (one sequence)."""
-    stats, seconds, first = DraftStats() if draft else None, 0.0, None
+    sample.py streams them (one sync a token); with a draft ('ngram', or a model made ready as
+    engine's), speculatively (one sequence)."""
+    stats, seconds, first = DraftStats() if draft is not None else None, 0.0, None
     for prompt in prompts:
-        t, first_token = time_tokens(engine, prompt, use_cache, draft, stats)
-        seconds, first = seconds + t, first or first_token
+        g = torch.Generator(runtime.device).manual_seed(cfg.seed)
+        if draft is None:
+            tokens = engine.tokens(prompt.expand(B, -1), new_tokens, sampling, g, 1, use_cache)
+        else:
+            d = NgramDraft() if draft == "ngram" else ModelDraft(draft, sampling, positions, g)
+            tokens = speculative_tokens(
+                engine, prompt, new_tokens, sampling, d, cfg.draft_tokens, g, stats
+            )
+        runtime.synchronize()
+        t0 = time.perf_counter()
+        for token in tokens:
+            token.view(-1).tolist()
+            first = first or time.perf_counter() - t0
+        seconds += time.perf_counter() - t0
     rate = len(prompts) * B * new_tokens / seconds
     return Measured(first, rate, decode_bytes(engine) if use_cache else None, stats)
-
-
-def time_tokens(
-    engine: Engine, prompt: torch.Tensor, use_cache: bool, draft: str, stats: DraftStats | None
-) -> tuple[float, float]:
-    """The seconds of engine's generation after prompt, and to its first token."""
-    generator = torch.Generator(runtime.device).manual_seed(cfg.seed)
-    if draft:
-        cache = engine.decoder(1, T, new_tokens, sampling).cache_len
-        drafter = (
-            NgramDraft()
-            if draft == "ngram"
-            else ModelDraft(drafts[engine], sampling, cache, generator)
-        )
-        tokens = speculative_tokens(
-            engine, prompt, new_tokens, sampling, drafter, cfg.draft_tokens, generator, stats
-        )
-    else:
-        tokens = engine.tokens(prompt.expand(B, -1), new_tokens, sampling, generator, 1, use_cache)
-    runtime.synchronize()
-    t0, first = time.perf_counter(), None
-    for token in tokens:
-        token.view(-1).tolist()
-        first = first or time.perf_counter() - t0
-    return time.perf_counter() - t0, first
 
 
 def time_nanogpt() -> Measured:
@@ -309,17 +289,84 @@ def time_nanogpt() -> Measured:
     return Measured(None, B * new_tokens / (time.perf_counter() - t0), None)
 
 
+# our weights' names -> the GGUF file type llama.cpp reads them from
+LLAMA_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "q8_0", "int4": "q4_0"}
+
+
+def llama_cpp_row(w: str, folder: Path) -> Callable[[], Measured] | None:
+    """llama.cpp (llama-cpp-python) on the model's weights as w's GGUF type, written in folder by
+    export.py's writer, decoding greedily one token at a time; None without llama_cpp."""
+    if importlib.util.find_spec("llama_cpp") is None or w not in LLAMA_TYPES:
+        return None
+    from llama_cpp import Llama
+
+    from nanogpt_perf.gguf_export import write_gguf
+
+    path = folder / f"model-{LLAMA_TYPES[w]}.gguf"
+    write_gguf(model, tokenizer, path, LLAMA_TYPES[w])
+    threads, ids = torch.get_num_threads(), prompt[0].tolist()
+    llama = Llama(model_path=str(path), n_ctx=T + new_tokens, n_threads=threads,
+                  n_threads_batch=threads, n_batch=512, verbose=False)  # fmt: skip
+    atexit.register(llama.close)  # before the interpreter tears down what its finaliser calls
+    # read per token: the file less position_embd (float32, a row read), the KV cache's filled part
+    lookups = shape.block_size * shape.n_embd * 4 if not shape.rotary else 0
+    per_position = 2 * shape.n_layer * shape.n_embd * 2  # its KV cache is float16 by default
+    per_token = os.path.getsize(path) - lookups + per_position * filled
+    vocab = llama.n_vocab()
+
+    def run() -> Measured:
+        llama.reset()
+        t0, first = time.perf_counter(), None
+        llama.eval(ids)
+        for _ in range(new_tokens):
+            # the last token's logits (Llama.scores holds them only with logits_all)
+            logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(-1), shape=(vocab,))
+            token = int(logits.argmax())
+            first = first or time.perf_counter() - t0
+            llama.eval([token])
+        return Measured(first, new_tokens / (time.perf_counter() - t0), per_token)
+
+    return run
+
+
+def transformers_row(w: str, cache: str) -> Callable[[], Measured] | None:
+    """transformers' GPT2LMHeadModel on the model's weights in float32 or bfloat16, its generate
+    greedy with its KV cache ('dynamic', its default, or 'static': it compiles its forward itself);
+    None without transformers, for other weights, or for a model not of GPT-2's architecture."""
+    fields = GPTConfig.__dataclass_fields__
+    gpt2 = all(getattr(shape, k) == fields[k].default for k in RECIPE_ARCHITECTURE)
+    if not gpt2 or w not in ("float32", "bfloat16") or not importlib.util.find_spec("transformers"):
+        return None
+    with quiet_loggers("torchao", "torch.utils._pytree"):
+        from transformers import GPT2LMHeadModel
+    vocab, dtype = tokenizer.n_vocab, getattr(torch, w)
+    hf = GPT2LMHeadModel(gpt2_config(shape, vocab, pad_token_id=0))
+    hf.load_state_dict(to_hf_state_dict(model, vocab), strict=False)
+    hf = hf.to(runtime.device, dtype).eval()
+    idx = torch.tensor([prompt[0].tolist()] * B, device=runtime.device)
+    how = {} if cache == "dynamic" else {"cache_implementation": cache}
+    weights = sum(p.numel() * p.element_size() for p in hf.parameters())
+    weights -= hf.transformer.wpe.weight.nbytes  # a lookup reads one row
+    per_position = 2 * shape.n_layer * shape.n_embd * dtype.itemsize
+    per_token = weights / B + per_position * filled
+
+    def run() -> Measured:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
+                        min_new_tokens=new_tokens, do_sample=False, **how)  # fmt: skip
+        runtime.synchronize()
+        return Measured(None, B * new_tokens / (time.perf_counter() - t0), per_token)
+
+    return run
+
+
 def rival_rows(w: str, folder: Path) -> dict[str, Callable[[], Measured]]:
-    """llama.cpp and transformers on the model's weights as w, where installed (lab/rivals.py)."""
-    ids, out = prompt[0].tolist(), {}
-    if B == 1 and (run := llama_cpp_runner(model, tokenizer, w, ids, new_tokens, folder)):
-        out[f"llama.cpp, {w}"] = lambda run=run: Measured(*run())
+    """llama.cpp (batch 1) and transformers on the model's weights as w, where installed."""
+    rows = {f"llama.cpp, {w}": llama_cpp_row(w, folder) if B == 1 else None}
     for cache in ("dynamic", "static") if runtime.device_type == "cuda" else ("dynamic",):
-        if run := transformers_runner(
-            model, tokenizer.n_vocab, w, ids, new_tokens, B, runtime.device, cache
-        ):
-            out[f"transformers, {w}, {cache} cache"] = lambda run=run: Measured(*run())
-    return out
+        rows[f"transformers, {w}, {cache} cache"] = transformers_row(w, cache)
+    return {name: run for name, run in rows.items() if run is not None}
 
 
 # a row each: our engine for each weights (a copy of the model made ready by it), with the draft,
@@ -327,68 +374,54 @@ def rival_rows(w: str, folder: Path) -> dict[str, Callable[[], Measured]]:
 sampling = Sampling(
     cfg.temperature, cfg.top_k or None, vocab_size=tokenizer.n_vocab if checkpoint else None
 )
-# the draft's model for each engine, made ready to decode as its model
-drafts: dict[Engine, GPT] = {}
 draft = None
 if cfg.draft not in ("", "ngram"):
-    draft = (
-        GPT.from_checkpoint(load_checkpoint(Path(cfg.draft) / "ckpt.pt")).eval().to(runtime.device)
-    )
+    draft = GPT.from_checkpoint(load_checkpoint(Path(cfg.draft) / "ckpt.pt"))
+    draft = draft.eval().to(runtime.device)
 rows: dict[str, Callable[[], Measured]] = {}
 engines: dict[str, Engine] = {}
-built_s: dict[str, float] = {}  # the decode step's build, each weights'
+builds = []  # the decode step's build, each weights'
 scratch = tempfile.TemporaryDirectory(prefix="generate-")  # the rivals' GGUF files, removed at exit
 for w in weights:
     quantize = w if w in QUANTIZE else "none"
     engine = engines[w] = Engine(
         copy.deepcopy(model), runtime_of(w), cfg.compile, cfg.cuda_graph, quantize, cfg.onednn
     )
-    built = built_s[w] = engine.decoder(B, T, new_tokens, sampling).build_seconds
-    name = f"{w}, " if w else ""
-    name += (
-        "KV cache"
-        + (", compiled" if cfg.compile else "")
-        + (", CUDA graph" if engine.graphs else "")
-    )
-    print(f"{name}: decode step built in {built:.1f} s")
+    builds.append(engine.decoder(B, T, new_tokens, sampling).build_seconds)
+    name = f"{w}, KV cache" if w else "KV cache"
+    name += (", compiled" if cfg.compile else "") + (", CUDA graph" if engine.graphs else "")
+    print(f"{name}: decode step built in {builds[-1]:.1f} s")
     rows[name] = lambda e=engine: time_engine(e)
-    if draft is not None:
-        quantized = quantize if quantize != "int4" or not int4_problem(draft) else "none"
-        drafts[engine] = for_inference(copy.deepcopy(draft), engine.runtime, quantized)
-    if cfg.draft:
-        rows[f"{name}, draft {cfg.draft}"] = lambda e=engine: time_engine(e, draft=cfg.draft)
+    if cfg.draft == "ngram":
+        rows[f"{name}, draft ngram"] = lambda e=engine: time_engine(e, draft="ngram")
+    elif draft is not None:  # the draft model, quantized as the model is where it can be
+        quantized = "none" if quantize == "int4" and int4_problem(draft) else quantize
+        d = for_inference(copy.deepcopy(draft), engine.runtime, quantized)
+        rows[f"{name}, draft {cfg.draft}"] = lambda e=engine, d=d: time_engine(e, draft=d)
     if cfg.uncached and w == weights[0]:
         rows["uncached"] = lambda e=engine: time_engine(e, use_cache=False)
     if cfg.rivals:
         rows |= rival_rows(w or runtime.dtype, Path(scratch.name))
-theirs = nanogpt_model() if cfg.nanogpt_dir else None
-if theirs is not None:
+if cfg.nanogpt_dir:
+    theirs = nanogpt_model()
     rows["nanoGPT generate"] = time_nanogpt
-
 
 runs: dict[str, list[Measured]] = {name: [] for name in rows}
 for r in range(cfg.repeats):
     for name, run in rows.items():
-        runs[name].append(measured := run())
-        first = (
-            ""
-            if measured.first is None
-            else f", time to first token {measured.first * 1000:.1f} ms"
-        )
-        print(f"round {r + 1}: {name:>34}: {measured.rate:9.1f} tokens/s{first}", flush=True)
+        runs[name].append(m := run())
+        first = "" if m.first is None else f", time to first token {m.first * 1000:.1f} ms"
+        print(f"round {r + 1}: {name:>34}: {m.rate:9.1f} tokens/s{first}", flush=True)
 
 bandwidth = stream_bandwidth()
 print(
     f"\nmedian of {cfg.repeats} round(s), batch {B}; streaming bandwidth {bandwidth / 1e9:.1f} "
-    "GB/s (MBU: the "
-    "bytes read per token times tokens/s, over it)"
+    "GB/s (MBU: the bytes read per token times tokens/s, over it)"
 )
-results, base = [], None
+results = []
 for name, measured in runs.items():
-    rate = statistics.median(m.rate for m in measured)
-    base = base or rate
+    rate, per_token = statistics.median(m.rate for m in measured), measured[0].bytes
     firsts = [m.first for m in measured if m.first is not None]
-    per_token = measured[0].bytes
     row = {
         "name": name,
         "tokens_per_s": rate,
@@ -397,6 +430,7 @@ for name, measured in runs.items():
         "bytes_per_token": per_token,
         "mbu": per_token * rate / bandwidth if per_token else None,
     }
+    base = results[0]["tokens_per_s"] if results else rate
     line = f"{name:>34}: {rate:9.1f} tokens/s ({rate / base:.2f}x the first row)"
     if per_token:
         line += f", {per_token / 1e6:6.1f} MB/token, {per_token * rate / 1e9:5.1f} GB/s"
@@ -416,19 +450,25 @@ def val_loss(model: GPT) -> float:
     losses = []
     with torch.no_grad():
         for x, y in batches.eval_batches("val", cfg.eval_iters):
-            logits = model.head(model.hidden_states(x.to(runtime.device)))
-            losses.append(
-                F.cross_entropy(logits.float().flatten(0, 1), y.flatten().to(runtime.device)).item()
-            )
+            logits = model.head(model.hidden_states(x.to(runtime.device))).float()
+            y = y.to(runtime.device)
+            losses.append(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
     return statistics.mean(losses)
+
+
+def greedy(engine: Engine) -> list[int]:
+    """engine's greedy tokens after the prompt."""
+    tokens = engine.tokens(
+        prompt, new_tokens, Sampling(temperature=0, vocab_size=tokenizer.n_vocab)
+    )
+    return torch.cat(list(tokens), 1)[0].tolist()
 
 
 def agreement(model: GPT, reference: list[int]) -> float:
     """Of the positions of reference (float32's greedy tokens after the prompt) within the context,
     the share where model's most likely next token, given float32's tokens so far, is float32's."""
-    seq = torch.tensor([prompt[0].tolist() + reference], device=runtime.device)[
-        :, : shape.block_size + 1
-    ]
+    seq = torch.tensor([prompt[0].tolist() + reference], device=runtime.device)
+    seq = seq[:, : shape.block_size + 1]
     with torch.no_grad():
         logits = model.head(model.hidden_states(seq[:, :-1]))[0, T - 1 :, : tokenizer.n_vocab]
     return (logits.argmax(-1) == seq[0, T:]).float().mean().item()
@@ -436,43 +476,27 @@ def agreement(model: GPT, reference: list[int]) -> float:
 
 quality = []
 if checkpoint is not None:  # each weights' val loss and greedy tokens against float32's
-    greedy = Sampling(temperature=0, vocab_size=tokenizer.n_vocab)
     reference_engine = engines.get("float32") or Engine(copy.deepcopy(model), runtime_of("float32"))
-    tokens = {
-        w: torch.cat(list(e.tokens(prompt, new_tokens, greedy)), 1)[0].tolist()
-        for w, e in engines.items()
-    }
-    reference = torch.cat(list(reference_engine.tokens(prompt, new_tokens, greedy)), 1)[0].tolist()
-    loss32 = val_loss(reference_engine.model)
+    reference, loss32 = greedy(reference_engine), val_loss(reference_engine.model)
     print(
         f"\nquality on {data_path} (val, {cfg.eval_iters} batches of 8), greedy over {new_tokens} "
         "tokens:"
     )
     for w, engine in engines.items():
-        loss = val_loss(engine.model)
-        same = next(
-            (i for i, (a, b) in enumerate(zip(tokens[w], reference, strict=True)) if a != b),
-            len(reference),
-        )
+        tokens, loss = greedy(engine), val_loss(engine.model)
+        differ = [i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b]
+        same = differ[0] if differ else len(reference)
         row = {"weights": w or runtime.dtype, "val_loss": loss, "vs_float32": loss / loss32 - 1,
                "greedy_prefix": same, "agreement": agreement(engine.model, reference)}  # fmt: skip
         quality.append(row)
         print(
             f"{row['weights']:>10}: val loss {loss:.4f} ({row['vs_float32']:+.2%} of float32's), "
-            "the first "
-            f"{same} greedy tokens float32's, its next-token choice float32's at "
-            f"{row['agreement']:.1%} of "
-            "positions"
+            f"the first {same} greedy tokens float32's, its next-token choice float32's at "
+            f"{row['agreement']:.1%} of positions"
         )
 
 if cfg.out_json:
-    manifest = run_manifest(cfg.as_dict(), runtime)
-    doc = {
-        "kind": "generation",
-        "manifest": manifest,
-        "build_s": built_s[weights[0]],
-        "stream_bytes_per_s": bandwidth,
-    }
-    doc |= {"results": results}
+    doc = {"kind": "generation", "manifest": run_manifest(cfg.as_dict(), runtime)}
+    doc |= {"build_s": builds[0], "stream_bytes_per_s": bandwidth, "results": results}
     write_json(Path(cfg.out_json), doc | {"quality": quality, "peak_mem_bytes": mem})
     print(f"wrote {cfg.out_json}")

@@ -82,16 +82,13 @@ if cfg.data and not os.path.isdir(cfg.data):
 # SIGTERM ends the script as Ctrl-C does, through the removal of its temporary folder (exit status
 # 143)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-if (
-    not cfg.data
-    and cfg.shards * cfg.shard_tokens * 2 > shutil.disk_usage(tempfile.gettempdir()).free
-):
-    free, size = shutil.disk_usage(tempfile.gettempdir()).free, cfg.shards * cfg.shard_tokens * 2
+tmp_dir, size = tempfile.gettempdir(), cfg.shards * cfg.shard_tokens * 2
+free = shutil.disk_usage(tmp_dir).free
+if not cfg.data and size > free:
     raise UserError(
         f"{cfg.shards} synthetic shards of {cfg.shard_tokens:,} tokens take {size / 1e9:,.1f} GB, "
-        "more "
-        f"than the {free / 1e9:,.1f} GB free in {tempfile.gettempdir()}: fewer shards or "
-        "shard_tokens, or --data"
+        f"more than the {free / 1e9:,.1f} GB free in {tmp_dir}: fewer shards or shard_tokens, or "
+        "--data"
     )
 
 
@@ -126,22 +123,21 @@ def run(path: Path, order: str) -> tuple[float, float, float]:
 
 with tempfile.TemporaryDirectory() as tmp:
     path = Path(cfg.data) if cfg.data else synthetic_shards(Path(tmp))
-    names = [o.strip() for o in cfg.orders.split(",")]
-    figures: dict[str, list[tuple[float, float, float]]] = {o: [] for o in names}
+    figures: dict[str, list[tuple[float, float, float]]] = {
+        o.strip(): [] for o in cfg.orders.split(",")
+    }
     for r in range(cfg.repeats):
-        for order in names:
-            rate, rss_100, rss_end = run(path, order)
-            figures[order].append((rate, rss_100, rss_end))
+        for order, runs in figures.items():
+            runs.append(run(path, order))
+            rate, rss_100, rss_end = runs[-1]
             print(
                 f"run {r + 1} {order}: {rate:,.0f} batches/s; "
                 f"RSS {rss_100:.0f} MB after 100, {rss_end:.0f} MB after {cfg.batches:,}"
             )
-    for order, runs in figures.items():
-        growth = max(end - start for _, start, end in runs)
-        print(
-            f"{order}: median {statistics.median(r for r, _, _ in runs):,.0f} batches/s of "
-            f"{cfg.batch_size} x "
-            f"{cfg.block_size} over {len(runs)} runs; RSS grew by at most {growth:.1f} MB from "
-            "batch 100 to "
-            f"{cfg.batches:,}"
-        )
+for order, runs in figures.items():
+    rate = statistics.median(r for r, _, _ in runs)
+    growth = max(end - start for _, start, end in runs)
+    print(
+        f"{order}: median {rate:,.0f} batches/s of {cfg.batch_size} x {cfg.block_size} over "
+        f"{len(runs)} runs; RSS grew by at most {growth:.1f} MB from batch 100 to {cfg.batches:,}"
+    )

@@ -8,14 +8,13 @@ time=True, each saver's CPU time per step at a small size.
     python lab/memory.py --time=True --rounds=7   # ms per step at 4 x 256, interleaved
     python lab/memory.py --state_only=True        # the state's bytes alone, no forward
 
-The peak rise is the step's process peak less what the process held before the model was built
-(the interpreter, torch and torchao loaded). The process peak: on CUDA the caching allocator's peak
-allocated over step 2 (state included); on a CPU the process's peak resident set over step 2 (reset
-by clear_refs): a fresh process per configuration, and glibc told to map every block of 128 KiB or
-more on its own (MALLOC_MMAP_THRESHOLD_), so that a freed tensor leaves the resident set rather than
-staying in the heap. It counts everything the step made the process hold (allocator slack
-included): never less than the tensors. 'act+ws' (activations and workspace) is the peak rise less
-the accounted training state."""
+The peak rise is the process's peak resident set over step 2 (reset by clear_refs) less what it
+held before the model was built (the interpreter, torch and torchao loaded): a fresh process per
+configuration, on the CPU, glibc told to map every block of 128 KiB or more on its own
+(MALLOC_MMAP_THRESHOLD_), so that a freed tensor leaves the resident set rather than staying in the
+heap. It counts everything the step made the process hold (allocator slack included): never less
+than the tensors. 'act+ws' (activations and workspace) is the peak rise less the accounted training
+state."""
 
 import sys
 from pathlib import Path
@@ -45,36 +44,24 @@ from nanogpt_perf.memory import training_state_bytes
 from nanogpt_perf.optim import OptimConfig
 
 SIZES = {"124M": (12, 768), "350M": (24, 1024), "small": (4, 256)}
+# a configuration is named by its optimizer and its savers: name part -> LowMemConfig's setting
+SAVERS = {
+    "bf16": ("weights_dtype", "bfloat16"),
+    "8bit": ("state_bits", 8),
+    "4bit": ("state_bits", 4),
+    "bf16mom": ("muon_momentum_dtype", "bfloat16"),
+    "8bitmom": ("muon_momentum_dtype", "8bit"),
+    "inbwd": ("in_backward", True),
+}
+NAMES = (
+    "adamw,adamw-bf16,adamw-8bit,adamw-bf16-8bit,adamw-bf16-4bit,adamw-inbwd,adamw-bf16-8bit-inbwd,"
+    "adamw-bf16-4bit-inbwd,muon,muon-bf16mom,muon-8bitmom,muon-bf16-bf16mom,muon-bf16-8bitmom-8bit,"
+    "muon-bf16-8bitmom-8bit-inbwd"
+)
 # name: (optimizer, savers)
 CONFIGS = {
-    "adamw": ("adamw", LowMem()),
-    "adamw-bf16": ("adamw", LowMem(weights_dtype="bfloat16")),
-    "adamw-8bit": ("adamw", LowMem(state_bits=8)),
-    "adamw-bf16-8bit": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=8)),
-    "adamw-bf16-4bit": ("adamw", LowMem(weights_dtype="bfloat16", state_bits=4)),
-    "adamw-inbwd": ("adamw", LowMem(in_backward=True)),
-    "adamw-bf16-8bit-inbwd": (
-        "adamw",
-        LowMem(weights_dtype="bfloat16", state_bits=8, in_backward=True),
-    ),
-    "adamw-bf16-4bit-inbwd": (
-        "adamw",
-        LowMem(weights_dtype="bfloat16", state_bits=4, in_backward=True),
-    ),
-    "muon": ("muon", LowMem()),
-    "muon-bf16mom": ("muon", LowMem(muon_momentum_dtype="bfloat16")),
-    "muon-8bitmom": ("muon", LowMem(muon_momentum_dtype="8bit")),
-    "muon-bf16-bf16mom": ("muon", LowMem(weights_dtype="bfloat16", muon_momentum_dtype="bfloat16")),
-    "muon-bf16-8bitmom-8bit": (
-        "muon",
-        LowMem(weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit"),
-    ),
-    "muon-bf16-8bitmom-8bit-inbwd": (
-        "muon",
-        LowMem(
-            weights_dtype="bfloat16", state_bits=8, muon_momentum_dtype="8bit", in_backward=True
-        ),
-    ),
+    n: (n.split("-")[0], LowMem(**dict(SAVERS[s] for s in n.split("-")[1:])))
+    for n in NAMES.split(",")
 }
 HYPER = dict(learning_rate=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95)
 
@@ -150,16 +137,15 @@ def one(size: str, config: str, batch: int, block: int) -> dict:
     import torchao.optim  # noqa: F401  (loaded before the baseline, as torch is)
 
     baseline = held_memory_bytes(cpu)
-    step, states, times = stepper(size, config, batch, block), [], []
-    t = time.perf_counter()
-    states.append(step())
-    times.append(time.perf_counter() - t)
-    t = time.perf_counter()
+    step, states = stepper(size, config, batch, block), []
+    t0 = time.perf_counter()
+    step()
+    t1 = time.perf_counter()
     peak = process_peak_bytes(lambda: states.append(step()), cpu)
-    times.append(time.perf_counter() - t)
     row = per_param(size, config, states[-1])
     rise = (peak - baseline) / row["params"]
-    return row | dict(peak=rise, rest=rise - row["state"], step1_s=times[0], step2_s=times[1])
+    step1, step2 = t1 - t0, time.perf_counter() - t1
+    return row | dict(peak=rise, rest=rise - row["state"], step1_s=step1, step2_s=step2)
 
 
 def state_only(size: str, config: str) -> dict:
@@ -181,14 +167,12 @@ CHILD = "import json, sys; sys.path.insert(0, sys.argv[1]); import lab.memory as
         "print(json.dumps(getattr(m, sys.argv[2])(**json.loads(sys.argv[3]))))"  # fmt: skip
 
 
-def run_fresh(size: str, config: str, batch: int, block: int, only_state: bool = False) -> dict:
+def run_fresh(function: str, **kwargs) -> dict:
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "131072"}
-    function = "state_only" if only_state else "one"
-    kwargs = dict(size=size, config=config) | ({} if only_state else dict(batch=batch, block=block))
     args = [sys.executable, "-c", CHILD, str(ROOT), function, json.dumps(kwargs)]
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode != 0:
-        return {"size": size, "config": config, "error": done.stderr.strip().splitlines()[-1:]}
+        return kwargs | {"error": done.stderr.strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -198,15 +182,14 @@ def table(rows: list[dict]) -> None:
         f"{'peak rise':>9} {'act+ws':>6} {'step1 s':>8} {'step2 s':>8}"
     )
     for r in rows:
+        line = f"{r['size']:>5} {r['config']:<30} "
         if "error" in r:
-            print(f"{r['size']:>5} {r['config']:<30} error: {r['error']}")
-            continue
-        parts = f"{r['weights']:7.2f} {r['grads']:6.2f} {r['optimizer']:6.2f} {r['state']:6.2f}"
-        if "peak" not in r:  # --state-only
-            print(f"{r['size']:>5} {r['config']:<30} {parts}")
-            continue
-        print(f"{r['size']:>5} {r['config']:<30} {parts} {r['peak']:9.2f} {r['rest']:6.2f} "
-              f"{r['step1_s']:8.1f} {r['step2_s']:8.1f}")  # fmt: skip
+            line += f"error: {r['error']}"
+        else:
+            line += f"{r['weights']:7.2f} {r['grads']:6.2f} {r['optimizer']:6.2f} {r['state']:6.2f}"
+        if "peak" in r:  # not --state_only
+            line += f" {r['peak']:9.2f} {r['rest']:6.2f} {r['step1_s']:8.1f} {r['step2_s']:8.1f}"
+        print(line)
 
 
 def timed(configs: list[str], rounds: int, batch: int, block: int) -> None:
@@ -238,10 +221,12 @@ def main() -> None:
     if cfg.time:
         timed(configs, cfg.rounds, cfg.batch, cfg.block)
         return
+    function = "state_only" if cfg.state_only else "one"
+    step = {} if cfg.state_only else dict(batch=cfg.batch, block=cfg.block)
     rows = []
     for size in sizes:
         for config in configs:
-            rows.append(run_fresh(size, config, cfg.batch, cfg.block, cfg.state_only))
+            rows.append(run_fresh(function, size=size, config=config, **step))
             print(json.dumps(rows[-1]), flush=True)
     table(rows)
 

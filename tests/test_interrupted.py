@@ -4,7 +4,7 @@ mid-work; SIGTERM through a temporary folder's removal, and through a web-scale 
 then resumes; HellaSwag's scoring stopped between examples, every rank asked as often; a dataset
 prepared again under a live loader; a resume that changes data_order or meets other windows; a
 dataset's identity; a full disk while appending log.jsonl; an export of a character-level model
-taken back by sample.py."""
+taken back by sample.py; a run killed while it writes a checkpoint, then resumed."""
 
 import errno
 import json
@@ -22,12 +22,22 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_in_process, run_train, sigterm_at
+from conftest import (
+    ROOT,
+    SCHEDULE,
+    TINY_MODEL,
+    assert_one_line_error,
+    run_in_process,
+    run_script,
+    run_train,
+    sigterm_at,
+)
 from nanogpt_perf.data.identity import BLOCK, SAMPLES, dataset_identity
 from nanogpt_perf.data.loader import TokenBatches
 from nanogpt_perf.data.shards import write_shard
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import write_bytes
+from nanogpt_perf.guard.checkpoint import check_whole
 from nanogpt_perf.guard.dataset import identity_change
 from nanogpt_perf.guard.lock import LOCK_NAME
 from nanogpt_perf.train.preemption import resume_command
@@ -570,3 +580,42 @@ def test_a_run_that_ends_on_non_finite_steps_saves_nothing_and_fails(tiny_data, 
     )
     assert "iter 2: not saved, the last step was not finite" in result.stdout
     assert not list(out.glob("ckpt*")) and not (out / LOCK_NAME).exists()
+
+
+# train.py as run_train runs it, SIGKILLed once it has written the start of iteration 4's checkpoint
+KILLED_MID_CHECKPOINT = textwrap.dedent("""
+    import os, runpy, signal, sys, torch
+    save = torch.save
+    def torn(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("iter_num") == 4:
+            f.write(b"the start of a checkpoint")
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        save(obj, f, *args, **kwargs)
+    torch.save = torn
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def test_a_run_killed_mid_checkpoint_resumes_to_the_weights_of_a_run_never_killed(
+    tiny_data, tmp_path
+):
+    """SIGKILL while a checkpoint is written (no handler runs: the lock, the torn temporary file and
+    the log are left as they were): the earlier checkpoints are whole, and the run resumed from them
+    ends with the weights of the run never killed, bitwise (with dropout and accumulation)."""
+    flags = (*SCHEDULE, "--dropout=0.1", "--gradient_accumulation_steps=2", "--max_iters=8")
+    flags += ("--save_interval=1", "--eval_interval=100")
+    straight, out = tmp_path / "straight", tmp_path / "killed"
+    assert run_train(tiny_data, straight, *flags).returncode == 0
+    dataset = (f"--data_dir={tiny_data}", "--dataset=tiny", f"--out_dir={out}")
+    killed = run_script("-c", KILLED_MID_CHECKPOINT, "train.py", *TINY_MODEL, *dataset, *flags)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert [p.name for p in out.glob(".ckpt-0000004.pt.tmp-*")] != []
+    for path in out.glob("ckpt*.pt"):
+        check_whole(path)
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 3
+    resumed = run_train(tiny_data, out, *flags, "--init_from=resume")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (straight, out))
+    assert all(torch.equal(a[k], b[k]) for k in a)
