@@ -118,6 +118,19 @@ def check_budget(budget_gb: float, memory: int | None, device_type: str) -> None
         )
 
 
+def bench_row(args: list[str], env: dict[str, str] | None = None) -> Row | str:
+    """bench.py's first row of a run with args (its path first) in a fresh process, or the last
+    line the run said where it failed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        cmd = [sys.executable, *args, f"--out_json={out}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode != 0 or not out.is_file():
+            said = (done.stderr or done.stdout).strip().splitlines()
+            return said[-1] if said else f"exit code {done.returncode}"
+        return json.loads(out.read_text())["results"][0]
+
+
 def in_a_fresh_process(argv: list[str]) -> Callable[[Case], Row]:
     """A CPU's measurement of one size: bench.py again (argv: this run's command line) with the size
     and one step, in a fresh process. A process keeps the pages an earlier, larger size freed, so in
@@ -126,17 +139,10 @@ def in_a_fresh_process(argv: list[str]) -> Callable[[Case], Row]:
 
     def measure(member: Case) -> Row:
         s = member.settings
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "size.json"
-            size = [f"--n_layer={s.n_layer}", f"--n_embd={s.n_embd}", f"--n_head={s.n_head}"]
-            one = ["--fit_memory_gb=0", "--steps=1", "--burn_in=1", f"--out_json={out}"]
-            done = subprocess.run(
-                [sys.executable, *argv, *size, *one], capture_output=True, text=True
-            )
-            if done.returncode != 0 or not out.is_file():
-                said = (done.stderr or done.stdout).strip().splitlines()
-                why = said[-1] if said else f"exit code {done.returncode}"
-                return result(member, "failed", why)
-            return json.loads(out.read_text())["results"][0] | {"name": member.name}
+        size = [f"--n_layer={s.n_layer}", f"--n_embd={s.n_embd}", f"--n_head={s.n_head}"]
+        row = bench_row([*argv, *size, "--fit_memory_gb=0", "--steps=1", "--burn_in=1"])
+        return (
+            result(member, "failed", row) if isinstance(row, str) else row | {"name": member.name}
+        )
 
     return measure

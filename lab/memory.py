@@ -19,15 +19,14 @@ so that a freed tensor leaves the resident set rather than staying in the heap; 
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root, for its modules
 from configurator import configure  # noqa: E402
+from lab.bench_fit import bench_row  # noqa: E402
 from nanogpt_perf.config import setting  # noqa: E402
 from nanogpt_perf.guard.paths import comma_separated  # noqa: E402
 
@@ -70,16 +69,10 @@ def bench(size: str, config: str, batch: int, block: int) -> dict:
     shape += [f"--block_size={block}", f"--batch_size={batch}", f"--optimizer={optimizer}"]
     step = ["--bias=False", "--loss_impl=fused", "--device=cpu", "--dtype=float32"]
     step += ["--compile=False", "--steps=1", "--burn_in=1"]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "row.json"
-        cmd = [sys.executable, "bench.py", *shape, *step, f"--out_json={out}"]
-        cmd += [flag for s in savers for flag in SAVERS[s]]
-        env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "131072"}
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-        if done.returncode != 0 or not out.is_file():
-            said = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
-            return {"size": size, "config": config, "error": said[-1]}
-        row = json.loads(out.read_text())["results"][0]
+    cmd = [str(ROOT / "bench.py"), *shape, *step, *(f for s in savers for f in SAVERS[s])]
+    row = bench_row(cmd, os.environ | {"MALLOC_MMAP_THRESHOLD_": "131072"})
+    if isinstance(row, str):
+        return {"size": size, "config": config, "error": row}
     if row["status"] != "ok" or not row["memory"]:
         return {"size": size, "config": config, "error": row["reason"] or "no memory figure"}
     return {"size": size, "config": config, "ms": row["ms_median"]} | row["memory"]
