@@ -94,9 +94,9 @@ class SuiteConfig:
 # -----------------------------------------------------------------------------
 
 PY = sys.executable
-GPU, CPU = 0, 1  # what the steps run, (on a GPU, in the dry run): GPT-2 (124M), or tiny on the CPU
 TINY = ("--n_layer=2", "--n_head=2", "--n_embd=64")
-PROFILE = {
+TINY_GENERATE = ("--device=cpu", *TINY, "--block_size=64", "--vocab_size=512", "--prompt_tokens=8")
+PROFILE = {  # what the steps run, (on a GPU, in the dry run): GPT-2 (124M), or tiny on the CPU
     "common": ((), ("--device=cpu", "--compile=False", "--dtype=float32", *TINY)),
     "block": (1024, 32),
     "batch": (12, 4),  # the ladder, the memory savers
@@ -109,17 +109,8 @@ PROFILE = {
     "fit_memory_gb": (24.0, 0.4),
     "generate": (
         ("--compile=True", "--weights=float32,bfloat16,int8", "--rivals=True", "--repeats=3"),
-        (
-            "--device=cpu",
-            *TINY,
-            "--block_size=64",
-            "--vocab_size=512",
-            "--prompt_tokens=8",
-            "--max_new_tokens=24",
-            "--repeats=1",
-            "--weights=float32,int8",
-        ),
-    ),  # fmt: skip
+        (*TINY_GENERATE, "--max_new_tokens=24", "--repeats=1", "--weights=float32,int8"),
+    ),
     "nanogpt_tokens": (100, 12),  # nanoGPT's generate recomputes the context: once, fewer tokens
     "tests": (("-m", "gpu or triton"), ("-m", "gpu", "tests/test_gpu.py")),
 }
