@@ -1,20 +1,17 @@
-"""Time generation as training is timed: tokens/s, the bytes a decode step reads per token and the
-memory bandwidth that makes (against this machine's streaming bandwidth: the MBU inference tools
-quote), for each of the weights asked for (float32, bfloat16, int8, int4), with and without a draft
-(speculative decoding), beside llama.cpp and transformers on the same weights when they are
-installed, all in interleaved rounds. A model of a given shape with random weights (speed does not
-depend on what the weights are), or a checkpoint's (out_dir): then also each quantized model's val
-loss and its greedy agreement with float32's.
+"""Time generation as training is timed, in interleaved rounds: tokens/s, the bytes a decode step
+reads per token and the bandwidth that makes (its MBU against this machine's streaming bandwidth),
+for each of the weights asked for (float32, bfloat16, int8, int4), with and without a draft
+(speculative decoding), beside the uncached reference, nanoGPT's generate, llama.cpp and
+transformers on the same weights. A model of a given shape with random weights (speed does not
+depend on what the weights are), or a checkpoint's (out_dir): then also each weights' val loss and
+greedy agreement with float32's. The engine and the reference produce exactly the same tokens (the
+tests check it); this measures what it saves. The figures, and the commands behind them:
+docs/sample.md.
 
     python lab/generate.py          # GPT-2 (124M) shape, 16-token prompt, 500 new tokens
-    python lab/generate.py --weights=float32,bfloat16,int8,int4 --rivals=True --temperature=0 \
-        --repeats=5
+    python lab/generate.py --weights=float32,bfloat16,int8,int4 --rivals=True --temperature=0
     python lab/generate.py --out_dir=out-shakespeare-cpu --weights=float32,int8,int4 --draft=ngram
-    python lab/generate.py --batch_size=16 --compile=True --uncached=False --device=cuda
     python lab/generate.py --nanogpt_dir=../nanoGPT --uncached=False --repeats=3
-
-The engine and the reference produce exactly the same tokens (the tests check it); this measures
-what it saves.
 """
 
 import sys
@@ -28,12 +25,12 @@ report_errors()  # from the first moment: Ctrl-C while torch loads is one line t
 import atexit
 import copy
 import importlib.util
-import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -48,9 +45,10 @@ from nanogpt_perf.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer
 from nanogpt_perf.errors import UserError, quiet_loggers
 from nanogpt_perf.files import write_json
 from nanogpt_perf.generate import Engine, Sampling, cache_length, for_inference
+from nanogpt_perf.gguf_export import write_gguf
 from nanogpt_perf.gpt2_weights import gpt2_config
 from nanogpt_perf.guard.checkpoint import load_checkpoint
-from nanogpt_perf.guard.paths import optional_path, output_file
+from nanogpt_perf.guard.paths import comma_separated, optional_path, output_file
 from nanogpt_perf.guard.weights import model_size_problem
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
@@ -74,11 +72,6 @@ from nanogpt_perf.speculative import (
 WEIGHTS = ("float32", "bfloat16", "int8", "int4")
 
 
-def weights_list(value: str) -> None:
-    if any(w not in WEIGHTS for w in value.split(",")) and value != "":
-        raise ValueError(f"'' or a comma-separated list of {', '.join(WEIGHTS)}")
-
-
 # -----------------------------------------------------------------------------
 @dataclass
 class GenerateConfig:
@@ -88,7 +81,8 @@ class GenerateConfig:
                            "'' = random weights of the shape given",
                            check=optional_path)  # fmt: skip
     weights: str = setting("", "a row each: comma-separated float32, bfloat16, int8, int4; '' = "
-                           "the dtype's, as before", check=weights_list)  # fmt: skip
+                           "the dtype's, as before", words=("",),
+                           check=comma_separated(*WEIGHTS))  # fmt: skip
     vocab_size: int = setting(50304, "of the random weights and prompt", min=1)
     prompt_tokens: int = setting(16, "the prompt's length", min=1)
     prompts: int = setting(1, "our rows generate from this many prompts in turn (out_dir's: "
@@ -122,7 +116,7 @@ class GenerateConfig:
 
 
 def fits(cfg: Config) -> None:
-    """The prompt fits in the context, and the model in this machine."""
+    """The prompt fits the context, the model this machine, and the rows asked for go together."""
     if cfg.prompt_tokens > cfg.block_size:
         raise ValueError(
             f"prompt_tokens must be <= block_size ({cfg.block_size}), not {cfg.prompt_tokens}"
@@ -154,13 +148,6 @@ if cfg.nanogpt_dir and not (Path(cfg.nanogpt_dir) / "model.py").is_file():
     raise UserError(
         f"nanogpt_dir must be a nanoGPT checkout (with model.py), not {cfg.nanogpt_dir!r}"
     )
-if cfg.nanogpt_dir and (
-    recipe := [k for k in RECIPE_ARCHITECTURE if getattr(cfg, k) != cfg.defaults[k]]
-):
-    raise UserError(
-        f"nanoGPT's model has no {', '.join(recipe)}: nanogpt_dir times a model of GPT-2's "
-        "architecture"
-    )
 runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.tf32)
 print(runtime.describe())
 torch.manual_seed(cfg.seed)
@@ -181,13 +168,21 @@ model.eval().to(runtime.device)
 prompts = [p.to(runtime.device) for p in prompts]
 prompt = prompts[0]
 B, T, new_tokens, shape = cfg.batch_size, prompt.size(1), cfg.max_new_tokens, model.config
+# the recipe's options this model has, which nanoGPT's and transformers' GPT-2 have not
+recipe = [k for k in RECIPE_ARCHITECTURE if getattr(shape, k) != cfg.defaults[k]]
+if cfg.nanogpt_dir and recipe:
+    raise UserError(
+        f"nanoGPT's model has no {', '.join(recipe)}: nanogpt_dir times a model of GPT-2's "
+        "architecture"
+    )
 positions = cache_length(min(T, shape.block_size), new_tokens, shape.block_size)
 filled = T + (new_tokens - 1) / 2  # the positions a dynamic KV cache holds, on average
-cache_bytes = 2 * shape.n_layer * B * shape.n_embd * positions * 4  # keys and values, float32
+kv_size = 2 * shape.n_layer * shape.n_embd  # the keys' and values' elements a position holds
+cache_bytes = kv_size * B * positions * 4  # float32
 if cache_bytes > (device_memory_bytes(runtime.device) or cache_bytes):
     memory = f"{cache_bytes / 1e9:,.0f} GB, more than {runtime.device}'s memory"
     raise UserError(f"batch_size={B}: the KV cache needs {memory}")
-weights = cfg.weights.split(",") if cfg.weights else [""]
+weights = [w.strip() for w in cfg.weights.split(",")] if cfg.weights else [""]
 if "int4" in weights and (problem := int4_problem(model)):
     raise UserError(f"weights int4: {problem}")
 print(
@@ -196,18 +191,21 @@ print(
 )
 
 
+def seconds(work: Callable[[], object]) -> float:
+    """work()'s time, the device synchronized before and after."""
+    runtime.synchronize()
+    t0 = time.perf_counter()
+    work()
+    runtime.synchronize()
+    return time.perf_counter() - t0
+
+
 def stream_bandwidth() -> float:
     """This device's streaming read bandwidth, bytes/s: the median of 5 sums over 2 GiB (more than
     any cache), 1 GiB on a GPU with less than 16 GiB."""
     n = 2**29 if device_memory_bytes(runtime.device) >= 2**34 else 2**28
-    x, seconds = torch.ones(n, device=runtime.device), []
-    for _ in range(6):
-        runtime.synchronize()
-        t0 = time.perf_counter()
-        x.sum()
-        runtime.synchronize()
-        seconds.append(time.perf_counter() - t0)
-    return 4 * n / statistics.median(seconds[1:])
+    x = torch.ones(n, device=runtime.device)
+    return 4 * n / statistics.median([seconds(x.sum) for _ in range(6)][1:])
 
 
 def decode_bytes(engine: Engine) -> float:
@@ -222,28 +220,17 @@ def decode_bytes(engine: Engine) -> float:
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in lookups}
     packed = [m.weight for m in model.modules() if isinstance(m, PackedLinear)]  # not parameters
     weights = sum(t.numel() * t.element_size() for t in [*tensors.values(), *packed])
-    per_position = 2 * shape.n_layer * shape.n_embd * model.transformer.wte.weight.element_size()
-    return weights / B + per_position * (decoder.cache_len if decoder.static else filled)
+    kv = kv_size * model.transformer.wte.weight.element_size()
+    return weights / B + kv * (decoder.cache_len if decoder.static else filled)
 
 
-def runtime_of(weights: str):
-    """The runtime a row's weights compute in: float32 and bfloat16 as named, a quantized model in
-    what its CPU kernels take ('auto') or the dtype given."""
-    dtype = weights if weights in ("float32", "bfloat16") else cfg.dtype
-    return resolve_runtime(cfg.device, dtype, cfg.tf32, cpu_auto=CPU_DTYPE.get(weights, "float32"))
-
-
-def nanogpt_model() -> torch.nn.Module:
-    """nanoGPT's GPT (its model.py, imported from the checkout) with our weights: the same names and
-    shapes."""
-    path = Path(cfg.nanogpt_dir) / "model.py"
-    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    args = {k: v for k, v in asdict(shape).items() if k in NANOGPT_FIELDS}
-    theirs = module.GPT(module.GPTConfig(**args))
-    theirs.load_state_dict(model.state_dict())
-    return theirs.eval().to(runtime.device)
+def engine_for(w: str) -> Engine:
+    """A copy of the model made ready to decode as w: float32 and bfloat16 as named, a quantized
+    model in what its CPU kernels take ('auto') or the dtype given."""
+    dtype = w if w in ("float32", "bfloat16") else cfg.dtype
+    computes = resolve_runtime(cfg.device, dtype, cfg.tf32, cpu_auto=CPU_DTYPE.get(w, "float32"))
+    quantize = w if w in QUANTIZE else "none"
+    return Engine(copy.deepcopy(model), computes, cfg.compile, cfg.cuda_graph, quantize, cfg.onednn)
 
 
 class Measured(NamedTuple):
@@ -257,7 +244,7 @@ def time_engine(engine: Engine, use_cache: bool = True, draft: str | GPT | None 
     """engine's generation from each prompt in turn, each token read on the host as it comes, as
     sample.py streams them (one sync a token); with a draft ('ngram', or a model made ready as
     engine's), speculatively (one sequence)."""
-    stats, seconds, first = DraftStats() if draft is not None else None, 0.0, None
+    stats, total, first = DraftStats() if draft is not None else None, 0.0, None
     for prompt in prompts:
         g = torch.Generator(runtime.device).manual_seed(cfg.seed)
         if draft is None:
@@ -272,46 +259,53 @@ def time_engine(engine: Engine, use_cache: bool = True, draft: str | GPT | None 
         for token in tokens:
             token.view(-1).tolist()
             first = first or time.perf_counter() - t0
-        seconds += time.perf_counter() - t0
-    rate = len(prompts) * B * new_tokens / seconds
+        total += time.perf_counter() - t0
+    rate = len(prompts) * B * new_tokens / total
     return Measured(first, rate, decode_bytes(engine) if use_cache else None, stats)
 
 
-def time_nanogpt() -> Measured:
-    """nanoGPT's generate as its sample.py calls it (it yields nothing before the end: no time to
-    first token)."""
-    torch.manual_seed(cfg.seed)
-    runtime.synchronize()
-    t0 = time.perf_counter()
-    with torch.no_grad(), runtime.autocast_ctx():
-        theirs.generate(prompt.repeat(B, 1), new_tokens, temperature=1.0, top_k=cfg.top_k)
-    runtime.synchronize()
-    return Measured(None, B * new_tokens / (time.perf_counter() - t0), None)
+def nanogpt_row() -> Callable[[], Measured]:
+    """nanoGPT's generate as its sample.py calls it, from its model.py (imported from the checkout)
+    with our weights: the same names and shapes."""
+    path = Path(cfg.nanogpt_dir) / "model.py"
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = {k: v for k, v in asdict(shape).items() if k in NANOGPT_FIELDS}
+    theirs = module.GPT(module.GPTConfig(**args))
+    theirs.load_state_dict(model.state_dict())
+    theirs.eval().to(runtime.device)
 
+    def run() -> Measured:
+        torch.manual_seed(cfg.seed)
+        with runtime.autocast_ctx():
+            generate = partial(theirs.generate, prompt.repeat(B, 1), new_tokens, top_k=cfg.top_k)
+            return Measured(None, B * new_tokens / seconds(generate), None)
 
-# our weights' names -> the GGUF file type llama.cpp reads them from
-LLAMA_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "q8_0", "int4": "q4_0"}
+    return run
 
 
 def llama_cpp_row(w: str, folder: Path) -> Callable[[], Measured] | None:
     """llama.cpp (llama-cpp-python) on the model's weights as w's GGUF type, written in folder by
     export.py's writer, decoding greedily one token at a time; None without llama_cpp."""
-    if importlib.util.find_spec("llama_cpp") is None or w not in LLAMA_TYPES:
+    if importlib.util.find_spec("llama_cpp") is None or w not in WEIGHTS:
         return None
     from llama_cpp import Llama
 
-    from nanogpt_perf.gguf_export import write_gguf
-
-    path = folder / f"model-{LLAMA_TYPES[w]}.gguf"
-    write_gguf(model, tokenizer, path, LLAMA_TYPES[w])
+    kind = {"int8": "q8_0", "int4": "q4_0"}.get(w, w)  # the GGUF file type
+    path = folder / f"model-{kind}.gguf"
+    try:
+        write_gguf(model, tokenizer, path, kind)
+    except ValueError as e:  # a model or a tokenizer that GGUF cannot hold
+        raise UserError(f"rivals=True: llama.cpp reads a GGUF file, and {e}") from None
     threads, ids = torch.get_num_threads(), prompt[0].tolist()
     llama = Llama(model_path=str(path), n_ctx=T + new_tokens, n_threads=threads,
                   n_threads_batch=threads, n_batch=512, verbose=False)  # fmt: skip
     atexit.register(llama.close)  # before the interpreter tears down what its finaliser calls
     # read per token: the file less position_embd (float32, a row read), the KV cache's filled part
+    # (float16 by default)
     lookups = shape.block_size * shape.n_embd * 4 if not shape.rotary else 0
-    per_position = 2 * shape.n_layer * shape.n_embd * 2  # its KV cache is float16 by default
-    per_token = os.path.getsize(path) - lookups + per_position * filled
+    per_token = path.stat().st_size - lookups + kv_size * 2 * filled
     vocab = llama.n_vocab()
 
     def run() -> Measured:
@@ -333,9 +327,7 @@ def transformers_row(w: str, cache: str) -> Callable[[], Measured] | None:
     """transformers' GPT2LMHeadModel on the model's weights in float32 or bfloat16, its generate
     greedy with its KV cache ('dynamic', its default, or 'static': it compiles its forward itself);
     None without transformers, for other weights, or for a model not of GPT-2's architecture."""
-    fields = GPTConfig.__dataclass_fields__
-    gpt2 = all(getattr(shape, k) == fields[k].default for k in RECIPE_ARCHITECTURE)
-    if not gpt2 or w not in ("float32", "bfloat16") or not importlib.util.find_spec("transformers"):
+    if recipe or w not in ("float32", "bfloat16") or not importlib.util.find_spec("transformers"):
         return None
     with quiet_loggers("torchao", "torch.utils._pytree"):
         from transformers import GPT2LMHeadModel
@@ -343,34 +335,18 @@ def transformers_row(w: str, cache: str) -> Callable[[], Measured] | None:
     hf = GPT2LMHeadModel(gpt2_config(shape, vocab, pad_token_id=0))
     hf.load_state_dict(to_hf_state_dict(model, vocab), strict=False)
     hf = hf.to(runtime.device, dtype).eval()
-    idx = torch.tensor([prompt[0].tolist()] * B, device=runtime.device)
-    how = {} if cache == "dynamic" else {"cache_implementation": cache}
-    weights = sum(p.numel() * p.element_size() for p in hf.parameters())
-    weights -= hf.transformer.wpe.weight.nbytes  # a lookup reads one row
-    per_position = 2 * shape.n_layer * shape.n_embd * dtype.itemsize
-    per_token = weights / B + per_position * filled
-
-    def run() -> Measured:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
-                        min_new_tokens=new_tokens, do_sample=False, **how)  # fmt: skip
-        runtime.synchronize()
-        return Measured(None, B * new_tokens / (time.perf_counter() - t0), per_token)
-
-    return run
-
-
-def rival_rows(w: str, folder: Path) -> dict[str, Callable[[], Measured]]:
-    """llama.cpp (batch 1) and transformers on the model's weights as w, where installed."""
-    rows = {f"llama.cpp, {w}": llama_cpp_row(w, folder) if B == 1 else None}
-    for cache in ("dynamic", "static") if runtime.device_type == "cuda" else ("dynamic",):
-        rows[f"transformers, {w}, {cache} cache"] = transformers_row(w, cache)
-    return {name: run for name, run in rows.items() if run is not None}
+    # a lookup reads one row of wpe
+    weights = sum(p.nbytes for p in hf.parameters()) - hf.transformer.wpe.weight.nbytes
+    idx = prompt.repeat(B, 1)
+    how = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+    how |= {} if cache == "dynamic" else {"cache_implementation": cache}
+    generate = partial(hf.generate, idx, attention_mask=torch.ones_like(idx), **how)
+    per_token = weights / B + kv_size * dtype.itemsize * filled
+    return lambda: Measured(None, B * new_tokens / seconds(generate), per_token)
 
 
 # a row each: our engine for each weights (a copy of the model made ready by it), with the draft,
-# the uncached reference once, nanoGPT's generate, the rivals on the same weights
+# the uncached reference once, the rivals on the same weights, nanoGPT's generate
 sampling = Sampling(
     cfg.temperature, cfg.top_k or None, vocab_size=tokenizer.n_vocab if checkpoint else None
 )
@@ -378,38 +354,36 @@ draft = None
 if cfg.draft not in ("", "ngram"):
     draft = GPT.from_checkpoint(load_checkpoint(Path(cfg.draft) / "ckpt.pt"))
     draft = draft.eval().to(runtime.device)
-rows: dict[str, Callable[[], Measured]] = {}
+rows: dict[str, Callable[[], Measured] | None] = {}
 engines: dict[str, Engine] = {}
-builds = []  # the decode step's build, each weights'
 scratch = tempfile.TemporaryDirectory(prefix="generate-")  # the rivals' GGUF files, removed at exit
 for w in weights:
-    quantize = w if w in QUANTIZE else "none"
-    engine = engines[w] = Engine(
-        copy.deepcopy(model), runtime_of(w), cfg.compile, cfg.cuda_graph, quantize, cfg.onednn
-    )
-    builds.append(engine.decoder(B, T, new_tokens, sampling).build_seconds)
+    engine = engines[w] = engine_for(w)
     name = f"{w}, KV cache" if w else "KV cache"
     name += (", compiled" if cfg.compile else "") + (", CUDA graph" if engine.graphs else "")
-    print(f"{name}: decode step built in {builds[-1]:.1f} s")
+    build = engine.decoder(B, T, new_tokens, sampling).build_seconds
+    print(f"{name}: decode step built in {build:.1f} s")
     rows[name] = lambda e=engine: time_engine(e)
     if cfg.draft == "ngram":
         rows[f"{name}, draft ngram"] = lambda e=engine: time_engine(e, draft="ngram")
     elif draft is not None:  # the draft model, quantized as the model is where it can be
-        quantized = "none" if quantize == "int4" and int4_problem(draft) else quantize
-        d = for_inference(copy.deepcopy(draft), engine.runtime, quantized)
+        quantize = w if w in QUANTIZE and not (w == "int4" and int4_problem(draft)) else "none"
+        d = for_inference(copy.deepcopy(draft), engine.runtime, quantize)
         rows[f"{name}, draft {cfg.draft}"] = lambda e=engine, d=d: time_engine(e, draft=d)
     if cfg.uncached and w == weights[0]:
         rows["uncached"] = lambda e=engine: time_engine(e, use_cache=False)
     if cfg.rivals:
-        rows |= rival_rows(w or runtime.dtype, Path(scratch.name))
+        rival = w or runtime.dtype
+        rows[f"llama.cpp, {rival}"] = llama_cpp_row(rival, Path(scratch.name)) if B == 1 else None
+        for cache in ("dynamic", "static") if runtime.device_type == "cuda" else ("dynamic",):
+            rows[f"transformers, {rival}, {cache} cache"] = transformers_row(rival, cache)
 if cfg.nanogpt_dir:
-    theirs = nanogpt_model()
-    rows["nanoGPT generate"] = time_nanogpt
+    rows["nanoGPT generate"] = nanogpt_row()
 
-runs: dict[str, list[Measured]] = {name: [] for name in rows}
+runs = {name: [] for name, run in rows.items() if run is not None}
 for r in range(cfg.repeats):
-    for name, run in rows.items():
-        runs[name].append(m := run())
+    for name in runs:
+        runs[name].append(m := rows[name]())
         first = "" if m.first is None else f", time to first token {m.first * 1000:.1f} ms"
         print(f"round {r + 1}: {name:>34}: {m.rate:9.1f} tokens/s{first}", flush=True)
 
@@ -444,59 +418,47 @@ mem = peak_memory_bytes(runtime.device)
 print(f"peak memory {(mem or 0) / 2**20:.0f} MiB")
 
 
-def val_loss(model: GPT) -> float:
-    """The mean loss over eval_iters batches of the checkpoint's val split (the same windows for
-    every model)."""
-    losses = []
+def assess(engine: Engine, reference: list[int] | None = None) -> tuple[list[int], float, float]:
+    """engine's greedy tokens after the prompt; its mean loss over eval_iters batches of the val
+    split (the same windows for every model); of the positions of reference (float32's greedy
+    tokens, else its own) within the context, the share where its most likely next token, given
+    those tokens so far, is reference's."""
+    model, greedy = engine.model, Sampling(temperature=0, vocab_size=tokenizer.n_vocab)
+    tokens = torch.cat(list(engine.tokens(prompt, new_tokens, greedy)), 1)[0].tolist()
+    seq = torch.tensor([prompt[0].tolist() + (reference or tokens)], device=runtime.device)
+    seq, losses = seq[:, : shape.block_size + 1], []
     with torch.no_grad():
+        logits = lambda x: model.head(model.hidden_states(x.to(runtime.device))).float()
         for x, y in batches.eval_batches("val", cfg.eval_iters):
-            logits = model.head(model.hidden_states(x.to(runtime.device))).float()
             y = y.to(runtime.device)
-            losses.append(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
-    return statistics.mean(losses)
-
-
-def greedy(engine: Engine) -> list[int]:
-    """engine's greedy tokens after the prompt."""
-    tokens = engine.tokens(
-        prompt, new_tokens, Sampling(temperature=0, vocab_size=tokenizer.n_vocab)
-    )
-    return torch.cat(list(tokens), 1)[0].tolist()
-
-
-def agreement(model: GPT, reference: list[int]) -> float:
-    """Of the positions of reference (float32's greedy tokens after the prompt) within the context,
-    the share where model's most likely next token, given float32's tokens so far, is float32's."""
-    seq = torch.tensor([prompt[0].tolist() + reference], device=runtime.device)
-    seq = seq[:, : shape.block_size + 1]
-    with torch.no_grad():
-        logits = model.head(model.hidden_states(seq[:, :-1]))[0, T - 1 :, : tokenizer.n_vocab]
-    return (logits.argmax(-1) == seq[0, T:]).float().mean().item()
+            losses.append(F.cross_entropy(logits(x).flatten(0, 1), y.flatten()).item())
+        choices = logits(seq[:, :-1])[0, T - 1 :, : tokenizer.n_vocab].argmax(-1)
+    return tokens, statistics.mean(losses), (choices == seq[0, T:]).float().mean().item()
 
 
 quality = []
 if checkpoint is not None:  # each weights' val loss and greedy tokens against float32's
-    reference_engine = engines.get("float32") or Engine(copy.deepcopy(model), runtime_of("float32"))
-    reference, loss32 = greedy(reference_engine), val_loss(reference_engine.model)
+    reference, loss32, _ = assess(engines.get("float32") or engine_for("float32"))
     print(
         f"\nquality on {data_path} (val, {cfg.eval_iters} batches of 8), greedy over {new_tokens} "
         "tokens:"
     )
     for w, engine in engines.items():
-        tokens, loss = greedy(engine), val_loss(engine.model)
+        tokens, loss, agreement = assess(engine, reference)
         differ = [i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b]
         same = differ[0] if differ else len(reference)
         row = {"weights": w or runtime.dtype, "val_loss": loss, "vs_float32": loss / loss32 - 1,
-               "greedy_prefix": same, "agreement": agreement(engine.model, reference)}  # fmt: skip
+               "greedy_prefix": same, "agreement": agreement}  # fmt: skip
         quality.append(row)
         print(
             f"{row['weights']:>10}: val loss {loss:.4f} ({row['vs_float32']:+.2%} of float32's), "
             f"the first {same} greedy tokens float32's, its next-token choice float32's at "
-            f"{row['agreement']:.1%} of positions"
+            f"{agreement:.1%} of positions"
         )
 
 if cfg.out_json:
+    build_s = engines[weights[0]].decoder(B, T, new_tokens, sampling).build_seconds
     doc = {"kind": "generation", "manifest": run_manifest(cfg.as_dict(), runtime)}
-    doc |= {"build_s": builds[0], "stream_bytes_per_s": bandwidth, "results": results}
+    doc |= {"build_s": build_s, "stream_bytes_per_s": bandwidth, "results": results}
     write_json(Path(cfg.out_json), doc | {"quality": quality, "peak_mem_bytes": mem})
     print(f"wrote {cfg.out_json}")

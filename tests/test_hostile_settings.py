@@ -713,3 +713,13 @@ def test_a_long_value_is_shown_by_its_start_and_its_end():
     assert line.startswith(repr(path[:40]))
     assert line.endswith(f"notes.txt' ({len(path)} characters)")
     assert len(line) < 110 and shown("short") == "'short'"
+
+
+def test_rivals_beside_a_model_gguf_cannot_hold_is_one_line():
+    """llama.cpp reads a GGUF file, which has no architecture with qk_norm: one line naming both,
+    not write_gguf's traceback."""
+    pytest.importorskip("llama_cpp")
+    shape = "--n_layer=1 --n_head=2 --n_embd=64 --block_size=64 --vocab_size=512 --qk_norm=True"
+    flags = "--max_new_tokens=4 --uncached=False --rivals=True --device=cpu"
+    result = run_in_process(G, *shape.split(), *flags.split())
+    assert_one_line_error(result, "rivals=True", "qk_norm")
