@@ -37,7 +37,7 @@ from lab.plot import read_log
 from nanogpt_perf.config import Config, setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import ReadFailed, read_file, write_json
-from nanogpt_perf.guard.paths import a_path
+from nanogpt_perf.guard.paths import a_path, optional_path
 from nanogpt_perf.manifest import git_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,11 +48,6 @@ GRACE_S = 30  # after SIGTERM, the seconds a run has to finish its step, save an
 def a_sweep(value: str) -> None:
     if value and not re.fullmatch(r"\w+=[^,]+(,[^,]+)*", value):
         raise ValueError("'' or KEY=V1,V2,...")
-
-
-def no_nul(value: str) -> None:
-    if "\0" in value:
-        raise ValueError("a path without a NUL character")
 
 
 @dataclass
@@ -99,7 +94,7 @@ class TimeToLossConfig:
     keep_checkpoints: bool = setting(False, "keep each run's checkpoints (deleted once it has "
                                      "finished: only its log is read)")  # fmt: skip
     out: str = setting("", "the results folder, runs in OUT/runs/; '' = "
-                       "out-ttl/TASK-SET-MAX_ITERS[-sweep-KEY]", check=no_nul)  # fmt: skip
+                       "out-ttl/TASK-SET-MAX_ITERS[-sweep-KEY]", check=optional_path)  # fmt: skip
 
 
 def eval_within_the_run(cfg: Config) -> None:
@@ -113,7 +108,7 @@ cfg = configure(ttl=TimeToLossConfig, cross=(eval_within_the_run,))
 # -----------------------------------------------------------------------------
 
 
-def owned(out_dir: Any = "OUT/runs/NAME-sSEED", seed: Any = "SEED") -> dict[str, tuple[Any, str]]:
+def owned(out_dir: Any = None, seed: Any = None) -> dict[str, tuple[Any, str]]:
     """The train.py settings the benchmark sets in every run, after the configuration's (they win):
     key -> (value, what sets it). A configuration, --train_args or --sweep that sets one is refused:
     it would change nothing."""
@@ -128,18 +123,14 @@ def owned(out_dir: Any = "OUT/runs/NAME-sSEED", seed: Any = "SEED") -> dict[str,
         "eval_iters": (cfg.eval_iters, "--eval_iters"),
         "always_save_checkpoint": (False, "only the log is read"),
     }
-    if not cfg.fit_schedule:
-        del mine["lr_decay_iters"]
-    return mine
+    return {k: v for k, v in mine.items() if k != "lr_decay_iters" or cfg.fit_schedule}
 
 
-def check_arguments(where: str, args: Any) -> None:
-    """A UserError where args are not train.py arguments, name a missing config file or set a
-    setting the benchmark owns."""
-    if not isinstance(args, list | tuple):
-        raise UserError(f"{cfg.configs}: {where} must be a list of train.py arguments")
-    if not all(isinstance(a, str) for a in args):
-        raise UserError(f"{where}: train.py arguments must be strings, got {args!r}")
+def checked(where: str, args: Any) -> list[str]:
+    """args, where they are train.py arguments naming no missing config file and setting no
+    setting the benchmark owns; else a UserError."""
+    if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
+        raise UserError(f"{where} must be a list, its train.py arguments must be strings: {args!r}")
     if missing := [a for a in args if not a.startswith("--") and not (ROOT / a).is_file()]:
         said = "is not a file" if (ROOT / missing[0]).exists() else "not found"
         raise UserError(f"{where}: config file {missing[0]} {said} (paths from {ROOT})")
@@ -149,11 +140,13 @@ def check_arguments(where: str, args: Any) -> None:
         raise UserError(
             f"{where} sets {taken[0]}, which the benchmark sets itself in every run ({why})"
         )
+    return list(args)
 
 
-def named_lists() -> tuple[list[str], dict[str, list[str]], list[str]]:
-    """The train.py arguments of the task, of the chosen configurations (the set's or --only's, the
-    first the baseline) and of --train_args, as the configurations file names them, checked."""
+def configurations() -> dict[str, list[str]]:
+    """The runs' configurations, name -> train.py arguments (the task's, the configuration's,
+    --train_args'), each checked: the set's (or --only's), each at every --sweep value; the first
+    the baseline."""
     here = Path(cfg.configs).is_file() or not (ROOT / cfg.configs).is_file()
     named = read_config_file(cfg.configs if here else str(ROOT / cfg.configs))
     tasks, sets = named.get("TASKS"), named.get("SETS")
@@ -162,8 +155,7 @@ def named_lists() -> tuple[list[str], dict[str, list[str]], list[str]]:
     for what, name, known in (("task", cfg.task, tasks), ("config_set", cfg.config_set, sets)):
         if name not in known:
             raise UserError(f"{cfg.configs} has no {what} {name!r}: one of {', '.join(known)}")
-    chosen = sets[cfg.config_set]
-    if not isinstance(chosen, dict) or not chosen:
+    if not isinstance(chosen := sets[cfg.config_set], dict) or not chosen:
         raise UserError(
             f"{cfg.configs}: set {cfg.config_set!r} must be a dict of configurations (name: "
             f"train.py arguments) with one at least, its baseline, not {chosen!r}"
@@ -178,29 +170,12 @@ def named_lists() -> tuple[list[str], dict[str, list[str]], list[str]]:
         raise UserError(
             f"train_args {cfg.train_args!r} cannot be split as a shell would: close its quotes"
         ) from None
-    check_arguments(f"task {cfg.task!r}", tasks[cfg.task])
-    for name in names:
-        check_arguments(f"configuration {name!r}", chosen[name])
-    check_arguments("--train_args", extra)
-    return list(tasks[cfg.task]), {n: list(chosen[n]) for n in names}, extra
-
-
-def configurations() -> dict[str, list[str]]:
-    """The runs' configurations, name -> train.py arguments (the task's, the configuration's,
-    --train_args'): the set's (or --only's), each at every --sweep value; the first the baseline."""
-    task, chosen, extra = named_lists()
-    runs = {name: [*task, *args, *extra] for name, args in chosen.items()}
+    task, extra = checked(f"task {cfg.task!r}", tasks[cfg.task]), checked("--train_args", extra)
+    runs = {n: [*task, *checked(f"configuration {n!r}", chosen[n]), *extra] for n in names}
     if cfg.sweep:
         key, listed = cfg.sweep.split("=", 1)
-        if key in owned():
-            raise UserError(
-                f"--sweep over {key}: the benchmark sets {key} itself in every run "
-                f"({owned()[key][1]}), so every value would run the same command"
-            )
-        values = [v.strip() for v in listed.split(",")]
-        runs = {
-            f"{n} {key}={v}": [*args, f"--{key}={v}"] for n, args in runs.items() for v in values
-        }
+        flags = checked("--sweep", [f"--{key}={v.strip()}" for v in listed.split(",")])
+        runs = {f"{n} {f[2:]}": [*args, f] for n, args in runs.items() for f in flags}
     if len({folder_name(n) for n in runs}) < len(runs):
         raise UserError(f"configuration names {', '.join(runs)} share a folder name: rename one")
     return runs
@@ -214,8 +189,7 @@ def results_folder() -> Path:
     """--out (or its default), made with its runs/ folder."""
     swept = f"-sweep-{cfg.sweep.split('=')[0]}" if cfg.sweep else ""
     results = Path(cfg.out or f"out-ttl/{cfg.task}-{cfg.config_set}-{cfg.max_iters}{swept}")
-    results = results.resolve()
-    if results.exists() and not results.is_dir():
+    if (results := results.resolve()).exists() and not results.is_dir():
         raise UserError(f"out {results} is a file: give a folder (new, or an earlier call's)")
     try:
         (runs := results / "runs").mkdir(parents=True, exist_ok=True)
@@ -235,8 +209,7 @@ def start(name: str, seed: int, args: list[str], results: Path) -> dict[str, Any
         env["OMP_NUM_THREADS"] = str(cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs))
     run["identity"] = ttl_runs.run_identity(cmd, env.get("OMP_NUM_THREADS"), ROOT)
     run["identity"]["data"] = ttl_runs.dataset_content(out_dir, ROOT)  # as the data is now
-    ran = None if cfg.fresh else ttl_runs.finished(out_dir, run["identity"], cfg.max_iters)
-    if ran is not None:
+    if not cfg.fresh and (ran := ttl_runs.finished(out_dir, run["identity"], cfg.max_iters)):
         return record(run, ran, reused=True)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -258,9 +231,8 @@ def end(run: dict[str, Any], stopping: bool) -> dict[str, Any] | None:
     """The record of a run whose train.py has exited; None where it was stopped with the benchmark.
     Any other end (an error, a signal, a stop before max_iters) is a UserError: not a run."""
     out_dir, returncode = run["out_dir"], run["process"].returncode
-    if not cfg.keep_checkpoints:  # what the benchmark reads is the log; a run stopped starts afresh
-        for path in out_dir.glob("ckpt*.pt"):
-            path.unlink()
+    for path in () if cfg.keep_checkpoints else out_dir.glob("ckpt*.pt"):
+        path.unlink()  # what the benchmark reads is the log; a run stopped starts afresh
     kind, said = ttl_runs.outcome(returncode, out_dir, cfg.max_iters)
     if kind not in ttl_runs.COUNTED and stopping:
         return None
@@ -276,9 +248,8 @@ def end(run: dict[str, Any], stopping: bool) -> dict[str, Any] | None:
             f"{which}: train.py was {how} before max_iters={cfg.max_iters}: not a finished run, "
             f"not kept (its output: {output})"
         )
-    wall_s = time.perf_counter() - run["t0"]
-    ran = {"started_at": run["started_at"], "wall_s": wall_s, "outcome": kind}
-    ran |= {"said": said} if kind == "diverged" else {}
+    ran = {"started_at": run["started_at"], "wall_s": time.perf_counter() - run["t0"]}
+    ran |= {"outcome": kind, "said": said if kind == "diverged" else None}
     run["identity"]["data"] = ttl_runs.dataset_content(out_dir, ROOT)  # train.py may have made it
     ttl_runs.mark_finished(out_dir, run["identity"], ran)
     return record(run, ran, reused=False)
@@ -308,12 +279,8 @@ def stop_going(going: dict[int, dict[str, Any]], asked: list[str], deadline: flo
             run["process"].terminate()
         if asked and going:
             which = ", ".join(run["which"] for run in going.values())
-            print(
-                f"{asked[0]}: stopping {which} (SIGTERM to train.py; killed in {GRACE_S} s, or at "
-                "once at a second signal)",
-                file=sys.stderr,
-                flush=True,
-            )
+            line = f"{asked[0]}: stopping {which} (SIGTERM to train.py; killed in {GRACE_S} s"
+            print(f"{line}, or at once at a second signal)", file=sys.stderr, flush=True)
         deadline = time.monotonic() + GRACE_S
     if len(asked) > 1 or time.monotonic() > deadline:
         for run in going.values():
@@ -321,23 +288,24 @@ def stop_going(going: dict[int, dict[str, Any]], asked: list[str], deadline: flo
     return deadline
 
 
-def stop_benchmark(name: str, stopped: list[str], kept: int, count: int) -> None:
-    """The benchmark's end at a signal: which runs it stopped, and what it keeps. Ctrl-C ends it as
-    a KeyboardInterrupt (its line printed by report_errors), SIGTERM with status 143."""
-    names = ", ".join(sorted(stopped))
-    which = f"stopped {names}, not finished" if stopped else "no train.py was going"
-    line = f"{which}; {kept} of {count} runs finished and kept (the same command reuses them)"
-    if name == "SIGINT":
+def stop_benchmark(asked: list[str], failed: UserError | None, names: str, kept: str) -> None:
+    """The benchmark's end where it stopped runs (names; '' for none): after a failed run, its error
+    and those runs; at a signal, those runs and what it keeps ('3 of 20'): Ctrl-C ends it as a
+    KeyboardInterrupt (its line printed by report_errors), SIGTERM with status 143."""
+    if not asked:
+        raise UserError(f"{failed}; stopped with it: {names}" if names else str(failed))
+    which = f"stopped {names}, not finished" if names else "no train.py was going"
+    line = f"{which}; {kept} runs finished and kept (the same command reuses them)"
+    if asked[0] == "SIGINT":
         raise KeyboardInterrupt(line)
-    print(f"stopped by {name}: {line}", file=sys.stderr, flush=True)
+    print(f"stopped by {asked[0]}: {line}", file=sys.stderr, flush=True)
     sys.exit(128 + signal.SIGTERM)
 
 
 def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]:
     """Every configuration x seed, seed-major, jobs at a time; each run's line printed as it ends.
     At SIGTERM or Ctrl-C, or once a run has failed, no other starts and those going are stopped."""
-    seeds = range(cfg.first_seed, cfg.first_seed + cfg.seeds)
-    order = [(name, seed) for seed in seeds for name in chosen]
+    order = [(n, s) for s in range(cfg.first_seed, cfg.first_seed + cfg.seeds) for n in chosen]
     done, going, stopped, asked = {}, {}, [], []
     failed, deadline, k = None, None, 0
 
@@ -358,7 +326,6 @@ def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]
                         going[k] = run
                     else:
                         keep(k, run)
-                    continue
                 for i, run in [(i, r) for i, r in going.items() if r["process"].poll() is not None]:
                     del going[i]
                     if (ended := end(run, bool(asked or failed))) is None:
@@ -375,12 +342,8 @@ def run_all(chosen: dict[str, list[str]], results: Path) -> list[dict[str, Any]]
             signal.signal(number, handler)
         for run in going.values():  # (going only where the benchmark itself failed)
             run["process"].kill()
-    if asked:
-        stop_benchmark(asked[0], stopped, len(done), len(order))
-    if failed and stopped:
-        failed = UserError(f"{failed}; stopped with it: {', '.join(sorted(stopped))}")
-    if failed:
-        raise failed
+    if asked or failed:
+        stop_benchmark(asked, failed, ", ".join(sorted(stopped)), f"{len(done)} of {len(order)}")
     return [done[i] for i in sorted(done)]
 
 
@@ -415,9 +378,8 @@ def main() -> None:
         results / "time_to_loss.png", curves, summary, title, ttl_curves.median_curve
     )
     ttl_curves.print_report(summary, bool(cfg.target), sweep, runs)
-    walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
-    each = f"; each run {statistics.median(walls):,.0f} s wall, median (as it ran)" if walls else ""
-    print(f"{len(runs)} runs ({sum(r['reused'] for r in runs)} reused) in {wall:,.0f} s wall{each}")
+    reused, each = sum(r["reused"] for r in runs), statistics.median(r["wall_s"] for r in runs)
+    print(f"{len(runs)} runs ({reused} reused) in {wall:,.0f} s wall; each {each:,.0f} s, median")
     print(f"wrote {results / 'time_to_loss.json'}\n{drawn}")
 
 

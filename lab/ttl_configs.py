@@ -43,24 +43,6 @@ LEAVE_OUT = {
 # and one change config/speedrun.py leaves out, added: the speedrun's softcap
 ADD = {"logit_softcap": "--logit_softcap=15"}
 
-# the memory savers (docs/lowmem.md), each against float32 AdamW: does a saver cost tokens to the
-# same loss?
-IN_BACKWARD = ["--in_backward=True", "--grad_clip=0.0"]  # the step inside backward cannot clip
-LOWMEM = {
-    "adamw": [],
-    "8bit": ["--state_bits=8"],
-    "4bit": ["--state_bits=4"],
-    "bf16": ["--weights_dtype=bfloat16"],
-    "low_memory": ["config/low_memory.py"],
-    "4bit-bf16": ["--state_bits=4", "--weights_dtype=bfloat16"],  # 5.06 B/param
-    "adamw-noclip": ["--grad_clip=0.0"],  # in_backward's own baseline: the same run unclipped
-    "8bit-in_backward": ["--state_bits=8", *IN_BACKWARD],
-    "muon": SPEEDRUN,
-    "muon-low_memory": [*SPEEDRUN, "config/low_memory.py"],
-    "muon-8bit-momentum": [*SPEEDRUN, "--muon_momentum_dtype=8bit", "--state_bits=8"],
-    "muon-bf16-momentum": [*SPEEDRUN, "--muon_momentum_dtype=bfloat16"],
-}
-
 SETS = {
     # the baseline alone: sweep its learning rate with --sweep=learning_rate=3e-3,2e-3,1e-3
     "adamw": {"adamw": []},
@@ -72,5 +54,21 @@ SETS = {
         **{f"recipe-no-{change}": [*SPEEDRUN, flag] for change, flag in LEAVE_OUT.items()},
         **{f"recipe-with-{change}": [*SPEEDRUN, flag] for change, flag in ADD.items()},
     },
-    "lowmem": LOWMEM,
+    # the memory savers (docs/lowmem.md), each against float32 AdamW: does a saver cost tokens to
+    # the same loss?
+    "lowmem": {
+        "adamw": [],
+        "8bit": ["--state_bits=8"],
+        "4bit": ["--state_bits=4"],
+        "bf16": ["--weights_dtype=bfloat16"],
+        "low_memory": ["config/low_memory.py"],
+        "4bit-bf16": ["--state_bits=4", "--weights_dtype=bfloat16"],  # 5.06 B/param
+        "adamw-noclip": ["--grad_clip=0.0"],  # in_backward's own baseline: the same run unclipped
+        # the step inside backward cannot clip
+        "8bit-in_backward": ["--state_bits=8", "--in_backward=True", "--grad_clip=0.0"],
+        "muon": SPEEDRUN,
+        "muon-low_memory": [*SPEEDRUN, "config/low_memory.py"],
+        "muon-8bit-momentum": [*SPEEDRUN, "--muon_momentum_dtype=8bit", "--state_bits=8"],
+        "muon-bf16-momentum": [*SPEEDRUN, "--muon_momentum_dtype=bfloat16"],
+    },
 }

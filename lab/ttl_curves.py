@@ -10,7 +10,7 @@ stopped it on non-finite steps) is "never" and has no final val loss.
 import bisect
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -73,38 +73,26 @@ def run_curve(
 def reach(curve: dict[str, Any], target: float | None) -> dict[str, float | None]:
     """The iteration, tokens and training seconds at which a run's val loss reaches target (None:
     not reached, no target, or a run that diverged)."""
-    if target is None or curve["diverged"]:
-        return {"iters": None, "tokens": None, "seconds": None}
-    if (it := crossing(curve["iters"], curve["val_loss"], target)) is None:
+    it = None if target is None else crossing(curve["iters"], curve["val_loss"], target)
+    if it is None or curve["diverged"]:
         return {"iters": None, "tokens": None, "seconds": None}
     seconds = interpolate(curve["iters"], curve["seconds"], it)
     return {"iters": it, "tokens": it * curve["tokens_per_iter"], "seconds": seconds}
 
 
 def median_spread(values: list[float | None]) -> dict[str, Any]:
-    """Median, min and max over seeds, None standing for "not reached" (later than any value; a NaN
-    or inf, a run that diverged, counts as None: worse than any). The median is the usual one where
-    the middle values are reached; where only the lower of two middle values is (an even count),
-    that one: by then half the seeds have reached the target. A median or max that falls on "not
-    reached" is None; 'reached' counts the values that are not None."""
+    """Median, min and max over seeds (one at least), None standing for "not reached" (later than
+    any value; a NaN or inf, a run that diverged, counts as None: worse than any). The median is the
+    usual one where the middle values are reached; where only the lower of two middle values is (an
+    even count), that one: by then half the seeds have reached the target. A median or max that
+    falls on "not reached" is None; 'reached' counts the values that are not None."""
     ordered = sorted(math.inf if v is None or not math.isfinite(v) else v for v in values)
     n = len(ordered)
-    if n % 2 or n and ordered[n // 2] == math.inf:
-        median = ordered[(n - 1) // 2]
-    else:
-        median = (ordered[n // 2 - 1] + ordered[n // 2]) / 2 if n else math.inf
-    shown = lambda v: None if v == math.inf else v  # noqa: E731
-    return {
-        "median": shown(median),
-        "min": shown(ordered[0]) if n else None,
-        "max": shown(ordered[-1]) if n else None,
-        "reached": sum(v < math.inf for v in ordered),
-        "runs": n,
-    }
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
+    middle = ordered[(n - 1) // 2 : n // 2 + 1]  # one value, or two
+    median = middle[0] if middle[-1] == math.inf else sum(middle) / len(middle)
+    shown = [None if v == math.inf else v for v in (median, ordered[0], ordered[-1])]
+    reached = sum(v < math.inf for v in ordered)
+    return dict(zip(("median", "min", "max"), shown, strict=True)) | {"reached": reached, "runs": n}
 
 
 def summarize(
@@ -133,7 +121,7 @@ def summarize(
             "final_val_loss": median_spread([c["final_val_loss"] for c in runs]),
             "tokens_per_iter": sorted({c["tokens_per_iter"] for c in runs}),
         }
-    base = rows[baseline]
+    base, ratio = rows[baseline], lambda a, b: None if a is None or not b else a / b
     for row in rows.values():
         for key in ("tokens_to_target", "seconds_to_target"):
             row[key.split("_")[0] + "_ratio"] = ratio(row[key]["median"], base[key]["median"])
@@ -162,39 +150,34 @@ def median_curve(
     return xs, median, low, high
 
 
+def shown(value: float | None, form: str, none: str = "-") -> str:
+    return none if value is None else form.format(value)
+
+
 def tokens_text(tokens: float | None) -> str:
     if tokens is None:
         return "never"
-    for per, unit in ((1e9, "B"), (1e6, "M")):
-        if tokens >= per:
-            return f"{tokens / per:,.3g}{unit}"  # 3 significant digits
-    return f"{tokens / 1e3:.3g}k"
+    per, unit = (1e9, "B") if tokens >= 1e9 else (1e6, "M") if tokens >= 1e6 else (1e3, "k")
+    return f"{tokens / per:.3g}{unit}"  # 3 significant digits
 
 
-def seconds_text(seconds: float | None) -> str:
-    return "never" if seconds is None else f"{seconds:,.1f}"
+def spread_text(spread: dict[str, Any], text: Callable[[float | None], str]) -> str:
+    """'median [min, max]' over seeds ('never' for not reached), or a single seed's one value."""
+    median, low, high = (text(spread[k]) for k in ("median", "min", "max"))
+    return median if spread["runs"] == 1 or spread["min"] is None else f"{median} [{low}, {high}]"
 
 
 def loss_text(loss: float | None) -> str:
-    return "-" if loss is None else f"{loss:.4f}"
-
-
-def spread_text(spread: dict[str, Any], shown: Any) -> str:
-    """'median [min, max]' over seeds ('never' for not reached), or a single seed's one value."""
-    if spread["runs"] == 1 or spread["median"] is None and spread["min"] is None:
-        return shown(spread["median"])
-    return f"{shown(spread['median'])} [{shown(spread['min'])}, {shown(spread['max'])}]"
+    return shown(loss, "{:.4f}")
 
 
 def run_line(k: int, count: int, run: dict[str, Any]) -> str:
     """The line printed as a run ends (k of count)."""
-    from lab.bench_report import fmt  # (bench.py's library loads torch: not for the arithmetic)
-
     c = run["curve"]
     how = "reused" if run["reused"] else f"{run['wall_s']:,.0f} s wall"
     final = f"final val {loss_text(c['final_val_loss'])}"
     end = "diverged (non-finite steps): never" if c["diverged"] else final
-    spent = f"{c['training_seconds']:,.1f} s training, {fmt(c['ms_per_iter'], ',.1f')} ms/iter"
+    spent = f"{c['training_seconds']:,.1f} s training, {shown(c['ms_per_iter'], '{:,.1f}')} ms/iter"
     return f"[{k}/{count}] {run['config']}, seed {run['seed']}: {end}, {spent} ({how})"
 
 
@@ -202,14 +185,15 @@ def summary_table(summary: dict[str, Any]) -> str:
     """One row per configuration: seeds that reached the target, tokens and training seconds to it
     (median [min, max]) and their ratios to the baseline, ms per iteration and its ratio, the val
     loss at the baseline's final tokens and the final val loss."""
-    from lab.bench_report import fmt, markdown_table
+    from lab.bench_report import markdown_table  # (it loads torch: not for the arithmetic)
 
-    rows, x = [], lambda ratio: fmt(ratio, ".2f", suffix="x")
+    x, seconds = lambda ratio: shown(ratio, "{:.2f}x"), lambda s: shown(s, "{:,.1f}", "never")
+    rows = []
     for name, r in summary["rows"].items():
         t, s = r["tokens_to_target"], r["seconds_to_target"]
         row = [name, f"{t['reached']}/{t['runs']}", spread_text(t, tokens_text)]
-        row += [x(r["tokens_ratio"]), spread_text(s, seconds_text), x(r["seconds_ratio"])]
-        row += [fmt(r["ms_per_iter"], ",.1f"), x(r["ms_ratio"])]
+        row += [x(r["tokens_ratio"]), spread_text(s, seconds), x(r["seconds_ratio"])]
+        row += [shown(r["ms_per_iter"], "{:,.1f}"), x(r["ms_ratio"])]
         at_equal, final = r["val_loss_at_equal_tokens"], r["final_val_loss"]
         rows.append(row + [spread_text(at_equal, loss_text), spread_text(final, loss_text)])
     cols = "configuration|reached|tokens to target|x base|train s to target|x base|ms/iter|x base"
@@ -253,33 +237,21 @@ def print_report(
 ) -> None:
     """The tables and notes printed at the end; given: the target was given, not the baseline's."""
     base, target = summary["baseline"], summary["target"]
+    said = "given" if given else f"the final val loss of {base}, median"
     if target is None:
-        print(
-            f"\nno target: most seeds of the baseline {base!r} diverged, so every run is 'never' "
-            "(give --target)"
-        )
+        head = f"no target: most seeds of the baseline {base!r} diverged (give --target)"
     else:
-        said = "given" if given else f"the final val loss of {base}, median"
-        print(
-            f"\ntarget val loss {target:.4f} ({said}); seconds are training seconds, evals left "
-            "out; medians over seeds [min, max]"
-        )
+        head = f"target val loss {target:.4f} ({said})"
+    print(f"\n{head}; training seconds (evals left out); medians over seeds [min, max]")
     print(summary_table(summary))
     if sweep:
-        print()
-        print(sweep_table(sweep))
+        print(f"\n{sweep_table(sweep)}")
+    never = "diverged (non-finite steps; 'never', with no final val loss)"
     if diverged := [f"{r['config']} seed {r['seed']}" for r in runs if r["outcome"] == "diverged"]:
-        never = "diverged (non-finite steps; 'never', with no final val loss)"
         print(f"{never}: {', '.join(diverged)}")
-    per_iter = {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}
-    if len(per_iter) > 1:
-        print(
-            f"note: the configurations differ in tokens per iteration ({sorted(per_iter)}): "
-            "compare tokens"
-        )
+    if len(per_iter := {tuple(r["tokens_per_iter"]) for r in summary["rows"].values()}) > 1:
+        print(f"note: tokens per iteration differ ({sorted(per_iter)}): compare tokens, not iters")
 
 
 if __name__ == "__main__":
-    raise SystemExit(
-        "error: ttl_curves.py is a module of lab/time_to_loss.py: run that one (--help)"
-    )
+    raise SystemExit("error: ttl_curves.py is a module of lab/time_to_loss.py: run that one")

@@ -2,7 +2,6 @@
 tokenised by the existing prepare scripts (characters: data/shakespeare_char/prepare.py; GPT-2 BPE:
 data/shakespeare/prepare.py), which read a folder's input.txt and split it 90/10 as nanoGPT does.
 
-    python lab/ttl_data.py shakespeare_char shakespeare   # the tuning text (train.py makes it too)
     python lab/ttl_data.py kjv_char kjv_bpe       # the King James Bible: text never tuned on
     python lab/ttl_data.py --text=plays.txt --name=my_char --tokens=char   # any text of yours
 
@@ -15,7 +14,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +26,8 @@ from nanogpt_perf.config import setting
 from nanogpt_perf.errors import UserError
 from nanogpt_perf.files import read_user_text, write_text
 
-PREPARE = {
-    "char": ROOT / "data/shakespeare_char/prepare.py",
-    "gpt2": ROOT / "data/shakespeare/prepare.py",
-}
-BUILT_IN = {  # name -> (tokens, the text's source; None: the prepare script's own, Shakespeare)
-    "shakespeare_char": ("char", None),
-    "shakespeare": ("gpt2", None),
-    "kjv_char": ("char", "kjv"),
-    "kjv_bpe": ("gpt2", "kjv"),
-}
+# the built-in datasets, name -> tokens (train.py prepares shakespeare_char and shakespeare itself)
+BUILT_IN = {"kjv_char": "char", "kjv_bpe": "gpt2"}
 
 
 def kjv_text() -> str:
@@ -57,13 +47,11 @@ def kjv_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def prepare(folder: Path, tokens: str, text: str | None) -> None:
-    """Tokenise folder's text with the prepare script for tokens: text (if any) written to
-    folder/input.txt first, and kept only if the preparation succeeds. Else folder is left as it
+def prepare(folder: Path, tokens: str, text: str) -> None:
+    """Write text to folder/input.txt and tokenise it with the prepare script for tokens, the text
+    kept only if the preparation succeeds. Else folder is left as it
     was: its earlier input.txt put back (a file or a link) or none, and folder removed if made here,
     so that a refused text is never left for the next preparation to take as the folder's own."""
-    if text is None:  # the script's own text
-        return run_preparer(folder, tokens)
     if not text.strip():
         raise UserError(
             f"the text for {folder.name} is empty: give a text file with something in it"
@@ -78,7 +66,7 @@ def prepare(folder: Path, tokens: str, text: str | None) -> None:
     try:
         write_text(local, text)
         print(f"wrote {local}: {len(text):,} characters")
-        run_preparer(folder, tokens)
+        tokenise(folder, tokens)
     except BaseException:
         local.unlink(missing_ok=True)
         if os.path.lexists(aside):
@@ -89,15 +77,14 @@ def prepare(folder: Path, tokens: str, text: str | None) -> None:
     aside.unlink(missing_ok=True)
 
 
-def run_preparer(folder: Path, tokens: str) -> None:
-    script = PREPARE[tokens]
-    run = subprocess.run(
-        [sys.executable, str(script), str(folder)], stderr=subprocess.PIPE, text=True
-    )
-    if run.returncode != 0:
-        said = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]
-        raise UserError(f"{script} {folder}: {said.removeprefix('error: ')}")
-    sys.stderr.write(run.stderr)  # its warnings (its error is ours)
+def tokenise(folder: Path, tokens: str) -> None:
+    """folder's input.txt tokenised by the prepare script for tokens (imported only here: each is
+    also a script of its own)."""
+    if tokens == "char":
+        from data.shakespeare_char.prepare import prepare
+    else:
+        from data.shakespeare.prepare import prepare
+    prepare(folder)
 
 
 @dataclass
@@ -106,7 +93,7 @@ class TtlDataConfig:
 
     text: str = setting("", "a UTF-8 text file to prepare as the dataset --name ('' = none)")
     name: str = setting("", "the dataset folder's name under --data_dir, for --text")
-    tokens: str = setting("char", "characters or GPT-2 BPE, for --text", choices=tuple(PREPARE))
+    tokens: str = setting("char", "characters or GPT-2 BPE, for --text", choices=("char", "gpt2"))
     data_dir: str = setting(str(ROOT / "data"), "where dataset folders live")
 
 
@@ -115,19 +102,14 @@ def main(argv: list[str]) -> None:
     names, known = [a for a in argv if not a.startswith("-")], ", ".join(BUILT_IN)
     usage = f"[{' | '.join(BUILT_IN)} ...] [--key=value ...]"
     cfg = configure([a for a in argv if a.startswith("-")], usage=usage, data=TtlDataConfig)
-    if unknown := [n for n in names if n not in BUILT_IN]:
-        raise UserError(
-            f"unknown dataset {unknown[0]!r}: one of {known}, or --text=FILE --name=NAME"
-        )
-    if bool(cfg.text) != bool(cfg.name):
-        raise UserError("--text and --name go together: the text file and the dataset's name")
-    if not names and not cfg.text:
-        raise UserError(f"name a dataset ({known}) or give --text=FILE --name=NAME")
+    unknown = [n for n in names if n not in BUILT_IN]
+    if unknown or bool(cfg.text) != bool(cfg.name) or not (names or cfg.text):
+        said = f"unknown dataset {unknown[0]!r}: " if unknown else ""
+        raise UserError(f"{said}name one of {known}, or give --text=FILE and --name=NAME together")
     if cfg.name and ("/" in cfg.name or cfg.name in (".", "..")):
         raise UserError(f"--name must be a folder name, not {cfg.name!r}")
     for name in names:
-        tokens, source = BUILT_IN[name]
-        prepare(Path(cfg.data_dir) / name, tokens, kjv_text() if source == "kjv" else None)
+        prepare(Path(cfg.data_dir) / name, BUILT_IN[name], kjv_text())
     if cfg.text:
         text = read_user_text(Path(cfg.text), "the text file")
         prepare(Path(cfg.data_dir) / cfg.name, cfg.tokens, text)

@@ -14,12 +14,13 @@ import platform
 import signal
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import distributions
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for its modules
 
+from lab.plot import read_log
 from lab.ttl_curves import last_run
 from nanogpt_perf.data.identity import check_token_ids, dataset_identity
 from nanogpt_perf.errors import UserError
@@ -59,20 +60,12 @@ def code_digest(root: Path) -> str:
             if not f.startswith((".", "out"))
             and (not (here / f).is_symlink() or (here / f / "__init__.py").is_file())
         )
-        for name in files:
-            paths[(here / name).relative_to(root).as_posix()] = here / name
+        paths |= {(here / name).relative_to(root).as_posix(): here / name for name in files}
     digest = hashlib.sha256()
     for path in sorted(p for p in paths if p.endswith(".py") and not p.startswith(NOT_CODE)):
         sha = file_digest(paths[path]) or "-"
         digest.update(path.encode(errors="surrogateescape") + b"\0" + sha.encode())
     return digest.hexdigest()
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:  # not installed: none
-        return None
 
 
 @functools.cache
@@ -103,7 +96,8 @@ def run_identity(command: list[str], threads: str | None, root: Path) -> dict[st
         "config_files": {f: file_digest(root / f) for f in files},
         "code": code_digest(root),
         "python": platform.python_version(),
-        **{name: package_version(name) for name in PACKAGES},
+        # the first installed distribution's version, as importlib.metadata.version; None: none
+        **{name: next((d.version for d in distributions(name=name)), None) for name in PACKAGES},
         "machine": machine(),
     }
 
@@ -124,11 +118,8 @@ def dataset_content(out_dir: Path, root: Path) -> dict[str, str | None] | None:
 def last_eval(out_dir: Path) -> int | None:
     """The iteration of the last eval of the last run in out_dir's log (None: no eval, no log)."""
     try:
-        records = [
-            json.loads(x) for x in read_file(out_dir / "log.jsonl").splitlines() if x.strip()
-        ]
-        evals = [r["iter"] for r in last_run(records) if "val_loss" in r]
-    except (OSError, ReadFailed, ValueError, KeyError, TypeError):
+        evals = [r["iter"] for r in last_run(read_log(out_dir / "log.jsonl")) if "val_loss" in r]
+    except (OSError, UserError, KeyError, TypeError):
         return None
     return evals[-1] if evals else None
 
@@ -165,10 +156,8 @@ def outcome(returncode: int, out_dir: Path, max_iters: int) -> tuple[str, str]:
     said = (told or lines or ["(no output)"])[-1]
     if returncode < 0 or returncode > 128:  # a signal's, or a shell's way of saying one
         number = -returncode if returncode < 0 else returncode - 128
-        try:
-            return "killed", f"killed by {signal.Signals(number).name}"
-        except ValueError:
-            return "killed", f"killed by signal {number}"
+        name = next((s.name for s in signal.Signals if s == number), f"signal {number}")
+        return "killed", f"killed by {name}"
     if returncode == 0:
         return ("finished" if last_eval(out_dir) == max_iters else "stopped"), said
     if said.startswith("error:") and "non-finite" in said:
