@@ -216,16 +216,19 @@ def run_part(part: str, p: dict, out: Path, nanogpt: Path | None, budget_s: floa
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
             try:
-                code = proc.wait(timeout=timeout)
+                code, why = proc.wait(timeout=timeout), ""
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # its process group: compile workers too
-                code = proc.wait()
+                code, why = proc.wait(), f"killed after {timeout:.0f} s, the part's budget spent"
         text = log.read_text(errors="replace")
+        if code != 0:  # its last line says why, or the signal that ended it
+            why = why or ([ln for ln in text.splitlines() if ln.strip()] or [f"exit {code}"])[-1]
         try:
-            assert code == 0, text.strip().splitlines()[-1] if code > 0 else "killed: out of time"
-            rows += rows_of(part, step, json_out, text)
-        except Exception as e:  # a failed step, or its output not as expected: the rest go on
-            rows.append(row(part, step, step, "failed", f"{e} (log: {log.relative_to(out)})"))
+            rows += rows_of(part, step, json_out, text) if not why else []
+        except Exception as e:  # its output not as expected: the rest go on
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            rows.append(row(part, step, step, "failed", f"{why} (log: {log.relative_to(out)})"))
         print(f"[{part}] {step}: {time.monotonic() - t0:.0f} s", flush=True)
     return rows
 
@@ -237,11 +240,12 @@ def load_rows(path: Path) -> list[dict]:
         return []
     try:
         rows = json.loads(path.read_text())["rows"]
-        assert all(r["part"] in PARTS for r in rows)
-        return rows
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        raise UserError(f"{path} is not the suite's results.json: move it away or choose another "
-                        "--out") from None  # fmt: skip
+        if all(r["part"] in PARTS for r in rows):
+            return rows
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    raise UserError(f"{path} is not the suite's results.json: move it away or choose another "
+                    "--out")  # fmt: skip
 
 
 def machine() -> dict:
@@ -287,14 +291,14 @@ def main() -> None:
     p = {k: v[cfg.dry_run] for k, v in PROFILE.items()} | {"dry": cfg.dry_run}
     parts, out = [cfg.part] if cfg.part else list(PARTS), Path(cfg.out).resolve()
     nanogpt = Path(cfg.nanogpt).resolve() if cfg.nanogpt else None
-    rows = load_rows(out / "results.json")
+    rows, where = load_rows(out / "results.json"), machine()
     what = "dry run: the CPU, a tiny model" if cfg.dry_run else "GPT-2 (124M)"
     print(f"gpu_suite: {', '.join(parts)} into {out} ({what})", flush=True)
     for part in parts:
         new = run_part(part, p, out, nanogpt, cfg.budget_s or 525)
         rows = [r for r in rows if r["part"] != part] + new
         rows.sort(key=lambda r: PARTS.index(r["part"]))
-        write_json(out / "results.json", {"machine": machine(), "rows": rows})
+        write_json(out / "results.json", {"machine": where, "rows": rows})
         write_logs(out, part)
     print(table(rows), flush=True)
     sys.exit(1 if any(r["status"] in ("failed", "not run") for r in rows) else 0)
