@@ -212,6 +212,15 @@ CPU_COMPILE = {
 }
 
 
+def frozen_model(guards: list) -> list[bool]:
+    """The guards a CPU's decode step keeps: on the model, only its own and its parameters'
+    identities (which tell one model's step from another's), not the ~1,900 on its modules'
+    attributes (hooks, types, flags), whose checks were a few percent of every token. Freezing bakes
+    the weights into the step already, so it holds only while the model is not changed: decoding
+    changes none of it."""
+    return [not g.name.startswith("model.") or g.guard_type == "ID_MATCH" for g in guards]
+
+
 def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -> Callable:
     """cached_forward compiled, once for every position. static (a CUDA graph replays it): for one
     shape, the caches marked as static addresses (the same tensors at every step, so that cudagraphs
@@ -232,9 +241,11 @@ def compile_decode_step(model: GPT, tensors: list[torch.Tensor], static: bool) -
     setattr(config, name, max(getattr(config, name), 2 * Decoder.compiled + 8))
     if static:
         return torch.compile(cached_forward, dynamic=False, fullgraph=True)
-    compiled = torch.compile(cached_forward, dynamic=True, fullgraph=True)
     if tensors[0].device.type != "cpu":
-        return compiled
+        return torch.compile(cached_forward, dynamic=True, fullgraph=True)
+    filters = hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe")  # torch >= 2.8
+    guards = {"guard_filter_fn": frozen_model} if filters else {}
+    compiled = torch.compile(cached_forward, dynamic=True, fullgraph=True, options=guards)
 
     # freezing is read outside torch.compile's options: patched where it compiles
     def cpu_step(*args, **kwargs):

@@ -430,6 +430,23 @@ def test_decoders_past_dynamos_recompile_limit_are_still_compiled(quick_compile)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before + 3
 
 
+def test_compiled_steps_of_two_models_of_one_shape_each_decode_their_own(quick_compile):
+    """Both models' steps are graphs of one code object (cached_forward), each with its own frozen
+    weights, and a step keeps few guards on its model (frozen_model): its identity must still pick
+    the graph, alternating between the models."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    models = [sharp_model(seed, dtype=torch.float32, n_layer=1) for seed in (0, 1)]
+    engines = [Engine(model, CPU, compile=True) for model in models]
+    idx = prompts(1, 4)
+    for model, engine in 2 * list(zip(models, engines, strict=True)):
+        ours = engine_generate(model, idx, 8, engine=engine, temperature=0)
+        assert torch.equal(ours, model.generate(idx, 8, temperature=0))
+    # the two models' tokens differ, so a step run with the other's weights would fail above
+    assert not torch.equal(models[0].generate(idx, 8, temperature=0), ours)
+
+
 def cache_loops(caches: str) -> list[int]:
     """The bounds of the loops in Inductor's code for one compiled decode step of a 2-layer model
     whose KV cache is a list of per-layer tensors or one stacked (n_layer, ...) tensor: a loop
