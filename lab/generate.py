@@ -22,6 +22,13 @@ from nanogpt_perf.errors import report_errors
 
 report_errors()  # from the first moment: Ctrl-C while torch loads is one line too
 
+import os
+
+# Decoding streams every weight once a token: PyTorch's CPU allocator is asked (before torch loads,
+# since it reads this once) to place each tensor of 2 MiB or more in huge pages, which this CPU
+# streams faster than 4 KiB ones (docs/sample.md); THP_MEM_ALLOC_ENABLE=0 turns it off
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 import atexit
 import copy
 import importlib.util
