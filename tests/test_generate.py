@@ -116,6 +116,16 @@ def test_sampling_draws_as_torch_multinomial_does():
     assert len(set(ours[0].tolist())) > 20  # really sampled
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_argmax_ties_and_infinities_included(dtype):
+    """sample at temperature 0 takes max's indices, faster than argmax: the same first maximal
+    index, where values tie (few distinct logits in bfloat16) and where a row is -inf but one."""
+    logits = torch.randint(-3, 3, (64, 50304), generator=seeded(0)).to(dtype)
+    logits[1] = float("-inf")
+    logits[1, 777] = 0.0
+    assert torch.equal(sample(logits, temperature=0), logits.argmax(dim=-1, keepdim=True))
+
+
 @pytest.mark.parametrize("top_k", [None, 1, 7, 1000])
 @pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
 def test_the_engines_draw_is_model_samples_where_top_p_keeps_every_candidate(top_k, temperature):
