@@ -24,10 +24,7 @@ report_errors()  # from the first moment: Ctrl-C while torch loads is one line t
 
 import os
 
-# Decoding streams every weight once a token: PyTorch's CPU allocator is asked (before torch loads,
-# since it reads this once) to place each tensor of 2 MiB or more in huge pages, which this CPU
-# streams faster than 4 KiB ones (docs/sample.md); THP_MEM_ALLOC_ENABLE=0 turns it off
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # weights in huge pages, as sample.py says why
 
 import atexit
 import copy
