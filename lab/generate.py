@@ -56,7 +56,13 @@ from nanogpt_perf.guard.paths import comma_separated, optional_path, output_file
 from nanogpt_perf.guard.weights import model_size_problem
 from nanogpt_perf.manifest import run_manifest
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.quantize import CPU_DTYPE, QUANTIZE, PackedLinear, int4_problem
+from nanogpt_perf.quantize import (
+    CPU_DTYPE,
+    QUANTIZE,
+    PackedLinear,
+    int4_kernel_note,
+    int4_problem,
+)
 from nanogpt_perf.runtime import (
     CompileConfig,
     DeviceConfig,
@@ -367,6 +373,8 @@ for w in weights:
     name += (", compiled" if cfg.compile else "") + (", CUDA graph" if engine.graphs else "")
     build = engine.decoder(B, T, new_tokens, sampling).build_seconds
     print(f"{name}: decode step built in {build:.1f} s")
+    if w == "int4":
+        print(int4_kernel_note(runtime.device))
     rows[name] = lambda e=engine: time_engine(e)
     if cfg.draft == "ngram":
         rows[f"{name}, draft ngram"] = lambda e=engine: time_engine(e, draft="ngram")

@@ -1,8 +1,9 @@
 """Low-bit weights for generation: every Linear of a trained model quantized once, at load, to int8
 (one scale per output row) or int4 (a scale and a zero per group of 32 inputs). Decoding a token
 reads every weight once, so its time is the weights' bytes: a quarter and an eighth of float32's. On
-a CPU the products run on PyTorch's kernels: FBGEMM's int8 one (the activations quantized per row on
-the way in; weight-only torch._weight_int8pack_mm where FBGEMM is absent) and
+a CPU the int8 products run on FBGEMM's kernel (the activations quantized per row on the way in;
+weight-only torch._weight_int8pack_mm where FBGEMM is absent), the int4 ones on ours with AVX-512
+VNNI (nanogpt_perf/kernels/int4_vnni.py: int8 activations per group of 32) or else on
 torch._weight_int4pack_mm_for_cpu (weight-only). Elsewhere, and as the reference the tests hold
 those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU).
 And PackedLinear: bfloat16 (or float32) weights packed once for oneDNN. The kernels that take their
@@ -21,15 +22,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nanogpt_perf.config import setting
+from nanogpt_perf.kernels import int4_vnni
 
 QUANTIZE = ("none", "int8", "int4")
-# the dtype a CPU's kernel computes in best: FBGEMM's int8 takes float32; the int4 kernel's float32
-# path is ~30x slower than its bfloat16 one (dtype='auto' on a CPU: sample.py,
-# lab/generate.py)
+# the dtype a CPU's kernel computes in best: FBGEMM's int8 takes float32; PyTorch's int4 kernel's
+# float32 path is ~30x slower than its bfloat16 one, and with ours bfloat16 halves the KV cache
+# (dtype='auto' on a CPU: sample.py, lab/generate.py)
 CPU_DTYPE = {"none": "float32", "int8": "float32", "int4": "bfloat16"}
-INT4_GROUP = 32  # inputs per int4 scale and zero: the CPU kernel takes 32, 64, 128 or 256
-# the CPU kernel's packing takes output rows in multiples of 16: a head of 65 gets 15 zero rows
-INT4_ROWS = 16
+INT4_GROUP = int4_vnni.GROUP  # inputs per int4 scale and zero (PyTorch's kernel takes 32 to 256)
+# the CPU kernels' packings take output rows in multiples of 16: a head of 65 gets 15 zero rows
+INT4_ROWS = int4_vnni.ROWS
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -197,49 +199,76 @@ class Int8Linear(nn.Module):
         return F.linear(x, self.weight.to(x.dtype)) * self.scale + self.bias
 
 
+def int4_kernel(device: torch.device) -> str | None:
+    """Int4Linear's kernel on device: ours with int8 activations where a CPU has AVX-512 VNNI and
+    it builds (nanogpt_perf/kernels/int4_vnni.py), else PyTorch's weight-only one on a CPU, else
+    none (the dequantizing product)."""
+    if device.type != "cpu":
+        return None
+    return "vnni" if int4_vnni.problem() is None else "int4pack"
+
+
+def int4_kernel_note(device: torch.device) -> str:
+    """The line that says which kernel int4's products take on device, and why not ours."""
+    kernel = int4_kernel(device)
+    if kernel == "vnni":
+        return "int4: our kernel, int8 activations on AVX-512 VNNI"
+    why = "" if device.type != "cpu" else f" (not ours: {int4_vnni.problem()})"
+    return f"int4: {'PyTorch' if kernel else 'the dequantizing product'}'s kernel{why}"
+
+
 class Int4Linear(nn.Module):
     """nn.Linear with 4-bit weights, a scale and a zero per group of INT4_GROUP inputs, computing in
-    dtype; packed: the codes in the CPU kernel's layout, the rows padded to a multiple of INT4_ROWS
-    (the default on a CPU), else two to a byte and dequantized inside the product."""
+    dtype. kernel 'vnni': int4_vnni's, each row of activations quantized to int8 per group on the
+    way in (about twice as fast as 'int4pack' here: docs/sample.md); 'int4pack':
+    torch._weight_int4pack_mm_for_cpu (weight-only); both take the rows padded to a multiple of
+    INT4_ROWS. None: the codes two to a byte, dequantized inside the product (a GPU; and the
+    reference the tests hold the kernels to)."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, packed: bool | None = None):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, kernel: str | None = "auto"):
         super().__init__()
         w = linear.weight.detach().float()
-        self.out_features, self.packed = (
-            w.size(0),
-            w.device.type == "cpu" if packed is None else packed,
-        )
-        if self.packed:
+        self.out_features = w.size(0)
+        self.kernel = int4_kernel(w.device) if kernel == "auto" else kernel
+        if self.kernel is not None:
             w = torch.cat((w, w.new_zeros(-w.size(0) % INT4_ROWS, w.size(1))))
         q, scale, zero = quantize_int4(w)
-        if self.packed:
-            codes = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        if self.kernel == "vnni":
+            if why := int4_vnni.problem():  # else loads the kernel
+                raise ValueError(f"int4's VNNI kernel cannot run: {why}")
+            codes, scale_zero = int4_vnni.pack(q, scale, zero)
         else:
-            codes = (q[:, 0::2] | q[:, 1::2] << 4).to(torch.uint8)
+            if self.kernel == "int4pack":
+                codes = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+            else:
+                codes = (q[:, 0::2] | q[:, 1::2] << 4).to(torch.uint8)
+            # (K / group, N, 2): the CPU kernel's order, a scale then a zero for every group and row
+            scale_zero = torch.stack((scale, zero), -1).transpose(0, 1).contiguous().to(dtype)
         self.register_buffer("codes", codes)
-        # (K / group, N, 2): the CPU kernel's order, a scale then a zero for every group and row
-        self.register_buffer(
-            "scale_zero", torch.stack((scale, zero), -1).transpose(0, 1).contiguous().to(dtype)
-        )
+        self.register_buffer("scale_zero", scale_zero)
         self.register_buffer(
             "bias", None if linear.bias is None else linear.bias.detach().to(dtype)
         )
 
     def dequantized(self, dtype: torch.dtype) -> Tensor:
-        """The weight (N, K) the unpacked codes stand for: (q - 8) * scale + zero."""
+        """The weight (N, K) that kernel None's codes stand for: (q - 8) * scale + zero."""
         q = torch.stack((self.codes & 15, self.codes >> 4), dim=-1).flatten(1).to(dtype)
         scale, zero = self.scale_zero.to(dtype).transpose(0, 1).unbind(-1)  # (N, K / group) each
         groups = q.view(q.size(0), scale.size(1), -1)
         return ((groups - 8) * scale[..., None] + zero[..., None]).flatten(1)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.packed:
-            y = torch._weight_int4pack_mm_for_cpu(
-                x.reshape(-1, x.size(-1)), self.codes, INT4_GROUP, self.scale_zero
+        rows = x.reshape(-1, x.size(-1))
+        if self.kernel == "vnni":
+            y = torch.ops.nanogpt_perf.int4_vnni_mm(
+                rows, self.codes, self.scale_zero, self.out_features
             )
-            y = y[:, : self.out_features].view(*x.shape[:-1], -1)
+        elif self.kernel == "int4pack":
+            y = torch._weight_int4pack_mm_for_cpu(rows, self.codes, INT4_GROUP, self.scale_zero)
+            y = y[:, : self.out_features]
         else:
-            y = F.linear(x, self.dequantized(x.dtype))
+            y = F.linear(rows, self.dequantized(x.dtype))
+        y = y.view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 
 

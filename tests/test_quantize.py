@@ -2,13 +2,25 @@
 model's logits against float32's within a stated tolerance, and the KV cache against recomputation
 on the quantized model."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import GENERATE_CONFIG, assert_one_line_error, prompts, run_in_process, sharp_model
+from conftest import (
+    GENERATE_CONFIG,
+    ROOT,
+    assert_one_line_error,
+    prompts,
+    run_in_process,
+    sharp_model,
+)
 from model import GPT, GPTConfig
 from nanogpt_perf.generate import Engine, Sampling
+from nanogpt_perf.kernels import int4_vnni
 from nanogpt_perf.quantize import (
     Int4Linear,
     Int8Linear,
@@ -22,6 +34,8 @@ from nanogpt_perf.train.checkpoint import save_checkpoint
 
 CPU = resolve_runtime("cpu", "float32")
 INT8_KERNELS = ["int8pack", None] + (["fbgemm"] if fbgemm_usable() else [])
+INT4_KERNELS = ["int4pack"] + ([] if int4_vnni.problem() else ["vnni"])
+VNNI = pytest.mark.skipif(bool(int4_vnni.problem()), reason=f"{int4_vnni.problem()}")
 
 
 def linear(n_out: int = 65, n_in: int = 128, seed: int = 0) -> torch.nn.Linear:
@@ -77,20 +91,73 @@ def test_fbgemm_rows_are_quantized_alone_and_never_saturate():
     torch.testing.assert_close(y, x @ big.weight.t(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("kernel", INT4_KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int4_kernel_computes_the_dequantized_product(dtype):
-    lin = linear()  # 65 rows: the CPU kernel's packing pads them to 80
+def test_int4_kernels_compute_the_dequantized_product(kernel, dtype):
+    lin = linear()  # 65 rows: the CPU kernels' packing pads them to 80
     x = torch.randn(2, 7, 128)
-    packed = Int4Linear(lin, dtype)(x.to(dtype)).float()
-    plain = Int4Linear(lin, dtype, packed=False)
-    reference = F.linear(x.to(dtype), plain.dequantized(dtype), plain.bias).float()
+    y = Int4Linear(lin, dtype, kernel)(x.to(dtype)).float()
+    plain = Int4Linear(lin, dtype, None)
+    w = plain.dequantized(dtype)
+    reference = F.linear(x.to(dtype), w, plain.bias).float()
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2  # bfloat16: its 8 bits of mantissa
-    torch.testing.assert_close(packed, reference, rtol=tolerance, atol=tolerance)
+    if kernel == "int4pack":  # weight-only: the same product, up to the dtype's rounding
+        torch.testing.assert_close(y, reference, rtol=tolerance, atol=tolerance)
+    else:  # each input off by at most half of its group's step, max |x| / 127 over 32 inputs
+        half_step = x.to(dtype).float().view(2, 7, 4, 32).abs().amax(-1) / 254
+        bound = half_step @ w.float().abs().view(65, 4, 32).sum(-1).t()
+        assert ((y - reference).abs() <= bound + tolerance * reference.abs() + 1e-4).all()
+        assert (y - reference).abs().max() > 1e-5  # it did quantize
     codes, scale, zero = quantize_int4(lin.weight.detach())  # the codes two to a byte, read back
     w = ((codes.view(65, 4, 32) - 8) * scale[..., None] + zero[..., None]).flatten(1)
-    torch.testing.assert_close(
-        Int4Linear(lin, torch.float32, packed=False).dequantized(torch.float32), w
+    torch.testing.assert_close(Int4Linear(lin, torch.float32, None).dequantized(torch.float32), w)
+
+
+@VNNI
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "n_out", "n_in"), [(1, 2304, 768), (5, 65, 128), (3, 16, 3072)])
+def test_vnni_kernel_does_the_arithmetic_of_its_reference(dtype, rows, n_out, n_in):
+    """int4_vnni_mm against the same integer arithmetic in float64 torch ops (int4_vnni.reference),
+    row quantization included: float32's rounding apart (bfloat16's, out in bfloat16). A row of
+    zeros and a group of zeros (no step to divide by) among them."""
+    torch.manual_seed(rows)
+    w = torch.randn(-(-n_out // 16) * 16, n_in) * 0.02
+    q, scale, zero = quantize_int4(w)
+    x = torch.randn(rows, n_in) * torch.rand(rows, n_in // 32).repeat_interleave(32, 1) * 4
+    x[0, :32] = 0
+    if rows > 1:
+        x[1] = 0
+    codes, scale_zero = int4_vnni.pack(q, scale, zero)
+    y = torch.ops.nanogpt_perf.int4_vnni_mm(x.to(dtype), codes, scale_zero, n_out)
+    reference = int4_vnni.reference(x.to(dtype), q, scale, zero)[:, :n_out]
+    assert y.dtype == dtype and y.shape == (rows, n_out)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-8  # bfloat16's rounding of the output
+    torch.testing.assert_close(y.float(), reference, rtol=tolerance, atol=1e-5)
+
+
+@VNNI
+def test_vnni_rows_are_computed_alone():
+    """A row's result does not depend on the rows beside it: a speculative step's rows are the
+    decode step's, bit for bit."""
+    layer = Int4Linear(linear(n_in=256), torch.bfloat16, "vnni")
+    x = torch.randn(6, 256).bfloat16()
+    assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
+
+
+def test_int4_falls_back_to_pytorchs_kernel_where_the_vnni_one_cannot_be_built(tmp_path):
+    """Without a working compiler the VNNI kernel's build fails and int4 takes PyTorch's weight-only
+    kernel, saying why (a fresh process: this one may have loaded the kernel already)."""
+    code = (
+        "import torch; from nanogpt_perf.quantize import int4_kernel; "
+        "from nanogpt_perf.kernels import int4_vnni; "
+        "print(int4_kernel(torch.device('cpu'))); print(int4_vnni.problem())"
     )
+    env = dict(os.environ, CXX="false", XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    kernel, why = result.stdout.splitlines()
+    assert kernel == "int4pack"
+    assert why.startswith("this CPU has no") or why.startswith("building it with")
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built left to load
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
