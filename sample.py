@@ -36,7 +36,7 @@ from nanogpt_perf.gpt2_weights import HF_HUB_NAMES, load_gpt2
 from nanogpt_perf.guard.checkpoint import load_checkpoint
 from nanogpt_perf.guard.paths import a_path, init_from_one_of
 from nanogpt_perf.memory import peak_memory_bytes
-from nanogpt_perf.quantize import CPU_DTYPE, QuantizeConfig, int4_kernel_note, int4_problem
+from nanogpt_perf.quantize import CPU_DTYPE, QuantizeConfig, int4_problem, kernel_note
 from nanogpt_perf.runtime import (
     CompileConfig,
     DeviceConfig,
@@ -178,8 +178,8 @@ idx = torch.tensor([prompt], dtype=torch.long, device=runtime.device)
 engine = Engine(
     model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph, quantize=cfg.quantize
 )
-if cfg.quantize == "int4":
-    print(int4_kernel_note(runtime.device))
+if cfg.quantize != "none":
+    print(kernel_note(cfg.quantize, runtime.device))
 sampling = Sampling(cfg.temperature, cfg.top_k or None, cfg.top_p, tokenizer.n_vocab)
 if cfg.kv_cache and (cfg.compile or engine.graphs):
     decoder = engine.decoder(

@@ -60,8 +60,8 @@ from nanogpt_perf.quantize import (
     CPU_DTYPE,
     QUANTIZE,
     PackedLinear,
-    int4_kernel_note,
     int4_problem,
+    kernel_note,
 )
 from nanogpt_perf.runtime import (
     CompileConfig,
@@ -373,8 +373,8 @@ for w in weights:
     name += (", compiled" if cfg.compile else "") + (", CUDA graph" if engine.graphs else "")
     build = engine.decoder(B, T, new_tokens, sampling).build_seconds
     print(f"{name}: decode step built in {build:.1f} s")
-    if w == "int4":
-        print(int4_kernel_note(runtime.device))
+    if w in ("int8", "int4"):
+        print(kernel_note(w, runtime.device))
     rows[name] = lambda e=engine: time_engine(e)
     if cfg.draft == "ngram":
         rows[f"{name}, draft ngram"] = lambda e=engine: time_engine(e, draft="ngram")

@@ -1,9 +1,9 @@
 """Low-bit weights for generation: every Linear of a trained model quantized once, at load, to int8
 (one scale per output row) or int4 (a scale and a zero per group of 32 inputs). Decoding a token
 reads every weight once, so its time is the weights' bytes: a quarter and an eighth of float32's. On
-a CPU the int8 products run on FBGEMM's kernel (the activations quantized per row on the way in;
-weight-only torch._weight_int8pack_mm where FBGEMM is absent), the int4 ones on ours with AVX-512
-VNNI (nanogpt_perf/kernels/int4_vnni.py: int8 activations per group of 32) or else on
+a CPU with AVX-512 VNNI the products run on ours (nanogpt_perf/kernels/vnni.py: the activations
+quantized to int8 per group of 32 on the way in); elsewhere int8 on FBGEMM's kernel (the activations
+quantized per row; weight-only torch._weight_int8pack_mm where FBGEMM is absent) and int4 on
 torch._weight_int4pack_mm_for_cpu (weight-only). Elsewhere, and as the reference the tests hold
 those kernels to, the weight is dequantized inside the product (what torch.compile fuses on a GPU).
 And PackedLinear: bfloat16 (or float32) weights packed once for oneDNN. The kernels that take their
@@ -22,16 +22,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nanogpt_perf.config import setting
-from nanogpt_perf.kernels import int4_vnni
+from nanogpt_perf.kernels import vnni
 
 QUANTIZE = ("none", "int8", "int4")
-# the dtype a CPU's kernel computes in best: FBGEMM's int8 takes float32; PyTorch's int4 kernel's
-# float32 path is ~30x slower than its bfloat16 one, and with ours bfloat16 halves the KV cache
-# (dtype='auto' on a CPU: sample.py, lab/generate.py)
+# the dtype a CPU's kernels compute in best (dtype='auto' on a CPU: sample.py, lab/generate.py):
+# int8 float32, which FBGEMM takes and with which ours keeps float32's greedy tokens (bfloat16: +6%
+# tokens/s, 94% of them on the CPU demo's model: docs/sample.md); int4 bfloat16, PyTorch's kernel's
+# float32 path being ~30x slower, and ours 3% faster in it (int4's own error dominating)
 CPU_DTYPE = {"none": "float32", "int8": "float32", "int4": "bfloat16"}
-INT4_GROUP = int4_vnni.GROUP  # inputs per int4 scale and zero (PyTorch's kernel takes 32 to 256)
+INT4_GROUP = vnni.GROUP  # inputs per int4 scale and zero (PyTorch's kernel takes 32 to 256)
 # the CPU kernels' packings take output rows in multiples of 16: a head of 65 gets 15 zero rows
-INT4_ROWS = int4_vnni.ROWS
+ROWS = vnni.ROWS
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -148,16 +149,26 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, PACKED[self.slot], self.bias, "none", [], "")
 
 
+def padded(w: Tensor) -> Tensor:
+    """w (N, K) with zero rows up to a multiple of ROWS."""
+    return torch.cat((w, w.new_zeros(-w.size(0) % ROWS, w.size(1))))
+
+
 def int8_kernel(device: torch.device) -> str | None:
-    """Int8Linear's kernel on device: FBGEMM's where usable, else the weight-only one on a CPU, else
-    none (the dequantizing product)."""
+    """Int8Linear's kernel on device: ours where a CPU has AVX-512 VNNI and it builds
+    (nanogpt_perf/kernels/vnni.py), else FBGEMM's where usable, else the weight-only one on a CPU,
+    else none (the dequantizing product)."""
     if device.type != "cpu":
         return None
+    if vnni.problem() is None:
+        return "vnni"
     return "fbgemm" if fbgemm_usable() else "int8pack"
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear with int8 weights and a float scale per output row. kernel 'fbgemm' (an x86 CPU):
+    """nn.Linear with int8 weights and a float scale per output row. kernel 'vnni': vnni.py's, the
+    activations quantized to int8 per group of 32, each row alone (the rows padded to a multiple of
+    ROWS, and held in its layout); 'fbgemm' (an x86 CPU):
     FBGEMM's int8 product, about twice as fast as the weight-only kernel here (docs/sample.md), each
     row of activations quantized to 8 bits over its own range on the way in: mapped onto [0, 1]
     first, so that a row's quantization never depends on the rows beside it (a speculative step's
@@ -169,10 +180,18 @@ class Int8Linear(nn.Module):
         super().__init__()
         q, scale = quantize_int8(linear.weight.detach().float())
         self.kernel = int8_kernel(linear.weight.device) if kernel == "auto" else kernel
-        self.register_buffer("weight", q)
-        self.register_buffer("scale", scale.to(torch.float32 if self.kernel == "fbgemm" else dtype))
+        self.out_features = len(q)
         bias = linear.bias
         bias = q.new_zeros(len(q), dtype=torch.float32) if bias is None else bias.detach().float()
+        if self.kernel == "vnni":
+            loaded()
+            codes, bits = vnni.pack_int8(padded(q), padded(scale[:, None]).squeeze(1))
+            self.register_buffer("weight", codes)
+            self.register_buffer("scale", bits)
+            self.register_buffer("bias", bias.to(dtype))
+            return
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale.to(torch.float32 if self.kernel == "fbgemm" else dtype))
         self.register_buffer("bias", bias.to(self.scale.dtype))
         if self.kernel == "fbgemm":
             zero = torch.zeros(q.size(0), dtype=torch.long)
@@ -184,6 +203,12 @@ class Int8Linear(nn.Module):
             self.reduce_range = not has_vnni()  # 7-bit activations, else int16 sums could saturate
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel == "vnni":
+            rows = x.reshape(-1, x.size(-1))
+            y = torch.ops.nanogpt_perf.int8_vnni_mm(
+                rows, self.weight, self.scale, self.out_features
+            )
+            return y.view(*x.shape[:-1], -1) + self.bias
         if self.kernel == "fbgemm":
             rows = x.reshape(-1, x.size(-1)).float()
             low, high = torch.aminmax(rows, dim=-1, keepdim=True)
@@ -201,28 +226,34 @@ class Int8Linear(nn.Module):
 
 def int4_kernel(device: torch.device) -> str | None:
     """Int4Linear's kernel on device: ours with int8 activations where a CPU has AVX-512 VNNI and
-    it builds (nanogpt_perf/kernels/int4_vnni.py), else PyTorch's weight-only one on a CPU, else
-    none (the dequantizing product)."""
+    it builds (nanogpt_perf/kernels/vnni.py), else PyTorch's weight-only one on a CPU, else none
+    (the dequantizing product)."""
     if device.type != "cpu":
         return None
-    return "vnni" if int4_vnni.problem() is None else "int4pack"
+    return "vnni" if vnni.problem() is None else "int4pack"
 
 
-def int4_kernel_note(device: torch.device) -> str:
-    """The line that says which kernel int4's products take on device, and why not ours."""
-    kernel = int4_kernel(device)
+def loaded() -> None:
+    """The VNNI kernels loaded, which a Linear asked for them explicitly needs."""
+    if why := vnni.problem():
+        raise ValueError(f"the VNNI kernels cannot run: {why}")
+
+
+def kernel_note(quantize: str, device: torch.device) -> str:
+    """The line that says which kernel quantize's products take on device, and why not ours."""
+    kernel = (int8_kernel if quantize == "int8" else int4_kernel)(device)
     if kernel == "vnni":
-        return "int4: our kernel, int8 activations on AVX-512 VNNI"
-    why = "" if device.type != "cpu" else f" (not ours: {int4_vnni.problem()})"
-    return f"int4: {'PyTorch' if kernel else 'the dequantizing product'}'s kernel{why}"
+        return f"{quantize}: our kernel, int8 activations on AVX-512 VNNI"
+    why = f" (not ours: {vnni.problem()})" if device.type == "cpu" else ""
+    return f"{quantize}: the {kernel or 'dequantizing'} kernel{why}"
 
 
 class Int4Linear(nn.Module):
     """nn.Linear with 4-bit weights, a scale and a zero per group of INT4_GROUP inputs, computing in
-    dtype. kernel 'vnni': int4_vnni's, each row of activations quantized to int8 per group on the
+    dtype. kernel 'vnni': vnni.py's, each row of activations quantized to int8 per group on the
     way in (about twice as fast as 'int4pack' here: docs/sample.md); 'int4pack':
     torch._weight_int4pack_mm_for_cpu (weight-only); both take the rows padded to a multiple of
-    INT4_ROWS. None: the codes two to a byte, dequantized inside the product (a GPU; and the
+    ROWS. None: the codes two to a byte, dequantized inside the product (a GPU; and the
     reference the tests hold the kernels to)."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, kernel: str | None = "auto"):
@@ -231,12 +262,11 @@ class Int4Linear(nn.Module):
         self.out_features = w.size(0)
         self.kernel = int4_kernel(w.device) if kernel == "auto" else kernel
         if self.kernel is not None:
-            w = torch.cat((w, w.new_zeros(-w.size(0) % INT4_ROWS, w.size(1))))
+            w = padded(w)
         q, scale, zero = quantize_int4(w)
         if self.kernel == "vnni":
-            if why := int4_vnni.problem():  # else loads the kernel
-                raise ValueError(f"int4's VNNI kernel cannot run: {why}")
-            codes, scale_zero = int4_vnni.pack(q, scale, zero)
+            loaded()
+            codes, scale_zero = vnni.pack_int4(q, scale, zero)
         else:
             if self.kernel == "int4pack":
                 codes = torch._convert_weight_to_int4pack_for_cpu(q, 1)

@@ -20,7 +20,7 @@ from conftest import (
 )
 from model import GPT, GPTConfig
 from nanogpt_perf.generate import Engine, Sampling
-from nanogpt_perf.kernels import int4_vnni
+from nanogpt_perf.kernels import vnni
 from nanogpt_perf.quantize import (
     Int4Linear,
     Int8Linear,
@@ -33,14 +33,22 @@ from nanogpt_perf.runtime import resolve_runtime
 from nanogpt_perf.train.checkpoint import save_checkpoint
 
 CPU = resolve_runtime("cpu", "float32")
-INT8_KERNELS = ["int8pack", None] + (["fbgemm"] if fbgemm_usable() else [])
-INT4_KERNELS = ["int4pack"] + ([] if int4_vnni.problem() else ["vnni"])
-VNNI = pytest.mark.skipif(bool(int4_vnni.problem()), reason=f"{int4_vnni.problem()}")
+OURS = [] if vnni.problem() else ["vnni"]
+INT8_KERNELS = ["int8pack", None] + (["fbgemm"] if fbgemm_usable() else []) + OURS
+INT4_KERNELS = ["int4pack"] + OURS
+VNNI = pytest.mark.skipif(bool(vnni.problem()), reason=f"{vnni.problem()}")
 
 
 def linear(n_out: int = 65, n_in: int = 128, seed: int = 0) -> torch.nn.Linear:
     torch.manual_seed(seed)
     return torch.nn.Linear(n_in, n_out)
+
+
+def group_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """How far x @ w.T may move when each input moves by half of its group's step (max |x| / 127
+    over 32 inputs), as the VNNI kernels quantize x."""
+    half_step = x.float().unflatten(-1, (-1, 32)).abs().amax(-1) / 254
+    return half_step @ w.float().abs().unflatten(-1, (-1, 32)).sum(-1).t()
 
 
 def test_quantized_weights_are_within_half_a_step_of_the_float_ones():
@@ -63,6 +71,10 @@ def test_int8_kernels_compute_the_dequantized_product(kernel):
     w = q * scale[:, None]
     reference = F.linear(x, w, lin.bias)
     y = Int8Linear(lin, torch.float32, kernel)(x)
+    if kernel == "vnni":  # each input off by at most half of its group's step
+        assert ((y - reference).abs() <= group_bound(x, w) + 1e-4).all()
+        assert (y - reference).abs().max() > 1e-6  # it did quantize
+        return
     if kernel != "fbgemm":  # weight-only: the same product, up to float32's rounding
         torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)
         return
@@ -103,10 +115,9 @@ def test_int4_kernels_compute_the_dequantized_product(kernel, dtype):
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2  # bfloat16: its 8 bits of mantissa
     if kernel == "int4pack":  # weight-only: the same product, up to the dtype's rounding
         torch.testing.assert_close(y, reference, rtol=tolerance, atol=tolerance)
-    else:  # each input off by at most half of its group's step, max |x| / 127 over 32 inputs
-        half_step = x.to(dtype).float().view(2, 7, 4, 32).abs().amax(-1) / 254
-        bound = half_step @ w.float().abs().view(65, 4, 32).sum(-1).t()
-        assert ((y - reference).abs() <= bound + tolerance * reference.abs() + 1e-4).all()
+    else:  # each input off by at most half of its group's step
+        bound = group_bound(x.to(dtype), w) + tolerance * reference.abs() + 1e-4
+        assert ((y - reference).abs() <= bound).all()
         assert (y - reference).abs().max() > 1e-5  # it did quantize
     codes, scale, zero = quantize_int4(lin.weight.detach())  # the codes two to a byte, read back
     w = ((codes.view(65, 4, 32) - 8) * scale[..., None] + zero[..., None]).flatten(1)
@@ -114,48 +125,68 @@ def test_int4_kernels_compute_the_dequantized_product(kernel, dtype):
 
 
 @VNNI
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "n_out", "n_in"), [(1, 2304, 768), (5, 65, 128), (3, 16, 3072)])
-def test_vnni_kernel_does_the_arithmetic_of_its_reference(dtype, rows, n_out, n_in):
-    """int4_vnni_mm against the same integer arithmetic in float64 torch ops (int4_vnni.reference),
-    row quantization included: float32's rounding apart (bfloat16's, out in bfloat16). A row of
-    zeros and a group of zeros (no step to divide by) among them."""
+def test_vnni_kernels_do_the_arithmetic_of_their_references(bits, dtype, rows, n_out, n_in):
+    """int4_vnni_mm and int8_vnni_mm against the same integer arithmetic in float64 torch ops
+    (vnni.reference_int4, reference_int8), row quantization included: float32's rounding apart
+    (bfloat16's, out in bfloat16). A row of zeros and a group of zeros (no step to divide by) among
+    them."""
     torch.manual_seed(rows)
     w = torch.randn(-(-n_out // 16) * 16, n_in) * 0.02
-    q, scale, zero = quantize_int4(w)
     x = torch.randn(rows, n_in) * torch.rand(rows, n_in // 32).repeat_interleave(32, 1) * 4
     x[0, :32] = 0
     if rows > 1:
         x[1] = 0
-    codes, scale_zero = int4_vnni.pack(q, scale, zero)
-    y = torch.ops.nanogpt_perf.int4_vnni_mm(x.to(dtype), codes, scale_zero, n_out)
-    reference = int4_vnni.reference(x.to(dtype), q, scale, zero)[:, :n_out]
+    x = x.to(dtype)
+    if bits == 4:
+        q, scale, zero = quantize_int4(w)
+        y = torch.ops.nanogpt_perf.int4_vnni_mm(x, *vnni.pack_int4(q, scale, zero), n_out)
+        reference = vnni.reference_int4(x, q, scale, zero)
+    else:
+        q, scale = quantize_int8(w)
+        y = torch.ops.nanogpt_perf.int8_vnni_mm(x, *vnni.pack_int8(q, scale), n_out)
+        reference = vnni.reference_int8(x, q, scale)
     assert y.dtype == dtype and y.shape == (rows, n_out)
     tolerance = 1e-5 if dtype == torch.float32 else 2**-8  # bfloat16's rounding of the output
-    torch.testing.assert_close(y.float(), reference, rtol=tolerance, atol=1e-5)
+    torch.testing.assert_close(y.float(), reference[:, :n_out], rtol=tolerance, atol=1e-5)
 
 
 @VNNI
-def test_vnni_rows_are_computed_alone():
+def test_int8_vnni_sums_the_largest_products_without_saturating():
+    """Every weight at +127 (its code 255) or -127 (1), every input at the top of its range: int8
+    products whose pairs pass int16, summed exactly."""
+    lin = torch.nn.Linear(768, 32, bias=False)
+    lin.weight.data.fill_(1.0)[16:] = -1
+    x = torch.ones(2, 768)
+    x[1, ::2] = -1
+    y = Int8Linear(lin, torch.float32, "vnni")(x)
+    torch.testing.assert_close(y, x @ lin.weight.detach().t(), rtol=1e-6, atol=1e-4)
+
+
+@VNNI
+@pytest.mark.parametrize("layer", [Int8Linear, Int4Linear])
+def test_vnni_rows_are_computed_alone(layer):
     """A row's result does not depend on the rows beside it: a speculative step's rows are the
     decode step's, bit for bit."""
-    layer = Int4Linear(linear(n_in=256), torch.bfloat16, "vnni")
+    layer = layer(linear(n_in=256), torch.bfloat16, "vnni")
     x = torch.randn(6, 256).bfloat16()
     assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
 
 
-def test_int4_falls_back_to_pytorchs_kernel_where_the_vnni_one_cannot_be_built(tmp_path):
-    """Without a working compiler the VNNI kernel's build fails and int4 takes PyTorch's weight-only
-    kernel, saying why (a fresh process: this one may have loaded the kernel already)."""
+def test_low_bits_fall_back_to_pytorchs_kernels_where_the_vnni_ones_cannot_be_built(tmp_path):
+    """Without a working compiler the VNNI kernels' build fails and int4 and int8 take PyTorch's
+    kernels, saying why (a fresh process: this one may have loaded the kernels already)."""
     code = (
-        "import torch; from nanogpt_perf.quantize import int4_kernel; "
-        "from nanogpt_perf.kernels import int4_vnni; "
-        "print(int4_kernel(torch.device('cpu'))); print(int4_vnni.problem())"
+        "import torch; from nanogpt_perf.quantize import int4_kernel, int8_kernel; "
+        "from nanogpt_perf.kernels import vnni; cpu = torch.device('cpu'); "
+        "print(int4_kernel(cpu), int8_kernel(cpu)); print(vnni.problem())"
     )
     env = dict(os.environ, CXX="false", XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    kernel, why = result.stdout.splitlines()
-    assert kernel == "int4pack"
+    kernels, why = result.stdout.splitlines()
+    assert kernels.split() == ["int4pack", "fbgemm" if fbgemm_usable() else "int8pack"]
     assert why.startswith("this CPU has no") or why.startswith("building it with")
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left to load
 

@@ -1,8 +1,8 @@
 """Below model.py, which imports them only when GPTConfig.loss_impl asks for one: the losses that
 never make all of lm_head's logits (losses.py) and the Triton kernel of one of them (classifier.py,
-imported only for loss_impl='triton'; pip install -e ".[triton]"); and int4_vnni.py, int4 weights
-times int8 activations on a CPU, which nanogpt_perf/quantize.py imports. They import torch (and
-triton), nothing of the project but one another."""
+imported only for loss_impl='triton'; pip install -e ".[triton]"); and vnni.py, int8 and int4
+weights times int8 activations on a CPU, which nanogpt_perf/quantize.py imports. They import torch
+(and triton), nothing of the project but one another."""
 
 import importlib.util
 import os

@@ -1,7 +1,8 @@
-"""int4 weights times int8 activations on AVX-512 VNNI (int4_vnni.cpp): built once per source and
+"""Low-bit weights times int8 activations on AVX-512 VNNI (vnni.cpp): built once per source and
 PyTorch version with the C++ compiler torch.compile uses on a CPU, kept in a cache folder and loaded
-as the op nanogpt_perf::int4_vnni_mm; pack, its weights' layout; reference, the same arithmetic in
-torch ops, which the tests hold the kernel to."""
+as the ops nanogpt_perf::int4_vnni_mm and ::int8_vnni_mm; pack_int4 and pack_int8, their weights'
+layouts; reference_int4 and reference_int8, the same arithmetic in torch ops, which the tests hold
+the kernels to."""
 
 import functools
 import hashlib
@@ -14,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("int4_vnni.cpp")
-GROUP, ROWS = 32, 16  # inputs per scale and zero; output rows per block
+SOURCE = Path(__file__).with_name("vnni.cpp")
+GROUP, ROWS = 32, 16  # inputs per activation scale (and int4's weight scales); rows per block
 ISA = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mfma", "-mavx512f", "-mavx512bw",
          "-mavx512dq", "-mavx512vl", "-mavx512vnni"]  # fmt: skip
@@ -40,7 +41,7 @@ def cache_folder() -> Path:
                 return folder
         except OSError:
             continue
-    raise OSError("no writable cache folder for the int4 kernel")
+    raise OSError("no writable cache folder for the VNNI kernels")
 
 
 def build(compiler: str) -> Path:
@@ -52,7 +53,7 @@ def build(compiler: str) -> Path:
     key = hashlib.sha256(
         SOURCE.read_bytes() + f"{torch.__version__} {compiler} {abi} {FLAGS}".encode()
     ).hexdigest()[:16]
-    library = cache_folder() / f"int4_vnni-{key}.so"
+    library = cache_folder() / f"vnni-{key}.so"
     if not library.exists():
         part = library.with_suffix(f".{os.getpid()}.part")
         includes = [f"-isystem{p}" for p in cpp_extension.include_paths()]
@@ -65,8 +66,8 @@ def build(compiler: str) -> Path:
 
 @functools.cache
 def problem() -> str | None:
-    """Why the kernel cannot run here, or None once it is loaded: it needs an x86 CPU with AVX-512
-    VNNI and a C++ compiler ($CXX, else c++)."""
+    """Why the kernels cannot run here, or None once they are loaded: they need an x86 CPU with
+    AVX-512 VNNI and a C++ compiler ($CXX, else c++)."""
     if missing := [flag for flag in ISA if flag not in cpu_flags()]:
         return f"this CPU has no {missing[0]}"
     compiler = shutil.which(os.environ.get("CXX", "c++"))
@@ -80,36 +81,66 @@ def problem() -> str | None:
             return f"building it with {compiler} failed: {said[0]}"
         except OSError as e:
             return f"building or loading it failed: {e}"
-        torch.library.register_fake(
-            "nanogpt_perf::int4_vnni_mm", lambda x, codes, sz, n: x.new_empty(x.size(0), n)
-        )
+        for op in ("int4_vnni_mm", "int8_vnni_mm"):
+            torch.library.register_fake(
+                f"nanogpt_perf::{op}", lambda x, codes, scales, n: x.new_empty(x.size(0), n)
+            )
     return None
 
 
-def pack(q: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor]:
-    """The kernel's layout of q (N, K) in 0..15, N a multiple of ROWS, and its scale and zero (N, K
-    / GROUP): codes (N / 16, K / 8, 64) uint8, byte 4 r + j of chunk c holding row r's inputs 8 c +
-    j (low nibble) and 8 c + 4 + j (high); scale_zero (N / 16, K / GROUP, 2, 16), bfloat16's bits
+def chunks(codes: Tensor) -> Tensor:
+    """Rows of bytes (N, B) as (N / 16, B / 4, 64): chunk c of a block holds its 16 rows' bytes 4 c
+    ... 4 c + 3, row after row."""
+    N = len(codes)
+    return codes.view(N // ROWS, ROWS, -1, 4).transpose(1, 2).reshape(N // ROWS, -1, 4 * ROWS)
+
+
+def pack_int4(q: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor]:
+    """int4_vnni_mm's layout of q (N, K) in 0..15, N a multiple of ROWS, and its scale and zero (N,
+    K / GROUP): codes (N / 16, K / 8, 64) uint8, byte 4 r + j of chunk c holding row r's inputs 8 c
+    + j (low nibble) and 8 c + 4 + j (high); scale_zero (N / 16, K / GROUP, 2, 16), bfloat16's bits
     as int16 (which a model's .to(dtype) leaves as they are)."""
     N, K = q.shape
-    q = q.to(torch.uint8).view(N // ROWS, ROWS, K // 8, 2, 4)
-    codes = (q[:, :, :, 0] | q[:, :, :, 1] << 4).transpose(1, 2).reshape(N // ROWS, K // 8, 64)
+    q = q.to(torch.uint8).view(N, K // 8, 2, 4)
+    codes = chunks((q[:, :, 0] | q[:, :, 1] << 4).view(N, -1))
     sz = torch.stack((scale, zero)).view(2, N // ROWS, ROWS, K // GROUP).permute(1, 3, 0, 2)
     return codes, sz.to(torch.bfloat16).contiguous().view(torch.int16)
 
 
-def reference(x: Tensor, q: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-    """The kernel's arithmetic in float64 torch ops: x (M, K) quantized to int8 per group of 32 as
-    the kernel does it, times q (N, K) per group, scaled; scale and zero as the kernel holds them
-    (bfloat16). The product (M, N) in float32."""
+def pack_int8(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """int8_vnni_mm's layout of q (N, K) in -127..127, N a multiple of ROWS, and its scale (N):
+    codes (N / 16, K / 4, 64) uint8, q + 128, byte 4 r + j of chunk c holding row r's input 4 c +
+    j; scale float32's bits as int32."""
+    codes = chunks((q.to(torch.int16) + 128).to(torch.uint8))
+    return codes, scale.float().contiguous().view(torch.int32)
+
+
+def quantized_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x (M, K) as the kernels quantize it, in float64: a (M, K / GROUP, GROUP) int8 values, d
+    (M, K / GROUP) such that x ~ d a, and x's own groups."""
     M, K = x.shape
     groups = x.float().view(M, K // GROUP, GROUP)
     amax = groups.abs().amax(-1, keepdim=True)
     # 127 / amax, divided as the kernel divides (a number over a tensor takes its reciprocal first)
     inverse = torch.where(amax > 0, amax.new_tensor(127.0) / amax, 0)
     a = torch.round(groups * inverse).clamp(-128, 127).double()
-    dot = torch.einsum("mgk,ngk->mng", a, q.double().view(len(q), K // GROUP, GROUP))
+    return a, (amax / 127).double().squeeze(-1), groups.double()
+
+
+def reference_int4(x: Tensor, q: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
+    """int4_vnni_mm's arithmetic in float64 torch ops: x (M, K) quantized as the kernel does it,
+    times q (N, K) per group, scaled; scale and zero as the kernel holds them (bfloat16). The
+    product (M, N) in float32."""
+    a, d, groups = quantized_rows(x)
+    dot = torch.einsum("mgk,ngk->mng", a, q.double().view(len(q), *a.shape[1:]))
     scale, zero = (t.to(torch.bfloat16).double() for t in (scale, zero))
-    d = (amax / 127).double().squeeze(-1)[:, None]  # (M, 1, G)
-    centred = (dot - 8 * a.sum(-1)[:, None]) * d * scale
-    return (centred + zero * groups.double().sum(-1)[:, None]).sum(-1).float()
+    centred = (dot - 8 * a.sum(-1)[:, None]) * d[:, None] * scale
+    return (centred + zero * groups.sum(-1)[:, None]).sum(-1).float()
+
+
+def reference_int8(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """int8_vnni_mm's arithmetic in float64 torch ops: x (M, K) quantized as the kernel does it,
+    times q (N, K) per group, each group's sum by its d, the row by its scale. (M, N) in float32."""
+    a, d, _ = quantized_rows(x)
+    dot = torch.einsum("mgk,ngk->mng", a, q.double().view(len(q), *a.shape[1:]))
+    return ((dot * d[:, None]).sum(-1) * scale.double()).float()
