@@ -15,7 +15,6 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -55,13 +54,9 @@ def quantize_int4(w: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tensor, T
 
 
 def has_vnni() -> bool:
-    """Whether this CPU multiplies int8 with VNNI (no int16 saturation: FBGEMM's activations may use
-    8 bits)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_vnni" in flags or " avx_vnni" in flags
+    """Whether this CPU multiplies int8 with VNNI, AVX-512's or AVX's (no int16 saturation:
+    FBGEMM's activations may use 8 bits)."""
+    return bool({"avx512_vnni", "avx_vnni"} & vnni.cpu_flags())
 
 
 def fbgemm_usable() -> bool:
@@ -167,14 +162,14 @@ def int8_kernel(device: torch.device) -> str | None:
 
 class Int8Linear(nn.Module):
     """nn.Linear with int8 weights and a float scale per output row. kernel 'vnni': vnni.py's, the
-    activations quantized to int8 per group of 32, each row alone (the rows padded to a multiple of
-    ROWS, and held in its layout); 'fbgemm' (an x86 CPU):
-    FBGEMM's int8 product, about twice as fast as the weight-only kernel here (docs/sample.md), each
-    row of activations quantized to 8 bits over its own range on the way in: mapped onto [0, 1]
-    first, so that a row's quantization never depends on the rows beside it (a speculative step's
-    rows are the decode step's, bit for bit); 'int8pack': torch._weight_int8pack_mm (other CPUs,
-    weight-only); None: the weight dequantized inside the product (a GPU, where torch.compile fuses
-    it; and the reference the tests hold the kernels to)."""
+    activations quantized to int8 per group of 32 (the weight's rows padded to a multiple of ROWS,
+    in its layout); 'fbgemm' (an x86 CPU without it): FBGEMM's int8 product, about twice as fast as
+    the weight-only kernel here (docs/sample.md), each row of activations quantized to 8 bits over
+    its own range, mapped onto [0, 1] first; either way a row's quantization never depends on the
+    rows beside it (a speculative step's rows are the decode step's, bit for bit). 'int8pack':
+    torch._weight_int8pack_mm (other CPUs, weight-only); None: the weight dequantized inside the
+    product (a GPU, where torch.compile fuses it; and the reference the tests hold the kernels
+    to)."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, kernel: str | None = "auto"):
         super().__init__()

@@ -291,17 +291,31 @@ def test_int4_needs_input_widths_in_multiples_of_32(tmp_path):
     assert_one_line_error(result, "quantize=int4", "multiple of 32, not 24", "use int8")
 
 
-@pytest.mark.slow  # four compilations, 20 to 40 s each with a cold cache (every GEMM choice timed)
+# where ours took their places, FBGEMM's int8 kernel and PyTorch's int4 one too
+CPU_KERNELS = [] if vnni.problem() else ["fbgemm"] * fbgemm_usable() + ["int4pack"]
+
+
+@pytest.mark.slow  # six compilations, 20 to 40 s each with a cold cache (every GEMM choice timed)
 @pytest.mark.parametrize(
-    ("quantize", "dtype"),
-    [("int8", "float32"), ("none", "float32"), ("none", "bfloat16"), ("int4", "bfloat16")],
-)
-def test_compiled_steps_take_the_packed_kernels_and_give_the_eager_tokens(trained, quantize, dtype):
-    """Compiled, the step calls FBGEMM's packed int8 weights through their op (torch.compile traces
-    a slot, not the objects), float weights frozen into inductor's own GEMM (eager: MKL, or oneDNN's
-    packing in bfloat16), and writes the eager step's greedy tokens, one graph for every
-    position."""
+    ("quantize", "dtype", "kernel"),
+    [("int8", "float32", "auto"), ("none", "float32", None), ("none", "bfloat16", None),
+     ("int4", "bfloat16", "auto")]
+    + [("int8" if k == "fbgemm" else "int4", "float32" if k == "fbgemm" else "bfloat16", k)
+       for k in CPU_KERNELS],
+)  # fmt: skip
+def test_compiled_steps_take_the_packed_kernels_and_give_the_eager_tokens(
+    trained, quantize, dtype, kernel, monkeypatch
+):
+    """Compiled, the step calls our VNNI kernels, FBGEMM's packed int8 weights (torch.compile
+    traces a slot, not the objects) and PyTorch's int4 kernel through their ops, float weights
+    frozen into inductor's own GEMM (eager: MKL, or oneDNN's packing in bfloat16), and writes the
+    eager step's greedy tokens, one graph for every position."""
     import torch._dynamo
+
+    import nanogpt_perf.quantize
+
+    if kernel not in ("auto", None):  # a kernel the machine would not take by itself
+        monkeypatch.setattr(nanogpt_perf.quantize, f"{quantize}_kernel", lambda device: kernel)
 
     torch._dynamo.reset()
     runtime, idx, greedy = resolve_runtime("cpu", dtype), prompts(1, 5), Sampling(temperature=0)
