@@ -179,7 +179,7 @@ engine = Engine(
     model, runtime, compile=cfg.compile, cuda_graph=cfg.cuda_graph, quantize=cfg.quantize
 )
 if cfg.quantize != "none":
-    print(kernel_note(cfg.quantize, runtime.device))
+    print(kernel_note(engine.model, cfg.quantize))
 sampling = Sampling(cfg.temperature, cfg.top_k or None, cfg.top_p, tokenizer.n_vocab)
 if cfg.kv_cache and (cfg.compile or engine.graphs):
     decoder = engine.decoder(

@@ -374,7 +374,7 @@ for w in weights:
     build = engine.decoder(B, T, new_tokens, sampling).build_seconds
     print(f"{name}: decode step built in {build:.1f} s")
     if w in ("int8", "int4"):
-        print(kernel_note(w, runtime.device))
+        print(kernel_note(engine.model, w))
     rows[name] = lambda e=engine: time_engine(e)
     if cfg.draft == "ngram":
         rows[f"{name}, draft ngram"] = lambda e=engine: time_engine(e, draft="ngram")

@@ -27,7 +27,7 @@ QUANTIZE = ("none", "int8", "int4")
 # the dtype a CPU's kernels compute in best (dtype='auto' on a CPU: sample.py, lab/generate.py):
 # int8 float32, which FBGEMM takes and with which ours keeps float32's greedy tokens (bfloat16: +6%
 # tokens/s, 94% of them on the CPU demo's model: docs/sample.md); int4 bfloat16, PyTorch's kernel's
-# float32 path being ~30x slower, and ours 3% faster in it (int4's own error dominating)
+# float32 path being ~30x slower, and ours 4% faster in it (int4's own error dominating)
 CPU_DTYPE = {"none": "float32", "int8": "float32", "int4": "bfloat16"}
 INT4_GROUP = vnni.GROUP  # inputs per int4 scale and zero (PyTorch's kernel takes 32 to 256)
 # the CPU kernels' packings take output rows in multiples of 16: a head of 65 gets 15 zero rows
@@ -149,13 +149,13 @@ def padded(w: Tensor) -> Tensor:
     return torch.cat((w, w.new_zeros(-w.size(0) % ROWS, w.size(1))))
 
 
-def int8_kernel(device: torch.device) -> str | None:
-    """Int8Linear's kernel on device: ours where a CPU has AVX-512 VNNI and it builds
-    (nanogpt_perf/kernels/vnni.py), else FBGEMM's where usable, else the weight-only one on a CPU,
-    else none (the dequantizing product)."""
+def int8_kernel(device: torch.device, in_features: int) -> str | None:
+    """Int8Linear's kernel on device: ours where a CPU has AVX-512 VNNI, it builds
+    (nanogpt_perf/kernels/vnni.py) and the inputs come in whole groups, else FBGEMM's where usable,
+    else the weight-only one on a CPU, else none (the dequantizing product)."""
     if device.type != "cpu":
         return None
-    if vnni.problem() is None:
+    if vnni.problem() is None and in_features % vnni.GROUP == 0:
         return "vnni"
     return "fbgemm" if fbgemm_usable() else "int8pack"
 
@@ -174,7 +174,8 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, kernel: str | None = "auto"):
         super().__init__()
         q, scale = quantize_int8(linear.weight.detach().float())
-        self.kernel = int8_kernel(linear.weight.device) if kernel == "auto" else kernel
+        auto = kernel == "auto"
+        self.kernel = int8_kernel(linear.weight.device, linear.in_features) if auto else kernel
         self.out_features = len(q)
         bias = linear.bias
         bias = q.new_zeros(len(q), dtype=torch.float32) if bias is None else bias.detach().float()
@@ -234,19 +235,25 @@ def loaded() -> None:
         raise ValueError(f"the VNNI kernels cannot run: {why}")
 
 
-def kernel_note(quantize: str, device: torch.device) -> str:
-    """The line that says which kernel quantize's products take on device, and why not ours."""
-    kernel = (int8_kernel if quantize == "int8" else int4_kernel)(device)
-    if kernel == "vnni":
-        return f"{quantize}: our kernel, int8 activations on AVX-512 VNNI"
-    why = f" (not ours: {vnni.problem()})" if device.type == "cpu" else ""
-    return f"{quantize}: the {kernel or 'dequantizing'} kernel{why}"
+KERNEL_NAMES = {"vnni": "ours (int8 activations on AVX-512 VNNI)", "fbgemm": "FBGEMM's",
+                "int8pack": "PyTorch's weight-only", "int4pack": "PyTorch's weight-only",
+                None: "the weight dequantized inside the product"}  # fmt: skip
+
+
+def kernel_note(model: nn.Module, quantize: str) -> str:
+    """The line that says which kernels model's quantize products take, and on a CPU why not
+    ours."""
+    used = {m.kernel for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))}
+    note = f"{quantize} products: " + ", ".join(sorted(KERNEL_NAMES[k] for k in used))
+    why = vnni.problem() if None not in used and "vnni" not in used else None
+    return note + (f"; not ours: {why}" if why else "")
 
 
 class Int4Linear(nn.Module):
     """nn.Linear with 4-bit weights, a scale and a zero per group of INT4_GROUP inputs, computing in
     dtype. kernel 'vnni': vnni.py's, each row of activations quantized to int8 per group on the
-    way in (about twice as fast as 'int4pack' here: docs/sample.md); 'int4pack':
+    way in, the scales and zeros held in bfloat16 whatever dtype (about 1.5x as fast as 'int4pack'
+    here: docs/sample.md); 'int4pack':
     torch._weight_int4pack_mm_for_cpu (weight-only); both take the rows padded to a multiple of
     ROWS. None: the codes two to a byte, dequantized inside the product (a GPU; and the
     reference the tests hold the kernels to)."""

@@ -25,6 +25,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 namespace {
 
@@ -47,7 +49,8 @@ void quantize_row(const T* x, int64_t K, int8_t* a, float* d, float* a_sum, floa
     __m512 lo = _mm512_loadu_ps(f), hi = _mm512_loadu_ps(f + 16);
     float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(lo)),
                           _mm512_reduce_max_ps(_mm512_abs_ps(hi)));
-    __m512 inv = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+    float inverse = 127.f / amax;  // none where there is no step to divide by (or past float's)
+    __m512 inv = _mm512_set1_ps(std::isfinite(inverse) ? inverse : 0.f);
     __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));  // rounded half to even
     __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
     _mm_storeu_si128((__m128i*)(a + g * GROUP), _mm512_cvtsepi32_epi8(qlo));
@@ -58,6 +61,12 @@ void quantize_row(const T* x, int64_t K, int8_t* a, float* d, float* a_sum, floa
   }
 }
 
+__m512i four_inputs(const int8_t* a) {  // a[0..3] in every 32-bit lane
+  int32_t bits;
+  std::memcpy(&bits, a, 4);
+  return _mm512_set1_epi32(bits);
+}
+
 __m512 bfloat16s(__m256i bits) {  // 16 bfloat16 to float: their bits moved to the top
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
@@ -65,7 +74,6 @@ __m512 bfloat16s(__m256i bits) {  // 16 bfloat16 to float: their bits moved to t
 // one int4 block's 16 outputs for one row of x
 __m512 int4_block(const uint8_t* codes, const uint16_t* scale_zero, const Row& x, int64_t K) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const int32_t* a4 = reinterpret_cast<const int32_t*>(x.a);  // a's inputs four at a time
   __m512 acc = _mm512_setzero_ps();
   for (int64_t g = 0; g < K / GROUP; ++g) {
     __m512i dot = _mm512_setzero_si512();
@@ -75,8 +83,8 @@ __m512 int4_block(const uint8_t* codes, const uint16_t* scale_zero, const Row& x
       __m512i q = _mm512_loadu_si512(chunk);
       __m512i low = _mm512_and_si512(q, nibble);
       __m512i high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
-      dot = _mm512_dpbusd_epi32(dot, low, _mm512_set1_epi32(a4[g * 8 + 2 * c]));
-      dot = _mm512_dpbusd_epi32(dot, high, _mm512_set1_epi32(a4[g * 8 + 2 * c + 1]));
+      dot = _mm512_dpbusd_epi32(dot, low, four_inputs(x.a + g * GROUP + 8 * c));
+      dot = _mm512_dpbusd_epi32(dot, high, four_inputs(x.a + g * GROUP + 8 * c + 4));
     }
     const uint16_t* sz = scale_zero + g * 2 * ROWS;
     _mm_prefetch((const char*)sz + AHEAD / 4, _MM_HINT_T0);
@@ -91,7 +99,6 @@ __m512 int4_block(const uint8_t* codes, const uint16_t* scale_zero, const Row& x
 
 // one int8 block's 16 outputs for one row of x
 __m512 int8_block(const uint8_t* codes, const float* scale, const Row& x, int64_t K) {
-  const int32_t* a4 = reinterpret_cast<const int32_t*>(x.a);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t g = 0; g < K / GROUP; ++g) {
     __m512i dot = _mm512_setzero_si512();
@@ -99,7 +106,7 @@ __m512 int8_block(const uint8_t* codes, const float* scale, const Row& x, int64_
       const uint8_t* chunk = codes + (g * GROUP / 4 + c) * CHUNK;
       _mm_prefetch((const char*)(chunk + AHEAD), _MM_HINT_T0);
       __m512i u = _mm512_loadu_si512(chunk);
-      dot = _mm512_dpbusd_epi32(dot, u, _mm512_set1_epi32(a4[g * 8 + c]));
+      dot = _mm512_dpbusd_epi32(dot, u, four_inputs(x.a + g * GROUP + 4 * c));
     }
     __m512 sum = _mm512_sub_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(128 * x.a_sum[g]));
     acc = _mm512_fmadd_ps(sum, _mm512_set1_ps(x.d[g]), acc);
@@ -142,14 +149,24 @@ at::Tensor rows_by_blocks(const at::Tensor& x, int64_t blocks, int64_t n_out, Bl
   return y;
 }
 
-// what keeps the reads in bounds; the rest is vnni.py's to get right
+// what keeps the reads and writes in bounds; the rest is vnni.py's to get right
 void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
            int64_t scales_per_block, int64_t n_out, int bits) {
   const int64_t K = x.dim() == 2 ? x.size(1) : 0, blocks = codes.size(0);
   TORCH_CHECK(K > 0 && K % GROUP == 0 && codes.numel() == blocks * K * ROWS * bits / 8 &&
                   scales.numel() == blocks * scales_per_block && n_out <= blocks * ROWS &&
-                  codes.is_contiguous() && scales.is_contiguous(),
+                  n_out > (blocks - 1) * ROWS && codes.is_contiguous() && scales.is_contiguous(),
               "vnni_mm: shapes that do not fit together");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "vnni_mm: x must be float32 or bfloat16");
+}
+
+// rows_by_blocks in x's dtype
+template <typename Block>
+at::Tensor in_dtype(const at::Tensor& x, int64_t blocks, int64_t n_out, Block block) {
+  if (x.scalar_type() == at::kBFloat16)
+    return rows_by_blocks<at::BFloat16>(x.contiguous(), blocks, n_out, block);
+  return rows_by_blocks<float>(x.contiguous(), blocks, n_out, block);
 }
 
 at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& codes,
@@ -161,9 +178,7 @@ at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& codes,
   auto block = [&](int64_t b, const Row& row) {
     return int4_block(cp + b * K * ROWS / 2, zp + b * K / GROUP * 2 * ROWS, row, K);
   };
-  if (x.scalar_type() == at::kBFloat16)
-    return rows_by_blocks<at::BFloat16>(x.contiguous(), codes.size(0), n_out, block);
-  return rows_by_blocks<float>(x.contiguous().to(at::kFloat), codes.size(0), n_out, block);
+  return in_dtype(x, codes.size(0), n_out, block);
 }
 
 at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
@@ -175,9 +190,7 @@ at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& codes, const at::
   auto block = [&](int64_t b, const Row& row) {
     return int8_block(cp + b * K * ROWS, sp + b * ROWS, row, K);
   };
-  if (x.scalar_type() == at::kBFloat16)
-    return rows_by_blocks<at::BFloat16>(x.contiguous(), codes.size(0), n_out, block);
-  return rows_by_blocks<float>(x.contiguous().to(at::kFloat), codes.size(0), n_out, block);
+  return in_dtype(x, codes.size(0), n_out, block);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 """Low-bit weights times int8 activations on AVX-512 VNNI (vnni.cpp): built once per source and
-PyTorch version with the C++ compiler torch.compile uses on a CPU, kept in a cache folder and loaded
-as the ops nanogpt_perf::int4_vnni_mm and ::int8_vnni_mm; pack_int4 and pack_int8, their weights'
-layouts; reference_int4 and reference_int8, the same arithmetic in torch ops, which the tests hold
-the kernels to."""
+PyTorch version with the C++ compiler torch.compile takes by default on a CPU ($CXX, else g++), kept
+in a cache folder and loaded as the ops nanogpt_perf::int4_vnni_mm and ::int8_vnni_mm; pack_int4 and
+pack_int8, their weights' layouts; reference_int4 and reference_int8, the same arithmetic in torch
+ops, which the tests hold the kernels to."""
 
 import functools
 import hashlib
@@ -22,7 +22,9 @@ FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mfma", "-mavx512
          "-mavx512dq", "-mavx512vl", "-mavx512vnni"]  # fmt: skip
 
 
+@functools.cache
 def cpu_flags() -> set[str]:
+    """This CPU's flags in /proc/cpuinfo (Linux), none where it cannot be read."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -32,16 +34,18 @@ def cpu_flags() -> set[str]:
 
 def cache_folder() -> Path:
     """Where the built library is kept: $XDG_CACHE_HOME/nanogpt_perf (~/.cache), else a temporary
-    folder's."""
-    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    for folder in (Path(home) / "nanogpt_perf", Path(tempfile.gettempdir()) / "nanogpt_perf"):
+    folder of this user's own, which no one else may write (a library found there is loaded)."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    own = Path(tempfile.gettempdir()) / f"nanogpt_perf-{os.getuid()}"
+    for folder in (Path(home) / "nanogpt_perf", own):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if os.access(folder, os.W_OK):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            mine = folder.stat().st_uid == os.getuid() and not folder.stat().st_mode & 0o022
+            if mine and os.access(folder, os.W_OK):
                 return folder
         except OSError:
             continue
-    raise OSError("no writable cache folder for the VNNI kernels")
+    raise OSError("no cache folder of this user's own to write the VNNI kernels to")
 
 
 def build(compiler: str) -> Path:
@@ -55,32 +59,39 @@ def build(compiler: str) -> Path:
     ).hexdigest()[:16]
     library = cache_folder() / f"vnni-{key}.so"
     if not library.exists():
-        part = library.with_suffix(f".{os.getpid()}.part")
+        handle, part = tempfile.mkstemp(suffix=".part", dir=library.parent)
+        os.close(handle)
         includes = [f"-isystem{p}" for p in cpp_extension.include_paths()]
         links = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
-        command = [compiler, *FLAGS, abi, *includes, str(SOURCE), "-o", str(part), *links]
-        subprocess.run(command, check=True, capture_output=True, text=True)
-        os.replace(part, library)
+        command = [compiler, *FLAGS, abi, *includes, str(SOURCE), "-o", part, *links]
+        try:
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
+            os.replace(part, library)
+        finally:
+            Path(part).unlink(missing_ok=True)
     return library
 
 
 @functools.cache
 def problem() -> str | None:
     """Why the kernels cannot run here, or None once they are loaded: they need an x86 CPU with
-    AVX-512 VNNI and a C++ compiler ($CXX, else c++)."""
+    AVX-512 VNNI and a C++ compiler ($CXX, else g++)."""
+    if not cpu_flags():
+        return "this CPU's flags cannot be read (/proc/cpuinfo)"
     if missing := [flag for flag in ISA if flag not in cpu_flags()]:
         return f"this CPU has no {missing[0]}"
-    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
-        return f"no C++ compiler ({os.environ.get('CXX', 'c++')}) to build it"
+        return f"no C++ compiler ({os.environ.get('CXX', 'g++')}) to build it"
     if not hasattr(torch.ops.nanogpt_perf, "int4_vnni_mm"):
         try:
             torch.ops.load_library(build(compiler))
         except subprocess.CalledProcessError as e:
-            said = (e.stderr or "").strip().splitlines()[-1:] or [f"exit status {e.returncode}"]
-            return f"building it with {compiler} failed: {said[0]}"
-        except OSError as e:
-            return f"building or loading it failed: {e}"
+            lines = (e.stderr or "").splitlines()
+            said = [line for line in lines if "error" in line][:1] or [f"status {e.returncode}"]
+            return f"building it with {compiler} failed: {said[0].strip()}"
+        except Exception as e:  # any other: the kernels' absence is the answer, not a traceback
+            return f"building or loading it failed: {type(e).__name__}: {e}"
         for op in ("int4_vnni_mm", "int8_vnni_mm"):
             torch.library.register_fake(
                 f"nanogpt_perf::{op}", lambda x, codes, scales, n: x.new_empty(x.size(0), n)
@@ -121,10 +132,17 @@ def quantized_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     M, K = x.shape
     groups = x.float().view(M, K // GROUP, GROUP)
     amax = groups.abs().amax(-1, keepdim=True)
-    # 127 / amax, divided as the kernel divides (a number over a tensor takes its reciprocal first)
-    inverse = torch.where(amax > 0, amax.new_tensor(127.0) / amax, 0)
-    a = torch.round(groups * inverse).clamp(-128, 127).double()
+    # 127 / amax, divided as the kernel divides (a number over a tensor takes its reciprocal first);
+    # none where there is no step to divide by
+    inverse = amax.new_tensor(127.0) / amax
+    a = torch.round(groups * torch.where(inverse.isfinite(), inverse, 0)).clamp(-128, 127).double()
     return a, (amax / 127).double().squeeze(-1), groups.double()
+
+
+def group_dots(a: Tensor, q: Tensor) -> Tensor:
+    """The exact integer sums (M, N, K / GROUP) of a (M, K / GROUP, GROUP) times the codes q (N, K)
+    over each group."""
+    return torch.einsum("mgk,ngk->mng", a, q.double().view(len(q), *a.shape[1:]))
 
 
 def reference_int4(x: Tensor, q: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
@@ -132,7 +150,7 @@ def reference_int4(x: Tensor, q: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
     times q (N, K) per group, scaled; scale and zero as the kernel holds them (bfloat16). The
     product (M, N) in float32."""
     a, d, groups = quantized_rows(x)
-    dot = torch.einsum("mgk,ngk->mng", a, q.double().view(len(q), *a.shape[1:]))
+    dot = group_dots(a, q)
     scale, zero = (t.to(torch.bfloat16).double() for t in (scale, zero))
     centred = (dot - 8 * a.sum(-1)[:, None]) * d[:, None] * scale
     return (centred + zero * groups.sum(-1)[:, None]).sum(-1).float()
@@ -142,5 +160,5 @@ def reference_int8(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     """int8_vnni_mm's arithmetic in float64 torch ops: x (M, K) quantized as the kernel does it,
     times q (N, K) per group, each group's sum by its d, the row by its scale. (M, N) in float32."""
     a, d, _ = quantized_rows(x)
-    dot = torch.einsum("mgk,ngk->mng", a, q.double().view(len(q), *a.shape[1:]))
+    dot = group_dots(a, q)
     return ((dot * d[:, None]).sum(-1) * scale.double()).float()
