@@ -145,8 +145,8 @@ class PackedLinear(nn.Module):
 
 
 def padded(w: Tensor) -> Tensor:
-    """w (N, K) with zero rows up to a multiple of ROWS."""
-    return torch.cat((w, w.new_zeros(-w.size(0) % ROWS, w.size(1))))
+    """w (N, ...) with zero rows up to a multiple of ROWS."""
+    return torch.cat((w, w.new_zeros(-len(w) % ROWS, *w.shape[1:])))
 
 
 def int8_kernel(device: torch.device, in_features: int) -> str | None:
@@ -181,7 +181,7 @@ class Int8Linear(nn.Module):
         bias = q.new_zeros(len(q), dtype=torch.float32) if bias is None else bias.detach().float()
         if self.kernel == "vnni":
             loaded()
-            codes, bits = vnni.pack_int8(padded(q), padded(scale[:, None]).squeeze(1))
+            codes, bits = vnni.pack_int8(padded(q), padded(scale))
             self.register_buffer("weight", codes)
             self.register_buffer("scale", bits)
             self.register_buffer("bias", bias.to(dtype))
@@ -253,10 +253,9 @@ class Int4Linear(nn.Module):
     """nn.Linear with 4-bit weights, a scale and a zero per group of INT4_GROUP inputs, computing in
     dtype. kernel 'vnni': vnni.py's, each row of activations quantized to int8 per group on the
     way in, the scales and zeros held in bfloat16 whatever dtype (about 1.5x as fast as 'int4pack'
-    here: docs/sample.md); 'int4pack':
-    torch._weight_int4pack_mm_for_cpu (weight-only); both take the rows padded to a multiple of
-    ROWS. None: the codes two to a byte, dequantized inside the product (a GPU; and the
-    reference the tests hold the kernels to)."""
+    here: docs/sample.md); 'int4pack': torch._weight_int4pack_mm_for_cpu (weight-only); both take
+    the rows padded to a multiple of ROWS. None: the codes two to a byte, dequantized inside the
+    product (a GPU; and the reference the tests hold the kernels to)."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, kernel: str | None = "auto"):
         super().__init__()
